@@ -1,0 +1,5 @@
+"""``python -m ggufkit``."""
+
+from ggufkit.cli import main
+
+main()

@@ -1,0 +1,137 @@
+"""The one way ggufkit writes files: temporary files beside the targets, fsync, rename over the targets.
+
+A crash, an exception or SIGTERM/SIGHUP leaves every target untouched and removes the temporary files.
+SIGKILL cannot be caught; the temporary file it leaves is named after its target and its process id,
+and the next write to that target removes it once that process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+_SUFFIX = ".ggufkit-part"
+
+
+def _temp_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}.{os.getpid()}{_SUFFIX}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: Path) -> list[Path]:
+    """Delete temporary files left for ``target`` by writers that no longer run. Returns what was removed."""
+    removed: list[Path] = []
+    prefix = f".{target.name}."
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(_SUFFIX)):
+            continue
+        pid_text = name[len(prefix):-len(_SUFFIX)]
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+                removed.append(entry)
+    return removed
+
+
+class _Terminated(BaseException):
+    """Raised inside a write when SIGTERM/SIGHUP arrives, so the temporary files are cleaned up."""
+
+
+@contextlib.contextmanager
+def _terminate_as_exception() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise _Terminated(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    except _Terminated as exc:
+        signum = exc.args[0]
+        for s, h in previous.items():
+            signal.signal(s, h)
+        previous = {}
+        os.kill(os.getpid(), signum)  # re-deliver with the original disposition
+        raise
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(*targets: Path) -> Iterator[list[BinaryIO]]:
+    """Open one temporary file per target; on success rename them all over their targets.
+
+    Args:
+        targets: the final paths (their directories must exist).
+
+    Yields:
+        Binary file objects, one per target, in order.
+
+    Example:
+        >>> with atomic_write(Path("out.gguf")) as (f,):   # doctest: +SKIP
+        ...     f.write(b"GGUF...")
+    """
+    paths = [Path(t) for t in targets]
+    for p in paths:
+        remove_stale_temporaries(p)
+    temps = [_temp_name(p) for p in paths]
+    files: list[BinaryIO] = []
+    committed = False
+    with _terminate_as_exception():
+        try:
+            for t in temps:
+                files.append(open(t, "xb"))  # noqa: SIM115 - closed below
+            yield files
+            for f in files:
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+            for t, p in zip(temps, paths):
+                os.replace(t, p)
+            committed = True
+            for d in {p.parent for p in paths}:
+                _fsync_dir(d)
+        finally:
+            if not committed:
+                for f in files:
+                    with contextlib.suppress(OSError):
+                        f.close()
+                for t in temps:
+                    with contextlib.suppress(OSError):
+                        t.unlink()

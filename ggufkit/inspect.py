@@ -1,0 +1,79 @@
+"""A JSON-friendly description of a GGUF model: header, metadata, tensors and size statistics."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from gguf import LlamaFileType
+
+from ggufkit.constants import KEY_SLACK
+from ggufkit.format.reader import GGUFModel
+from ggufkit.format.values import VT, summarize
+
+
+def file_type_name(value: Any) -> str | None:
+    """``general.file_type`` decoded: 15 -> ``MOSTLY_Q4_K_M``."""
+    try:
+        return LlamaFileType(int(value)).name
+    except (ValueError, TypeError):
+        return None
+
+
+def describe(model: GGUFModel, *, first_items: int = 8) -> dict[str, Any]:
+    """Describe ``model`` (a file or shard set).
+
+    Returns:
+        A dict with ``path``, ``magic``, ``powerinfer``, ``version``, ``alignment``, ``shards``,
+        ``architecture``, ``file_type`` (value and name), ``metadata`` (key -> {type, value}; arrays summarised
+        as type, length and first items), ``tensors`` (name, type, shape, ne, bytes, offset, shard),
+        ``totals`` (tensors, parameters, bytes, bits_per_weight) and ``by_type`` (per tensor type).
+    """
+    first = model.files[0]
+    metadata: dict[str, Any] = {}
+    for field in first.iter_kv():
+        if field.key == KEY_SLACK:
+            metadata[field.key] = {"type": "str", "value": f"<{len(field.value)} bytes reserved>"}
+            continue
+        value = summarize(field.value, field.type, field.item_type, field.count, first_items)
+        metadata[field.key] = {"type": field.type_label, "value": value}
+    tensors = []
+    by_type: dict[str, dict[str, int]] = defaultdict(lambda: {"tensors": 0, "parameters": 0, "bytes": 0})
+    total_params = total_bytes = 0
+    for t in model.tensors:
+        tensors.append({"name": t.name, "type": t.type_name, "shape": list(t.shape), "ne": list(t.ne),
+                        "bytes": t.nbytes, "offset": t.offset, "shard": t.shard})
+        stats = by_type[t.type_name]
+        stats["tensors"] += 1
+        stats["parameters"] += t.n_elements
+        stats["bytes"] += t.nbytes
+        total_params += t.n_elements
+        total_bytes += t.nbytes
+    file_type = model.get("general.file_type")
+    return {
+        "path": str(model.path),
+        "magic": model.magic.decode("ascii"),
+        "powerinfer": model.is_powerinfer,
+        "version": first.version,
+        "alignment": first.alignment,
+        "shards": [str(f.path) for f in model.files],
+        "file_size": model.file_size,
+        "architecture": model.architecture,
+        "file_type": {"value": file_type, "name": file_type_name(file_type)} if file_type is not None else None,
+        "metadata": metadata,
+        "tensors": tensors,
+        "totals": {
+            "tensors": len(tensors),
+            "parameters": total_params,
+            "bytes": total_bytes,
+            "bits_per_weight": (8 * total_bytes / total_params) if total_params else None,
+        },
+        "by_type": {
+            name: {**s, "bits_per_weight": 8 * s["bytes"] / s["parameters"] if s["parameters"] else None}
+            for name, s in sorted(by_type.items())
+        },
+    }
+
+
+def is_string_array(field_type: VT, item_type: VT | None) -> bool:
+    return field_type == VT.ARRAY and item_type == VT.STRING
