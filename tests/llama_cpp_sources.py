@@ -1,0 +1,67 @@
+"""Where the tests find llama.cpp: its sources (tokenizer test vectors, the reference converter) and ggml.
+
+The sources come from the llama-cpp-python 0.3.36 source distribution on PyPI. They are fetched at
+*install* time by the README's test command (``python tests/llama_cpp_sources.py``), never during a test
+run. ``GGUFKIT_LLAMA_CPP_SRC`` overrides the location.
+
+ggml's shared libraries come from the installed ``llama-cpp-python`` wheel (``llama_cpp/lib``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+_DEFAULT_ROOT = Path.home() / ".cache" / "ggufkit" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+
+
+def sdist_root() -> Path:
+    """The unpacked llama-cpp-python sdist (contains ``vendor/llama.cpp``)."""
+    return Path(os.environ.get("GGUFKIT_LLAMA_CPP_SRC", _DEFAULT_ROOT))
+
+
+def llama_cpp_dir() -> Path:
+    """``vendor/llama.cpp`` of the sdist; fails loudly (not a skip) when it was not fetched."""
+    path = sdist_root() / "vendor" / "llama.cpp"
+    if not (path / "models").is_dir():
+        raise FileNotFoundError(
+            f"llama.cpp sources not found at {path}; run `python tests/llama_cpp_sources.py` "
+            "(the README's test command does this)")
+    return path
+
+
+def vocab_dir() -> Path:
+    """``models/`` with ``ggml-vocab-*.gguf`` and their ``.inp``/``.out`` test vectors."""
+    return llama_cpp_dir() / "models"
+
+
+def ggml_lib_dir() -> Path:
+    """Directory holding ``libggml-base.so`` and ``libllama.so`` from the installed llama-cpp-python."""
+    import llama_cpp
+
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+def fetch(root: Path | None = None) -> Path:
+    """Download and unpack the sdist into ``root`` (idempotent). Returns ``root``."""
+    root = root or sdist_root()
+    if (root / "vendor" / "llama.cpp" / "models").is_dir():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", tmp], check=True)
+        archive = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        os.replace(Path(tmp) / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}", root)
+    return root
+
+
+if __name__ == "__main__":
+    print(fetch())
