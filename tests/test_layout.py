@@ -1,0 +1,135 @@
+"""The architecture rules of ../shared/style.md, checked mechanically over the source tree."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Source folder -> the dotted package it installs as (pyproject's package-dir).
+PACKAGE_DIRS = {"ggufkit": "ggufkit", "quant": "ggufkit.quant", "converters": "ggufkit.converters",
+                "eval": "ggufkit.eval"}
+
+#: Layers, lowest first: a module may import only from its own layer or a lower one.
+LAYERS = ["format", "quant", "converters", "eval", "app"]
+
+MAX_MODULE_LINES = 800
+
+
+def layer_of(module: str) -> str:
+    if module.startswith("ggufkit.quant"):
+        return "quant"
+    if module.startswith("ggufkit.converters"):
+        return "converters"
+    if module.startswith("ggufkit.eval"):
+        return "eval"
+    if module.startswith(("ggufkit.cli", "ggufkit.demo")) or module in ("ggufkit.__main__",):
+        return "app"
+    return "format"
+
+
+def source_modules() -> list[tuple[str, Path]]:
+    out = []
+    for folder, package in PACKAGE_DIRS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out.append((".".join([package, *parts]), path))
+    return out
+
+
+def imported_modules(path: Path) -> list[tuple[str, bool]]:
+    """(module, at_top_level) for every ggufkit/torch/numba/click import in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        found.extend((n, id(node) in top_level) for n in names)
+    return found
+
+
+MODULES = source_modules()
+
+
+@pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
+def test_module_imports_only_its_own_layer_or_lower_ones(module: str, path: Path) -> None:
+    mine = LAYERS.index(layer_of(module))
+    for name, _ in imported_modules(path):
+        if name.startswith("ggufkit"):
+            assert LAYERS.index(layer_of(name)) <= mine, f"{module} imports {name} from a higher layer"
+
+
+@pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
+def test_click_only_in_cli_and_heavy_imports_never_at_module_level_outside_kernels(module: str, path: Path) -> None:
+    for name, top in imported_modules(path):
+        root = name.split(".")[0]
+        if root == "click":
+            assert module.startswith("ggufkit.cli"), f"{module} imports click"
+        if root == "torch":
+            assert module.startswith(("ggufkit.eval", "ggufkit.converters", "ggufkit.demo")), \
+                f"{module} imports torch"
+            assert module.startswith("ggufkit.eval") or not top, f"{module} imports torch at module level"
+
+
+@pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
+def test_modules_stay_under_the_line_budget(module: str, path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= MAX_MODULE_LINES
+
+
+def test_help_imports_neither_numba_nor_torch() -> None:
+    code = ("import sys\nfrom ggufkit.cli import cli\n"
+            "try:\n    cli.main(['--help'], standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+            "bad = [m for m in ('numba', 'torch', 'transformers') if m in sys.modules]\n"
+            "print('HEAVY', bad)\nassert not bad, bad\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_console_script_and_python_m_print_the_version() -> None:
+    from ggufkit import __version__
+
+    result = subprocess.run([sys.executable, "-m", "ggufkit", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and __version__ in result.stdout
+
+
+def test_pyproject_lists_every_package() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(config["packages"])
+    on_disk = {module for module, path in MODULES if path.name == "__init__.py"}
+    assert on_disk == declared
+
+
+def test_library_code_never_exits_prints_or_prompts() -> None:
+    for module, path in MODULES:
+        if layer_of(module) == "app":
+            continue
+        text = path.read_text()
+        for pattern in (r"\bsys\.exit\(", r"\binput\(", r"click\.(prompt|confirm)"):
+            assert not re.search(pattern, text), f"{module}: {pattern}"
+
+
+def test_kernels_state_cache_and_never_use_fastmath() -> None:
+    for path in sorted((ROOT / "quant").glob("*.py")):
+        text = path.read_text()
+        assert "fastmath=True" not in text, path.name
+        for match in re.finditer(r"@(?:numba\.)?(?:njit|jit|cuda\.jit)\(([^)]*)\)", text):
+            assert "cache=" in match.group(1), f"{path.name}: {match.group(0)} does not state cache="
+        assert not re.search(r"@(?:numba\.)?(?:njit|cuda\.jit)\s*$", text, re.M), f"{path.name}: bare decorator"
+
+
+def test_ruff_is_clean() -> None:
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-4000:]
