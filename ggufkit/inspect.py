@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from gguf import LlamaFileType
+from gguf import Keys, LlamaFileType
 
 from ggufkit.constants import KEY_SLACK
 from ggufkit.format.reader import GGUFModel
@@ -35,7 +35,8 @@ def describe(model: GGUFModel, *, first_items: int = 8) -> dict[str, Any]:
         if field.key == KEY_SLACK:
             metadata[field.key] = {"type": "str", "value": f"<{len(field.value)} bytes reserved>"}
             continue
-        value = summarize(field.value, field.type, field.item_type, field.count, first_items)
+        value = summarize(field.head(first_items) if field.type == VT.ARRAY else field.value, field.type,
+                          field.item_type, field.count, first_items)
         metadata[field.key] = {"type": field.type_label, "value": value}
     tensors = []
     by_type: dict[str, dict[str, int]] = defaultdict(lambda: {"tensors": 0, "parameters": 0, "bytes": 0})
@@ -49,7 +50,7 @@ def describe(model: GGUFModel, *, first_items: int = 8) -> dict[str, Any]:
         stats["bytes"] += t.nbytes
         total_params += t.n_elements
         total_bytes += t.nbytes
-    file_type = model.get("general.file_type")
+    file_type = model.get(Keys.General.FILE_TYPE)
     return {
         "path": str(model.path),
         "magic": model.magic.decode("ascii"),

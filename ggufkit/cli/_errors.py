@@ -66,8 +66,9 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
     """Invoke ``group`` with ``argv``; return the process exit code."""
     debug = _debug_requested(argv)
     try:
-        group.main(args=argv, prog_name="ggufkit", standalone_mode=False)
-        return EXIT_OK
+        # Without standalone mode click returns a command's ctx.exit(code) / Exit(code) as the value.
+        code = group.main(args=argv, prog_name="ggufkit", standalone_mode=False)
+        return code if isinstance(code, int) else EXIT_OK
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
@@ -79,7 +80,7 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
     except KeyboardInterrupt:
         click.echo("ggufkit: interrupted", err=True)
         return EXIT_INTERRUPTED
-    except BaseException as exc:  # noqa: BLE001 - mapped below, re-raised when unknown
+    except BaseException as exc:
         described = describe_error(exc) if isinstance(exc, Exception) else None
         if described is None:
             raise

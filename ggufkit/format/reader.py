@@ -15,8 +15,11 @@ Layout (little-endian; reference/convert.md §4)::
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import mmap
 import os
+import stat
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
 
 from ggufkit.constants import (
     DEFAULT_ALIGNMENT,
@@ -162,6 +165,12 @@ class KVField:
             self._value = self._file._decode_value(self)
         return self._value
 
+    def head(self, n: int) -> list[Any]:
+        """The first ``n`` items of an array, decoding nothing else (a 150k-token list stays undecoded)."""
+        if self._value is not _UNSET:
+            return [x.item() if isinstance(x, np.generic) else x for x in self._value[:n]]
+        return self._file._decode_head(self, n)
+
     def encode_payload(self) -> bytes:
         """The raw payload bytes, copied verbatim (lets writers copy a vocabulary without decoding)."""
         return bytes(self._file._mm[self.value_offset:self.end])
@@ -240,9 +249,15 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._fd = os.open(self.path, os.O_RDONLY)
+        self._header_only = False
+        self._fd = -1
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         try:
-            self.file_size = os.fstat(self._fd).st_size
+            st = os.fstat(self._fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise GGUFFormatError("not a regular file (a directory, FIFO or device)", path=self.path)
+            self.file_size = st.st_size
             if self.file_size < 4:
                 raise GGUFFormatError(f"file is {self.file_size} bytes, too short for a GGUF header",
                                       path=self.path, offset=0)
@@ -251,6 +266,27 @@ class GGUFFile:
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def from_header_bytes(cls, header: bytes, path: str | os.PathLike[str]) -> GGUFFile:
+        """Parse a header held in memory (magic up to the end of the tensor infos, padding optional).
+
+        Everything the file reader checks is checked except that tensor data lies inside the file:
+        set-meta validates a new header with this before writing it.
+
+        Raises:
+            GGUFFormatError: the header is malformed.
+        """
+        self = cls.__new__(cls)
+        self.path = Path(path)
+        self._header_only = True
+        self._fd = -1
+        self._mm = header  # type: ignore[assignment]
+        self.file_size = len(header)
+        if self.file_size < 4:
+            raise GGUFFormatError("header is too short", path=self.path, offset=0)
+        self._parse()
+        return self
 
     # -- parsing -------------------------------------------------------------------------------
     def _parse(self) -> None:
@@ -296,7 +332,7 @@ class GGUFFile:
             infos.append(info)
         self.header_end = cur.pos
         self.data_offset = align_up(cur.pos, self.alignment)
-        if n_tensors and self.data_offset > self.file_size:
+        if n_tensors and self.data_offset > self.file_size and not self._header_only:
             raise cur.fail(f"data section starts at {self.data_offset}, past the end of the file "
                            f"({self.file_size} bytes)")
         self._check_tensor_ranges(infos)
@@ -331,8 +367,7 @@ class GGUFFile:
                 if count > left // 8:
                     raise cur.fail(f"key {key!r}: array of {count} strings cannot fit in the {left} bytes left",
                                    at=count_pos)
-                for i in range(count):
-                    cur.string_span(f"item {i} of {key!r}")
+                cur.pos = self._skip_strings(cur.pos, count, key)
             else:
                 size = SCALAR_DTYPES[item_type].itemsize
                 if count > left // size:
@@ -351,16 +386,34 @@ class GGUFFile:
             cur.pos += size
         return KVField(self, key, vtype, item_type, count, start, value_offset, cur.pos)
 
+    def _skip_strings(self, pos: int, count: int, key: str) -> int:
+        """Walk ``count`` gguf-strings from ``pos`` and return the offset after them.
+
+        This loop is the cost of opening a file with a 150k-token vocabulary, so it is kept tight
+        (no per-item method calls); UTF-8 is checked when the array is decoded, not here.
+        """
+        mm, end, unpack = self._mm, self.file_size, _U64.unpack_from
+        for i in range(count):
+            if pos + 8 > end:
+                raise GGUFFormatError(f"file truncated: length of item {i} of {key!r} needs 8 bytes, "
+                                      f"{end - pos} remain", path=self.path, offset=pos)
+            (n,) = unpack(mm, pos)
+            if n > end - pos - 8:
+                raise GGUFFormatError(f"item {i} of {key!r}: length {n} exceeds the {end - pos - 8} bytes left "
+                                      "in the file", path=self.path, offset=pos)
+            pos += 8 + n
+        return pos
+
     def _parse_alignment(self) -> int:
-        field = self.kv.get("general.alignment")
+        field = self.kv.get(Keys.General.ALIGNMENT)
         if field is None:
             return DEFAULT_ALIGNMENT
         if field.type != VT.UINT32:
-            raise GGUFFormatError(f"general.alignment has type {field.type_label}, expected u32",
+            raise GGUFFormatError(f"{Keys.General.ALIGNMENT} has type {field.type_label}, expected u32",
                                   path=self.path, offset=field.offset)
         value = int(field.value)
         if value == 0 or value & (value - 1) or value > MAX_ALIGNMENT:
-            raise GGUFFormatError(f"general.alignment {value} is not a power of two up to {MAX_ALIGNMENT}",
+            raise GGUFFormatError(f"{Keys.General.ALIGNMENT} {value} is not a power of two up to {MAX_ALIGNMENT}",
                                   path=self.path, offset=field.value_offset)
         return value
 
@@ -407,14 +460,14 @@ class GGUFFile:
 
     def _check_tensor_ranges(self, infos: list[TensorInfo]) -> None:
         data_size = self.file_size - self.data_offset
-        for info in infos:
+        for info in [] if self._header_only else infos:
             if info.offset > data_size or info.nbytes > data_size - info.offset:
                 raise GGUFFormatError(
                     f"tensor {info.name!r}: data [{info.offset}, {info.offset + info.nbytes}) lies outside the "
                     f"{max(data_size, 0)}-byte data section (file truncated?)", path=self.path,
                     offset=info.info_offset)
         ordered = sorted(infos, key=lambda t: t.offset)
-        for prev, nxt in zip(ordered, ordered[1:]):
+        for prev, nxt in itertools.pairwise(ordered):
             if prev.offset + prev.nbytes > nxt.offset:
                 raise GGUFFormatError(f"tensors {prev.name!r} and {nxt.name!r} overlap", path=self.path,
                                       offset=nxt.info_offset)
@@ -447,6 +500,26 @@ class GGUFFile:
             return bool(arr[0])
         return arr[0].item()
 
+    def _decode_head(self, field: KVField, n: int) -> list[Any]:
+        if field.type != VT.ARRAY or field.item_type is None or field.count is None:
+            return [field.value]
+        n = min(n, field.count)
+        start = field.value_offset + 12
+        if field.item_type != VT.STRING:
+            arr = np.frombuffer(self._mm, dtype=SCALAR_DTYPES[field.item_type], count=n, offset=start)
+            return [bool(x) for x in arr] if field.item_type == VT.BOOL else arr.tolist()
+        out: list[str] = []
+        pos = start
+        for i in range(n):
+            (length,) = _U64.unpack_from(self._mm, pos)
+            try:
+                out.append(bytes(self._mm[pos + 8:pos + 8 + length]).decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise GGUFFormatError(f"item {i} of {field.key!r} is not valid UTF-8", path=self.path,
+                                      offset=pos + 8 + exc.start) from None
+            pos += 8 + length
+        return out
+
     # -- public API ------------------------------------------------------------------------------
     @property
     def is_powerinfer(self) -> bool:
@@ -455,7 +528,7 @@ class GGUFFile:
 
     @property
     def architecture(self) -> str | None:
-        field = self.kv.get("general.architecture")
+        field = self.kv.get(Keys.General.ARCHITECTURE)
         return field.value if field is not None and field.type == VT.STRING else None
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -470,6 +543,10 @@ class GGUFFile:
             return self._by_name[name]
         except KeyError:
             raise TensorNotFoundError(name, path=self.path) from None
+
+    def read_bytes(self, start: int, stop: int) -> bytes:
+        """A copy of bytes ``[start, stop)`` of the file (clipped to its end)."""
+        return bytes(self._mm[start:stop])
 
     def raw(self, info: TensorInfo) -> memoryview:
         """The tensor's bytes as a read-only memoryview of the mmap."""
@@ -497,11 +574,10 @@ class GGUFFile:
 
     def close(self) -> None:
         mm = getattr(self, "_mm", None)
-        if mm is not None:
-            try:
+        if isinstance(mm, mmap.mmap):
+            # BufferError: numpy views are still alive; the mapping is released with them.
+            with contextlib.suppress(BufferError):
                 mm.close()
-            except BufferError:
-                pass  # numpy views are still alive; the mapping is released with them
         fd = getattr(self, "_fd", -1)
         if fd >= 0:
             os.close(fd)
@@ -514,10 +590,8 @@ class GGUFFile:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
 
 class GGUFModel(Mapping[str, TensorInfo]):
@@ -555,7 +629,7 @@ class GGUFModel(Mapping[str, TensorInfo]):
     def architecture(self) -> str | None:
         return self.files[0].architecture
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         return self.files[0].get(key, default)
 
     def data(self, info: TensorInfo) -> np.ndarray:

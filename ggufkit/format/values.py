@@ -151,6 +151,8 @@ def encode_array(item_type: GGUFValueType, items: Any) -> bytes:
         arr = items.reshape(-1)
         if item_type == VT.BOOL:
             arr = arr.astype(bool)
+        elif item_type in INTEGER_TYPES and arr.dtype.kind not in "iub":
+            raise MetadataValueError(f"expected integers for array[{SHORT_NAMES[item_type]}], got {arr.dtype}")
         elif arr.dtype.kind in "iu" and item_type in INTEGER_TYPES:
             info = np.iinfo(dtype)
             if arr.size and (arr.min() < info.min or arr.max() > info.max):

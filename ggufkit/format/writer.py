@@ -14,12 +14,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
 
-from ggufkit.constants import DEFAULT_ALIGNMENT, DEFAULT_SLACK_BYTES, GGUF_MAGIC, KEY_SLACK, MAX_DIMS
+from ggufkit.constants import (
+    DEFAULT_ALIGNMENT,
+    DEFAULT_SLACK_BYTES,
+    GGUF_MAGIC,
+    KEY_SLACK,
+    MAX_DIMS,
+    MAX_TENSOR_NAME_BYTES,
+)
 from ggufkit.errors import GGUFKitError, UsageError
 from ggufkit.format.atomic import atomic_write
-from ggufkit.format.reader import align_up, tensor_nbytes
+from ggufkit.format.reader import MAX_ALIGNMENT, align_up, tensor_nbytes
 from ggufkit.format.shards import SPLIT_COUNT, SPLIT_KEYS, SPLIT_NO, SPLIT_TENSORS_COUNT, shard_path
 from ggufkit.format.values import (
     VT,
@@ -33,6 +40,7 @@ from ggufkit.format.values import (
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+_GENERAL_PREFIX = Keys.General.ARCHITECTURE.split(".")[0] + "."
 
 
 class Progress(Protocol):
@@ -65,6 +73,11 @@ class TensorSpec:
     shape: tuple[int, ...]
 
     def __post_init__(self) -> None:
+        if len(self.name.encode("utf-8")) >= MAX_TENSOR_NAME_BYTES:
+            raise UsageError(f"tensor name {self.name!r} is {len(self.name.encode('utf-8'))} bytes; ggml allows "
+                             f"at most {MAX_TENSOR_NAME_BYTES - 1}")
+        if any(int(d) < 0 for d in self.shape):
+            raise UsageError(f"tensor {self.name!r}: negative dimension in {list(self.shape)}")
         if not 1 <= len(self.shape) <= MAX_DIMS:
             raise UsageError(f"tensor {self.name!r}: {len(self.shape)} dimensions (allowed 1..{MAX_DIMS})")
         block = GGML_QUANT_SIZES[self.ggml_type][0]
@@ -86,14 +99,19 @@ class TensorSpec:
 
 
 def alignment_of(metadata: Mapping[str, EncodableValue]) -> int:
-    value = metadata.get("general.alignment")
+    """The data alignment ``metadata`` asks for (``general.alignment``, default 32).
+
+    Raises:
+        UsageError: the key is not a u32 power of two up to the reader's limit.
+    """
+    value = metadata.get(Keys.General.ALIGNMENT)
     if value is None:
         return DEFAULT_ALIGNMENT
     if value.type != VT.UINT32:
-        raise UsageError("general.alignment must be u32")
+        raise UsageError(f"{Keys.General.ALIGNMENT} must be u32")
     align = int(python_value(value))
-    if align <= 0 or align & (align - 1):
-        raise UsageError(f"general.alignment {align} is not a power of two")
+    if align <= 0 or align & (align - 1) or align > MAX_ALIGNMENT:
+        raise UsageError(f"{Keys.General.ALIGNMENT} {align} is not a power of two up to {MAX_ALIGNMENT}")
     return align
 
 
@@ -129,7 +147,7 @@ def with_slack(metadata: Mapping[str, EncodableValue], slack_bytes: int) -> Meta
     out = Metadata(metadata.items())
     if slack_bytes <= 0 or KEY_SLACK in out:
         return out
-    general = [k for k in out if k.startswith("general.")]
+    general = [k for k in out if k.startswith(_GENERAL_PREFIX)]
     out.insert_after(general[-1] if general else None, KEY_SLACK, TypedValue(VT.STRING, " " * slack_bytes))
     return out
 
@@ -158,7 +176,7 @@ def plan_shards(tensors: Sequence[TensorSpec], alignment: int, max_size: int | N
 
 def _as_bytes(chunk: Any, spec: TensorSpec) -> memoryview:
     if isinstance(chunk, np.ndarray):
-        view = memoryview(np.ascontiguousarray(chunk)).cast("B")
+        view = np.ascontiguousarray(chunk).data.cast("B")
     else:
         view = memoryview(chunk).cast("B")
     if view.nbytes != spec.nbytes:

@@ -1,0 +1,145 @@
+"""The writer: gguf-split shards, byte determinism, atomicity, the slack key, and loading in llama.cpp."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf_builders import write_model
+from llama_cpp_sources import vocab_dir
+
+from ggufkit.constants import DEFAULT_SLACK_BYTES, KEY_SLACK
+from ggufkit.errors import GGUFFormatError, GGUFKitError, UsageError
+from ggufkit.format import GGUFFile, Metadata, TensorSpec, open_gguf, write_gguf
+from ggufkit.format.values import VT
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_same_inputs_give_identical_bytes(tmp_path: Path) -> None:
+    a = write_model(tmp_path / "a.gguf")
+    b = write_model(tmp_path / "b.gguf")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_tensor_data_is_packed_and_padded_as_llama_cpp_requires(tmp_path: Path) -> None:
+    specs = [TensorSpec("x", GGMLQuantizationType.F32, (3,)), TensorSpec("y", GGMLQuantizationType.F16, (5,))]
+    path = tmp_path / "p.gguf"
+    write_gguf(path, Metadata(), specs, [np.ones(3, np.float32), np.ones(5, np.float16)], slack_bytes=0)
+    with GGUFFile(path) as f:
+        assert [t.offset for t in f.tensors] == [0, 32]
+        assert f.data_offset % 32 == 0 and f.file_size == f.data_offset + 64
+
+
+def test_slack_key_follows_the_general_keys_and_is_documented_size(tmp_path: Path) -> None:
+    path = write_model(tmp_path / "m.gguf")
+    with GGUFFile(path) as f:
+        keys = list(f.kv)
+        assert keys[:3] == ["general.architecture", "general.name", KEY_SLACK]
+        assert f.kv[KEY_SLACK].type == VT.STRING and f.kv[KEY_SLACK].value == " " * DEFAULT_SLACK_BYTES
+    no_slack = write_model(tmp_path / "n.gguf", slack_bytes=0)
+    with GGUFFile(no_slack) as f:
+        assert KEY_SLACK not in f.kv
+
+
+def _failing_data(n_good: int) -> Iterator[np.ndarray]:
+    for _ in range(n_good):
+        yield np.zeros((4, 64), np.float32)
+    raise RuntimeError("producer failed")
+
+
+def test_exception_mid_stream_leaves_the_target_untouched_and_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "m.gguf"
+    target.write_bytes(b"previous contents")
+    specs = [TensorSpec(f"t{i}", GGMLQuantizationType.F32, (4, 64)) for i in range(3)]
+    with pytest.raises(RuntimeError, match="producer failed"):
+        write_gguf(target, Metadata(), specs, _failing_data(2))
+    assert target.read_bytes() == b"previous contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_wrong_data_size_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    specs = [TensorSpec("t", GGMLQuantizationType.F32, (4, 64))]
+    with pytest.raises(GGUFKitError, match="got 4 bytes of data, expected 1024"):
+        write_gguf(tmp_path / "m.gguf", Metadata(), specs, [b"abcd"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_refuses_what_readers_would_reject(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="ggml allows at most 63"):
+        TensorSpec("n" * 64, GGMLQuantizationType.F32, (4,))
+    with pytest.raises(UsageError, match="not a multiple of the Q4_0 block size 32"):
+        TensorSpec("q", GGMLQuantizationType.Q4_0, (4, 48))
+    meta = Metadata()
+    meta.set("general.alignment", VT.UINT32, 48)
+    with pytest.raises(UsageError, match="not a power of two"):
+        write_gguf(tmp_path / "m.gguf", meta, [], [])
+
+
+def test_shards_follow_gguf_split_layout_and_open_as_one_model(tmp_path: Path) -> None:
+    written = write_model(tmp_path / "model.gguf", n_tensors=5, split_max_tensors=2)
+    paths = sorted(tmp_path.iterdir())
+    assert [p.name for p in paths] == [f"model-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert not written.exists()
+    (tmp_path / "single").mkdir()
+    whole = write_model(tmp_path / "single" / "model.gguf", n_tensors=5)
+    for i, p in enumerate(paths):
+        r = gguf.GGUFReader(p)
+        assert r.fields["split.no"].contents() == i and r.fields["split.no"].types == [VT.UINT16]
+        assert r.fields["split.count"].contents() == 3 and r.fields["split.count"].types == [VT.UINT16]
+        assert r.fields["split.tensors.count"].contents() == 5
+        assert r.fields["split.tensors.count"].types == [VT.INT32]
+        assert ("general.architecture" in r.fields) == (i == 0)
+    for start in (paths[0], paths[2]):  # any shard opens the whole set
+        with open_gguf(start) as model, open_gguf(whole) as ref:
+            assert model.path == paths[0] and len(model.files) == 3
+            assert [t.name for t in model.tensors] == [t.name for t in ref.tensors]
+            assert [t.shard for t in model.tensors] == [0, 0, 1, 1, 2]
+            for t in model.tensors:
+                assert bytes(model.raw(t)) == bytes(ref.raw(ref[t.name]))
+            assert model.get("general.name") == "tiny"
+
+
+def test_split_max_size_starts_a_new_shard_before_the_limit(tmp_path: Path) -> None:
+    # each tensor is 4*64*4 = 1024 bytes: a 2500-byte limit holds two per shard
+    write_model(tmp_path / "m.gguf", n_tensors=5, split_max_size=2500)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"]
+
+
+def test_incomplete_shard_set_is_a_format_error(tmp_path: Path) -> None:
+    write_model(tmp_path / "m.gguf", n_tensors=4, split_max_tensors=2)
+    (tmp_path / "m-00002-of-00002.gguf").unlink()
+    with pytest.raises(GGUFFormatError, match="shard 2 of 2 is missing"):
+        open_gguf(tmp_path / "m-00001-of-00002.gguf")
+
+
+def _vocab_tests(name: str) -> list[tuple[str, list[int]]]:
+    base = vocab_dir() / name
+    texts = (base.parent / (name + ".inp")).read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")[:-1]
+    outs = (base.parent / (name + ".out")).read_text(encoding="utf-8").split("\n")
+    return [(t, [int(x) for x in o.split()]) for t, o in zip(texts, outs)]
+
+
+def test_vocab_only_file_written_by_ggufkit_loads_and_tokenizes_in_llama_cpp(tmp_path: Path) -> None:
+    import llama_cpp
+
+    name = "ggml-vocab-llama-spm.gguf"
+    out = tmp_path / "vocab.gguf"
+    with GGUFFile(vocab_dir() / name) as src:
+        write_gguf(out, Metadata((kv.key, kv) for kv in src.iter_kv()), [], [])
+    with GGUFFile(out) as f:
+        assert KEY_SLACK in f.kv  # llama.cpp must tolerate ggufkit's reserved key
+    llm = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    cases = _vocab_tests(name)
+    assert len(cases) > 30
+    for text, expected in cases:
+        assert llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) == expected, text
+    del llm
