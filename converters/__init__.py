@@ -1,1 +1,48 @@
-"""placeholder"""
+"""Hugging Face checkpoints -> GGUF, driven by registry.yaml.
+
+Public API:
+    :func:`convert` converts a checkpoint directory or hub repo id (optionally merging PowerInfer predictors);
+    :func:`list_architectures` lists the supported HF classes and their GGUF architectures.
+
+Heavy modules (the pipeline, numpy, torch for .bin files) load on first use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ggufkit.converters.core import ConvertReport
+
+    from ggufkit.format.writer import Progress
+
+__all__ = ["OUTTYPES", "convert", "list_architectures"]
+
+#: --outtype choices (kept in step with ggufkit.converters.core.OUTTYPES by a test).
+OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
+
+
+def convert(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",
+            predictor: Path | None = None, vocab_only: bool = False, split_max_size: int | None = None,
+            metadata_file: Path | None = None, pre_tokenizer: str | None = None, dry_run: bool = False,
+            progress: Progress | None = None) -> ConvertReport:
+    """Convert a Hugging Face checkpoint to GGUF; see :func:`ggufkit.converters.core.convert`.
+
+    Example:
+        >>> from ggufkit.converters import convert          # doctest: +SKIP
+        >>> convert("./TinyLlama", "tiny-f16.gguf", outtype="f16").outputs
+    """
+    from ggufkit.converters.core import convert as _convert
+
+    return _convert(model, output, outtype=outtype, predictor=predictor, vocab_only=vocab_only,
+                    split_max_size=split_max_size, metadata_file=metadata_file, pre_tokenizer=pre_tokenizer,
+                    dry_run=dry_run, progress=progress)
+
+
+def list_architectures() -> list[dict[str, Any]]:
+    """Supported HF classes: ``[{"hf_class", "arch", "vocab", "powerinfer"}]`` from registry.yaml."""
+    from ggufkit.converters.registry import load_registry
+
+    return [{"hf_class": e.hf_class, "arch": e.arch, "vocab": list(e.vocab), "powerinfer": e.powerinfer}
+            for e in load_registry().entries.values()]

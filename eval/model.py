@@ -1,0 +1,584 @@
+"""A PyTorch runtime for GGUF causal language models, for scoring (no sampling, no KV cache).
+
+Weights stay in their GGUF type on the device (raw bytes, ``uint8``) and are dequantized with
+:mod:`ggufkit.eval.dequant` layer by layer while a batch passes through, so device memory is about the file
+size plus one layer in float plus the activations. Hyperparameters come from the GGUF keys alone.
+
+Architectures and how they run (each matches transformers' model class and llama.cpp's graph):
+
+* ``llama`` (Q/K rows permuted for NORM RoPE by the converter), ``qwen2`` (NEOX RoPE, q/k/v biases),
+  ``qwen3`` (per-head RMS q/k norms), ``qwen`` (Qwen 1: fused [Q;K;V] with bias): RMSNorm, SiLU-gated FFN.
+* ``gptneox``: LayerNorm, fused [Q|K|V], partial NEOX RoPE, parallel or sequential residual, GELU FFN.
+* ``opt`` (PowerInfer layout): learned positions read at ``pos + 2``, LayerNorm with biases, ReLU FFN with
+  ``ffn_down_t`` (the down projection stored transposed), LM head tied to ``token_embd``.
+* PowerInfer files (magic ``PWRI``, ``llama``/``bamboo``): the ReLU FFN PowerInfer's sparse graph computes
+  (``relu(gate)*up``; bamboo ``relu(gate)*relu(up)``), run densely; the predictor tensors are ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from ggufkit.eval.dequant import DEQUANTIZERS, dequantize
+
+from ggufkit.errors import (
+    DeviceUnavailableError,
+    EvaluationError,
+    MetadataKeyNotFoundError,
+    MetadataValueError,
+)
+from ggufkit.format.reader import GGUFModel, TensorInfo, open_gguf
+
+#: Architectures the evaluator runs.
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen", "gptneox", "opt", "bamboo")
+#: ``--dtype`` choices and the torch type each computes matmuls in.
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+#: Output-projection rows dequantized at a time, so a 150k vocabulary never needs a whole float copy.
+_VOCAB_CHUNK = 32768
+_EMB_OPT_POS_OFFSET = 2  # OPT's learned position table starts at row 2 (HF OPTLearnedPositionalEmbedding)
+
+
+@dataclass(frozen=True)
+class HParams:
+    """What the forward pass needs, read from ``<arch>.*`` keys and tensor shapes."""
+
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    rope_base: float
+    rope_scale: float
+    rope_mode: str  # "norm" (adjacent pairs), "neox" (split halves) or "none"
+    norm: str  # "rms" or "layer"
+    eps: float
+    parallel_residual: bool
+    ffn: str  # "silu", "gelu", "relu" (relu(gate)*up or relu(up) when ungated), "relu_sym"
+    powerinfer: bool
+
+
+class QTensor:
+    """One tensor kept as raw GGUF bytes on the device.
+
+    Attributes:
+        name: tensor name.
+        qtype: GGML type.
+        shape: numpy-order shape in elements (rows first).
+        raw: ``uint8[n_rows, row_bytes]`` on the device.
+    """
+
+    def __init__(self, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...], raw: torch.Tensor) -> None:
+        self.name = name
+        self.qtype = qtype
+        self.shape = shape
+        n_rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+        self.raw = raw.reshape(n_rows, -1)
+
+    def float(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The whole tensor dequantized, in numpy-order ``shape``."""
+        return dequantize(self.raw, self.qtype, self.shape[-1]).reshape(self.shape).to(dtype)
+
+    def row_range(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows ``start:stop`` of a 2-D tensor, dequantized (a slice: no copy of the raw bytes)."""
+        return dequantize(self.raw[start:stop], self.qtype, self.shape[-1]).to(dtype)
+
+    def permute_rows(self, order: torch.Tensor) -> None:
+        """Reorder the rows in place (quantization blocks never span rows, so raw rows move intact)."""
+        self.raw = self.raw[order.to(self.raw.device)].contiguous()
+
+    def rows(self, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows ``index`` (any shape) of a 2-D tensor, dequantized: ``[*index.shape, shape[-1]]``."""
+        flat = index.reshape(-1)
+        out = dequantize(self.raw[flat], self.qtype, self.shape[-1]).to(dtype)
+        return out.reshape(*index.shape, self.shape[-1])
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU raises DeviceUnavailableError."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError("--device cuda was asked for, but PyTorch sees no CUDA device")
+        return torch.device(device)
+    if device == "cpu":
+        return torch.device("cpu")
+    raise EvaluationError(f"unknown device {device!r} (expected auto, cpu or cuda)")
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` is float32 everywhere, so GPU and CPU give the same numbers; f16/bf16 only on request."""
+    if dtype == "auto":
+        return torch.float32
+    if dtype not in DTYPES:
+        raise EvaluationError(f"unknown dtype {dtype!r} (expected auto, f32, f16 or bf16)")
+    if device.type == "cpu" and dtype != "f32":
+        raise EvaluationError(f"--dtype {dtype} needs a GPU; the CPU path computes in f32")
+    return DTYPES[dtype]
+
+
+def _key(model: GGUFModel, key: str, kind: type, default: Any = None) -> Any:
+    field = model.kv.get(key)
+    if field is None:
+        if default is None:
+            raise MetadataKeyNotFoundError(key, path=model.path, hint="the evaluator needs it")
+        return default
+    value = field.value
+    if (kind is int and isinstance(value, bool)) or not isinstance(value, (int, float, bool)):
+        raise MetadataValueError(f"expected a {kind.__name__}, got {field.type_label}", key=key, path=model.path)
+    if kind is int and (not float(value).is_integer() or value <= 0):
+        raise MetadataValueError(f"expected a positive integer, got {value}", key=key, path=model.path)
+    return kind(value)
+
+
+def read_hparams(model: GGUFModel) -> HParams:
+    """Hyperparameters from the GGUF keys (and the vocabulary size from ``token_embd``).
+
+    Raises:
+        EvaluationError: unsupported architecture or rope scaling.
+        MetadataKeyNotFoundError, MetadataValueError: a needed key is missing or malformed.
+    """
+    arch = model.architecture
+    if arch not in SUPPORTED_ARCHS:
+        raise EvaluationError(f"architecture {arch!r} is not supported by the evaluator "
+                              f"(supported: {', '.join(SUPPORTED_ARCHS)})", path=model.path)
+    a = arch
+    embd = model["token_embd.weight"]
+    if embd.n_dims != 2:
+        raise EvaluationError(f"token_embd.weight has {embd.n_dims} dimensions, expected 2", path=model.path)
+    n_embd = _key(model, f"{a}.embedding_length", int, embd.ne[0])
+    n_head = _key(model, f"{a}.attention.head_count", int)
+    if n_embd % n_head:
+        raise EvaluationError(f"embedding length {n_embd} is not a multiple of the head count {n_head}",
+                              path=model.path)
+    head_dim = _key(model, f"{a}.attention.key_length", int, n_embd // n_head)
+    n_head_kv = _key(model, f"{a}.attention.head_count_kv", int, n_head)
+    if n_head % n_head_kv:
+        raise EvaluationError(f"head count {n_head} is not a multiple of the KV head count {n_head_kv}",
+                              path=model.path)
+    n_rot = _key(model, f"{a}.rope.dimension_count", int, head_dim)
+    if n_rot > head_dim or n_rot % 2:
+        raise EvaluationError(f"rope dimension count {n_rot} does not fit the head size {head_dim}", path=model.path)
+    scaling = model.get(f"{a}.rope.scaling.type", "none")
+    rope_scale = 1.0
+    if scaling == "linear":
+        rope_scale = _key(model, f"{a}.rope.scaling.factor", float, 1.0)
+    elif f"{a}.rope.scale_linear" in model.kv:
+        rope_scale = _key(model, f"{a}.rope.scale_linear", float)
+    elif scaling not in ("none", ""):
+        raise EvaluationError(f"rope scaling {scaling!r} is not supported by the evaluator", path=model.path)
+    if a in ("llama", "bamboo"):
+        rope_mode = "norm"
+    elif a == "opt":
+        rope_mode = "none"
+    else:
+        rope_mode = "neox"
+    layer_norm = a in ("gptneox", "opt")
+    if layer_norm:
+        eps = _key(model, f"{a}.attention.layer_norm_epsilon", float, 1e-5)
+    elif f"{a}.attention.layer_norm_rms_epsilon" in model.kv or a != "qwen":
+        eps = _key(model, f"{a}.attention.layer_norm_rms_epsilon", float, 1e-5 if a == "bamboo" else None)
+    else:  # Qwen 1 files from converters that wrote only the LayerNorm key (reference/convert.md §1.4)
+        eps = _key(model, f"{a}.attention.layer_norm_epsilon", float)
+    if a == "gptneox":
+        ffn = "gelu"
+    elif a == "opt" or (model.is_powerinfer and a == "llama"):
+        ffn = "relu"
+    elif a == "bamboo":
+        ffn = "relu_sym"
+    else:
+        ffn = "silu"
+    parallel = bool(model.get(f"{a}.use_parallel_residual", True)) if a == "gptneox" else False
+    return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=_key(model, f"{a}.block_count", int),
+                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
+                   rope_base=_key(model, f"{a}.rope.freq_base", float, 10000.0), rope_scale=rope_scale,
+                   rope_mode=rope_mode, norm="layer" if layer_norm else "rms", eps=eps,
+                   parallel_residual=parallel, ffn=ffn, powerinfer=model.is_powerinfer)
+
+
+def _expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
+    """numpy-order shape of every tensor the forward pass reads (optional ones only when present)."""
+    e, hd = hp.n_embd, hp.head_dim
+    q, kv = hp.n_head * hd, hp.n_head_kv * hd
+    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (hp.n_vocab, e), "output_norm.weight": (e,)}
+    if hp.norm == "layer":
+        out["output_norm.bias"] = (e,)
+    if "output.weight" in names and hp.arch != "opt":
+        out["output.weight"] = (hp.n_vocab, e)
+    if hp.arch == "opt":
+        out["position_embd.weight"] = (-1, e)
+    if "rope_freqs.weight" in names:
+        out["rope_freqs.weight"] = (hp.n_rot // 2,)
+    for i in range(hp.n_layer):
+        b = f"blk.{i}."
+        out[b + "attn_norm.weight"] = (e,)
+        out[b + "ffn_norm.weight"] = (e,)
+        if hp.norm == "layer":
+            out[b + "attn_norm.bias"] = (e,)
+            out[b + "ffn_norm.bias"] = (e,)
+        if b + "attn_qkv.weight" in names:
+            out[b + "attn_qkv.weight"] = (q + 2 * kv, e)
+            if b + "attn_qkv.bias" in names:
+                out[b + "attn_qkv.bias"] = (q + 2 * kv,)
+        else:
+            for part, rows in (("q", q), ("k", kv), ("v", kv)):
+                out[b + f"attn_{part}.weight"] = (rows, e)
+                if b + f"attn_{part}.bias" in names:
+                    out[b + f"attn_{part}.bias"] = (rows,)
+        if b + "attn_q_norm.weight" in names:
+            out[b + "attn_q_norm.weight"] = (hd,)
+            out[b + "attn_k_norm.weight"] = (hd,)
+        out[b + "attn_output.weight"] = (e, q)
+        if b + "attn_output.bias" in names:
+            out[b + "attn_output.bias"] = (e,)
+        out[b + "ffn_up.weight"] = (-1, e)
+        if b + "ffn_up.bias" in names:
+            out[b + "ffn_up.bias"] = (-1,)
+        if hp.ffn in ("silu", "relu_sym") or b + "ffn_gate.weight" in names:
+            out[b + "ffn_gate.weight"] = (-1, e)
+        if b + "ffn_down_t.weight" in names:
+            out[b + "ffn_down_t.weight"] = (-1, e)
+            bias = b + "ffn_down_t.bias" if b + "ffn_down_t.bias" in names else b + "ffn_down.bias"
+        else:
+            out[b + "ffn_down.weight"] = (e, -1)
+            bias = b + "ffn_down.bias"
+        if bias in names:
+            out[bias] = (e,)
+    return out
+
+
+class GGUFCausalLM:
+    """A GGUF model ready to score token sequences.
+
+    Use :func:`load_model` to build one. ``logits(tokens)`` returns float32 ``[B, T, n_vocab]``.
+    """
+
+    def __init__(self, path: Path, hparams: HParams, tensors: dict[str, QTensor], device: torch.device,
+                 dtype: torch.dtype, model_sha256: str, file: GGUFModel) -> None:
+        self.path = path
+        self.hparams = hparams
+        self.tensors = tensors
+        self.device = device
+        self.dtype = dtype
+        self.model_sha256 = model_sha256
+        self.file = file  # kept open: CPU tensors are zero-copy views of its mmap
+        self._rope_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hparams.n_vocab
+
+    @property
+    def dtype_name(self) -> str:
+        return next(k for k, v in DTYPES.items() if v == self.dtype)
+
+    def close(self) -> None:
+        self.tensors = {}
+        self.file.close()
+
+    def __enter__(self) -> GGUFCausalLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- building blocks ---------------------------------------------------------------------------
+    def _w(self, name: str) -> torch.Tensor | None:
+        """An optional tensor, dequantized: matrices in the compute dtype, vectors in float32."""
+        t = self.tensors.get(name)
+        if t is None:
+            return None
+        # Norm weights and biases stay float32 (they are added in the float32 residual stream).
+        return t.float(torch.float32 if len(t.shape) == 1 else self.dtype)
+
+    def _r(self, name: str) -> torch.Tensor:
+        """A required tensor (load_model checked that it exists), dequantized like :meth:`_w`."""
+        w = self._w(name)
+        if w is None:
+            raise EvaluationError(f"missing tensor {name!r}", path=self.path)
+        return w
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        hp = self.hparams
+        if hp.norm == "layer":
+            return F.layer_norm(x, (x.shape[-1],), w, b, hp.eps)
+        return _rms_norm(x, w, hp.eps)
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        y = F.linear(x.to(w.dtype), w).to(torch.float32)
+        return y if b is None else y + b
+
+    def _rope(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[t, n_rot]`` in transformers' rotate-half layout, computed as transformers does."""
+        cached = self._rope_cache.get(t)
+        if cached is not None:
+            return cached
+        hp = self.hparams
+        inv_freq = 1.0 / (hp.rope_base ** (torch.arange(0, hp.n_rot, 2, dtype=torch.int64).float() / hp.n_rot))
+        factors = self.tensors.get("rope_freqs.weight")
+        if factors is not None:  # llama3 long-context correction: theta_i / factor_i (llama.cpp rope_freqs)
+            inv_freq = inv_freq / factors.float().cpu()
+        if hp.rope_scale != 1.0:
+            inv_freq = inv_freq / hp.rope_scale
+        freqs = torch.outer(torch.arange(t, dtype=torch.float32), inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        result = (emb.cos().to(self.device), emb.sin().to(self.device))
+        self._rope_cache[t] = result
+        return result
+
+    def _apply_rope(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, H, hd] float32."""
+        hp = self.hparams
+        if hp.rope_mode == "none":
+            return x
+        # NORM-mode files had their Q/K rows put back in rotate-half order at load (_to_rotate_half), so
+        # one rotate-half path serves both modes.
+        n = hp.n_rot
+        rot, rest = x[..., :n], x[..., n:]
+        cos, sin = self._rope(x.shape[1])
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+        half = torch.cat([-rot[..., n // 2:], rot[..., : n // 2]], dim=-1)
+        rot = rot * cos + half * sin
+        return torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot
+
+    def _attention(self, h: torch.Tensor, p: str) -> torch.Tensor:
+        hp = self.hparams
+        bsz, t, _ = h.shape
+        hd = hp.head_dim
+        nq, nkv = hp.n_head * hd, hp.n_head_kv * hd
+        qkv_w = self._w(p + "attn_qkv.weight")
+        if qkv_w is not None:
+            qkv = self._linear(h, qkv_w, self._w(p + "attn_qkv.bias"))
+            del qkv_w
+            q, k, v = qkv.split([nq, nkv, nkv], dim=-1)
+        else:
+            q = self._linear(h, self._r(p + "attn_q.weight"), self._w(p + "attn_q.bias"))
+            k = self._linear(h, self._r(p + "attn_k.weight"), self._w(p + "attn_k.bias"))
+            v = self._linear(h, self._r(p + "attn_v.weight"), self._w(p + "attn_v.bias"))
+        q = q.reshape(bsz, t, hp.n_head, hd)
+        k = k.reshape(bsz, t, hp.n_head_kv, hd)
+        v = v.reshape(bsz, t, hp.n_head_kv, hd)
+        q_norm = self._w(p + "attn_q_norm.weight")
+        if q_norm is not None:  # qwen3: RMSNorm of each head before RoPE
+            q = _rms_norm(q, q_norm, hp.eps)
+            k = _rms_norm(k, self._r(p + "attn_k_norm.weight"), hp.eps)
+        q, k = self._apply_rope(q), self._apply_rope(k)
+        q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, H, T, hd]
+        gqa = hp.n_head_kv != hp.n_head
+        if gqa and self.device.type != "cpu":
+            # CUDA's memory-efficient float32 kernel has no GQA mode: share the KV heads explicitly there
+            # (the CPU kernels support it and skip the copies; both give the same values).
+            rep = hp.n_head // hp.n_head_kv
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+            gqa = False
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd), enable_gqa=gqa)
+        o = o.transpose(1, 2).reshape(bsz, t, hp.n_head * hd)
+        return self._linear(o, self._r(p + "attn_output.weight"), self._w(p + "attn_output.bias"))
+
+    def _ffn(self, h: torch.Tensor, p: str) -> torch.Tensor:
+        hp = self.hparams
+        up = self._linear(h, self._r(p + "ffn_up.weight"), self._w(p + "ffn_up.bias"))
+        gate_w = self._w(p + "ffn_gate.weight")
+        if hp.ffn == "gelu":
+            a = F.gelu(up)  # exact erf GELU, transformers' "gelu" (GPT-NeoX's default hidden_act)
+        elif gate_w is None:
+            a = F.relu(up)
+        else:
+            g = self._linear(h, gate_w)
+            if hp.ffn == "silu":
+                a = F.silu(g) * up
+            elif hp.ffn == "relu":
+                a = F.relu(g) * up
+            else:
+                a = F.relu(g) * F.relu(up)
+        del up, gate_w
+        down_t = self.tensors.get(p + "ffn_down_t.weight")
+        if down_t is not None:
+            # ffn_down_t stores the down projection transposed ([n_ff, n_embd] in numpy order).
+            w = down_t.float(self.dtype)
+            y = torch.matmul(a.to(w.dtype), w).to(torch.float32)
+            b = self._w(p + "ffn_down_t.bias")
+            b = b if b is not None else self._w(p + "ffn_down.bias")
+            return y if b is None else y + b
+        return self._linear(a, self._r(p + "ffn_down.weight"), self._w(p + "ffn_down.bias"))
+
+    # -- forward -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def logits(self, tokens: torch.Tensor, *, start: int = 0) -> torch.Tensor:
+        """Run the model on a batch of sequences, each from position 0 with an empty context.
+
+        Args:
+            tokens: ``int64[B, T]`` token ids (any device).
+            start: return logits only for positions ``start .. T-1`` (the scored half of a chunk), which
+                saves the output projection of the other positions.
+
+        Returns:
+            ``float32[B, T - start, n_vocab]`` on the model's device.
+
+        Raises:
+            EvaluationError: a token id is outside the vocabulary.
+        """
+        hp = self.hparams
+        if tokens.dim() != 2:
+            raise EvaluationError(f"tokens must be [batch, length], got shape {tuple(tokens.shape)}")
+        tokens = tokens.to(self.device, torch.int64)
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= hp.n_vocab):
+            raise EvaluationError(f"token ids must be in 0..{hp.n_vocab - 1}")
+        t = tokens.shape[1]
+        x = self.tensors["token_embd.weight"].rows(tokens)
+        pos = self.tensors.get("position_embd.weight")
+        if pos is not None:
+            if t + _EMB_OPT_POS_OFFSET > pos.shape[0]:
+                raise EvaluationError(f"context {t} is longer than the model's {pos.shape[0] - 2} positions")
+            x = x + pos.rows(torch.arange(t, device=self.device) + _EMB_OPT_POS_OFFSET)[None]
+        for i in range(hp.n_layer):
+            x = self._block(x, f"blk.{i}.")
+        x = x[:, start:]
+        x = self._norm(x, self._r("output_norm.weight"), self._w("output_norm.bias"))
+        head = self.tensors.get("output.weight") if hp.arch != "opt" else None
+        if head is None:  # tied LM head
+            head = self.tensors["token_embd.weight"]
+        parts = []
+        for a in range(0, hp.n_vocab, _VOCAB_CHUNK):
+            w = head.row_range(a, min(a + _VOCAB_CHUNK, hp.n_vocab), self.dtype)
+            parts.append(F.linear(x.to(w.dtype), w).to(torch.float32))
+            del w
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def _block(self, x: torch.Tensor, p: str) -> torch.Tensor:
+        hp = self.hparams
+        h = self._norm(x, self._r(p + "attn_norm.weight"), self._w(p + "attn_norm.bias"))
+        attn = self._attention(h, p)
+        if hp.parallel_residual:
+            h2 = self._norm(x, self._r(p + "ffn_norm.weight"), self._w(p + "ffn_norm.bias"))
+            return x + attn + self._ffn(h2, p)
+        x = x + attn
+        h2 = self._norm(x, self._r(p + "ffn_norm.weight"), self._w(p + "ffn_norm.bias"))
+        return x + self._ffn(h2, p)
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # x * rsqrt(mean(x^2) + eps) * w, as transformers' RMSNorm, in one fused kernel.
+    return F.rms_norm(x.to(torch.float32), (x.shape[-1],), w, eps)
+
+
+def _check_ffn_widths(tensors: dict[str, QTensor], hp: HParams, path: Path) -> None:
+    """The FFN tensors of a layer must agree on its width (their shapes were checked only against n_embd)."""
+    for i in range(hp.n_layer):
+        b = f"blk.{i}."
+        widths = {name: t.shape[0] for name, t in ((n, tensors.get(b + n)) for n in
+                  ("ffn_up.weight", "ffn_gate.weight", "ffn_down_t.weight", "ffn_up.bias")) if t is not None}
+        down = tensors.get(b + "ffn_down.weight")
+        if down is not None:
+            widths["ffn_down.weight"] = down.shape[1]
+        if len(set(widths.values())) > 1:
+            raise EvaluationError(f"layer {i}: the FFN tensors disagree on its width: "
+                                  + ", ".join(f"{n} {w}" for n, w in widths.items()), path=path)
+
+
+def _to_rotate_half(tensors: dict[str, QTensor], hp: HParams) -> None:
+    """Undo the converter's LLaMA Q/K permutation (reference/convert.md §2.2) on the raw rows.
+
+    NORM RoPE rotates adjacent pairs (2i, 2i+1); transformers' rotate-half pairs (i, i + d/2). Moving row
+    ``h*d + 2i + j`` back to ``h*d + j*d/2 + i`` once at load lets the forward use the rotate-half path with
+    no per-token reordering; attention scores do not depend on the order of the head dimensions.
+    """
+    d = hp.head_dim
+    for i in range(hp.n_layer):
+        for part, n_head in (("q", hp.n_head), ("k", hp.n_head_kv)):
+            # new_row[h*d + j*d/2 + i] = old_row[h*d + 2i + j]
+            order = torch.arange(n_head * d).reshape(n_head, d // 2, 2).transpose(1, 2).reshape(-1)
+            for suffix in ("weight", "bias"):
+                t = tensors.get(f"blk.{i}.attn_{part}.{suffix}")
+                if t is not None:
+                    if suffix == "bias":  # a float vector: view each element as a row of its bytes
+                        t.raw = t.raw.reshape(n_head * d, -1)
+                        t.permute_rows(order)
+                        t.raw = t.raw.reshape(1, -1)
+                    else:
+                        t.permute_rows(order)
+
+
+def _load_tensor(model: GGUFModel, info: TensorInfo, device: torch.device, hasher: Any) -> QTensor:
+    view = model.raw(info)
+    hasher.update(view)
+    with warnings.catch_warnings():
+        # The mmap is read-only and the tensor is never written to; torch warns about that regardless.
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.frombuffer(view, dtype=torch.uint8) if info.nbytes else torch.empty(0, dtype=torch.uint8)
+    if device.type != "cpu":
+        raw = raw.to(device)
+    return QTensor(info.name, info.ggml_type, info.shape, raw)
+
+
+def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str = "auto") -> GGUFCausalLM:
+    """Open a GGUF model for scoring.
+
+    Args:
+        path: a GGUF or PowerInfer (PWRI) file, or any shard of a gguf-split set.
+        device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
+        dtype: ``auto``/``f32`` (float32 everywhere), or ``f16``/``bf16`` matmuls on a GPU.
+
+    Returns:
+        The model; its weights stay in their GGUF types on ``device``.
+
+    Raises:
+        GGUFFormatError: the file is malformed.
+        EvaluationError: unsupported architecture or tensor type, or a tensor has an unexpected shape.
+        DeviceUnavailableError: ``device="cuda"`` without a GPU.
+
+    Example:
+        >>> with load_model("model.gguf", device="cpu") as m:          # doctest: +SKIP
+        ...     m.logits(torch.tensor([[1, 2, 3]])).shape
+        torch.Size([1, 3, 32000])
+    """
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    model = open_gguf(path)
+    try:
+        hp = read_hparams(model)
+        if hp.n_layer > len(model.tensors):  # a corrupt count must not drive a billion-step loop
+            raise EvaluationError(f"block count {hp.n_layer} exceeds the {len(model.tensors)} tensors in the file",
+                                  path=model.path)
+        expected = _expected_shapes(hp, set(model))
+        hasher = hashlib.sha256()
+        tensors: dict[str, QTensor] = {}
+        for info in model.tensors:
+            if info.name not in expected:
+                hasher.update(model.raw(info))  # predictor tensors etc.: hashed, not loaded
+                continue
+            want = expected[info.name]
+            if len(want) != len(info.shape) or any(w not in (-1, s) for w, s in zip(want, info.shape)):
+                raise EvaluationError(f"tensor {info.name!r} has shape {list(info.shape)}, expected "
+                                      f"{[w if w >= 0 else '*' for w in want]}", path=model.path)
+            if info.ggml_type not in DEQUANTIZERS:
+                raise EvaluationError(f"tensor {info.name!r} has type {info.ggml_type.name}, which the evaluator "
+                                      f"cannot dequantize", path=model.path)
+            tensors[info.name] = _load_tensor(model, info, dev, hasher)
+        missing = [n for n in expected if n not in tensors]
+        if missing:
+            raise EvaluationError(f"missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)"
+                                                                        if len(missing) > 1 else ""), path=model.path)
+        _check_ffn_widths(tensors, hp, model.path)
+        if hp.rope_mode == "norm":
+            if any(name.endswith("attn_qkv.weight") for name in tensors) or hp.n_rot != hp.head_dim:
+                raise EvaluationError("NORM RoPE with a fused attn_qkv or partial rotation is not supported",
+                                      path=model.path)
+            _to_rotate_half(tensors, hp)
+        return GGUFCausalLM(Path(path), hp, tensors, dev, torch_dtype, hasher.hexdigest(), model)
+    except BaseException:
+        model.close()
+        raise

@@ -1,0 +1,330 @@
+"""Perplexity by llama-perplexity's exact method (reference/perplexity.md §1).
+
+The whole text is tokenized once (BOS prepended iff the vocabulary adds one, never EOS); it is cut into
+``n_ctx``-token chunks, the tail shorter than a chunk is dropped, and at least ``2*n_ctx`` tokens are needed.
+Each chunk runs from position 0 with an empty context; when the vocabulary adds BOS its first token is
+*overwritten* by BOS. Only the second half is scored: logits at positions ``n_ctx/2 .. n_ctx-2`` predict the
+tokens after them. Per token, ``nll = max + log(sum(exp(l - max))) - l[target]`` with float32 exponentials
+summed in float64 (llama-perplexity's ``log_softmax``), and the NLL sums are float64. The result is
+``exp(mean nll)`` with llama-perplexity's error ``PPL * sqrt(var(nll) / (N - 1))``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ggufkit.errors import EvaluationError, TokenizerError, UsageError
+from ggufkit.format.writer import NullProgress, Progress
+
+#: llama-perplexity's default context (it sets ``params.n_ctx = 512`` before parsing arguments).
+DEFAULT_CTX = 512
+#: Tokens evaluated per forward pass by default, like llama-perplexity's ``n_batch`` of 2048.
+DEFAULT_BATCH_TOKENS = 2048
+#: The bundled sample text used when no text is given (eval/data/README).
+SAMPLE_TEXT = "sample.txt"
+
+#: Called after each chunk with (1-based chunk number, running statistics of all chunks so far).
+ChunkCallback = Callable[[int, "RunningStats"], None]
+
+
+@dataclass
+class RunningStats:
+    """Float64 accumulators of the per-token NLL, in scoring order (deterministic)."""
+
+    nll_sum: float = 0.0
+    nll2_sum: float = 0.0
+    count: int = 0
+    #: Filled by the KL-divergence run (:class:`ggufkit.eval.kld.KLDAccumulator`), None otherwise.
+    kld: Any = None
+
+    def add(self, nll: np.ndarray) -> None:
+        for v in nll.tolist():  # sequential, so the sums do not depend on the batch size
+            self.nll_sum += v
+            self.nll2_sum += v * v
+        self.count += len(nll)
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(self.nll_sum / self.count) if self.count else math.nan
+
+    @property
+    def ppl_error(self) -> float:
+        """llama-perplexity's estimate: PPL times the standard error of the mean NLL (NaN if undefined)."""
+        n = self.count
+        if n < 2:
+            return math.nan
+        mean = self.nll_sum / n
+        var = self.nll2_sum / n - mean * mean
+        if var <= 0:
+            return math.nan
+        return self.ppl * math.sqrt(var / (n - 1))
+
+
+@dataclass
+class PerplexityResult:
+    """What :func:`perplexity` measured.
+
+    Attributes:
+        ppl, ppl_error: final perplexity and llama-perplexity's error estimate.
+        chunks, ctx: chunks evaluated and their length; ``tokens_scored`` = chunks * (ctx - 1 - ctx // 2).
+        n_tokens: tokens in the whole tokenized text; ``add_bos``/``bos_id``: the BOS rule applied.
+        chunk_ppl: running PPL after each chunk (the ``[1]x,[2]y`` values).
+        text_sha256: SHA-256 of the UTF-8 text scored (of the int32 token ids when tokens were given).
+        model_sha256: SHA-256 of the model's tensor data, in file order.
+        device, dtype: where and in what precision the matmuls ran.
+        seconds, tokens_per_second: evaluation time and chunks*ctx / seconds; ``load_seconds``: model loading.
+        kld: KL-divergence statistics against a baseline (``--baseline``), else None.
+    """
+
+    ppl: float
+    ppl_error: float
+    chunks: int
+    ctx: int
+    tokens_scored: int
+    n_tokens: int
+    add_bos: bool
+    bos_id: int | None
+    batch: int
+    chunk_ppl: list[float]
+    text_sha256: str
+    model_sha256: str
+    model: str
+    device: str
+    dtype: str
+    seconds: float
+    tokens_per_second: float
+    load_seconds: float
+    baseline: str | None = None
+    baseline_sha256: str | None = None
+    kld: dict[str, Any] | None = field(default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (snake_case keys; KLD statistics under ``kld``)."""
+        return asdict(self)
+
+
+def read_text_file(path: str | os.PathLike[str]) -> str:
+    """Read a text file as llama-perplexity's ``-f`` does: raw UTF-8, exactly one trailing ``\\n`` removed.
+
+    Raises:
+        EvaluationError: the file is not valid UTF-8.
+    """
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EvaluationError(f"not valid UTF-8 at byte {exc.start}", path=Path(path)) from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def sample_text() -> str:
+    """The bundled English sample (Python's help topics, PSF licence; see eval/data/README)."""
+    data = resources.files("ggufkit.eval").joinpath("data").joinpath(SAMPLE_TEXT).read_bytes().decode("utf-8")
+    return data[:-1] if data.endswith("\n") else data
+
+
+def read_tokens_file(path: str | os.PathLike[str]) -> list[int]:
+    """Token ids from a file: a JSON array, or integers separated by whitespace or commas.
+
+    Raises:
+        EvaluationError: the file holds anything else.
+    """
+    text = Path(path).read_text(encoding="utf-8", errors="replace").strip()
+    try:
+        values = json.loads(text) if text.startswith("[") else [int(t) for t in text.replace(",", " ").split()]
+    except ValueError as exc:
+        raise EvaluationError(f"not a list of token ids ({exc})", path=Path(path)) from None
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise EvaluationError("not a list of integer token ids", path=Path(path))
+    return values
+
+
+def tokenize_text(file: Any, text: str | None) -> tuple[list[int] | None, bool, int | None]:
+    """Tokenize ``text`` as llama-perplexity does (``add_special=True, parse_special=False``).
+
+    Args:
+        file: the model's GGUF (its ``tokenizer.ggml.*`` keys).
+        text: the text, or None to read only the BOS rule.
+
+    Returns:
+        (tokens or None, add_bos, bos_id).
+
+    Raises:
+        TokenizerError: the vocabulary cannot be rebuilt, or it appends EOS (llama-perplexity refuses that).
+    """
+    from ggufkit.eval.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(file)
+    if tok.add_eos:
+        raise TokenizerError("the vocabulary appends EOS to every text; llama-perplexity refuses such models")
+    ids = list(tok.encode(text, add_special=True, parse_special=False)) if text is not None else None
+    return ids, bool(tok.add_bos), tok.bos_id
+
+
+def check_chunking(n_tokens: int, ctx: int, chunks: int | None) -> int:
+    """Number of chunks llama-perplexity evaluates, or EvaluationError when there are too few tokens."""
+    if ctx < 4:
+        raise UsageError(f"--ctx {ctx} is too small (at least 4, so that a chunk has tokens to score)")
+    if chunks is not None and chunks < 1:
+        raise UsageError(f"--chunks {chunks} must be at least 1")
+    if n_tokens < 2 * ctx:
+        raise EvaluationError(f"you need at least {2 * ctx} tokens to evaluate perplexity with a context of "
+                              f"{ctx}; the text has only {n_tokens} tokens (use a longer text or a smaller --ctx)")
+    n = n_tokens // ctx
+    return n if chunks is None else min(n, chunks)
+
+
+def score_positions(logits: Any, targets: Any) -> np.ndarray:
+    """Per-token NLL of ``targets`` under ``logits`` (float32 ``[n, V]``), llama-perplexity's way."""
+    import torch
+
+    mx = logits.max(dim=-1, keepdim=True).values
+    sum_exp = torch.exp(logits - mx).to(torch.float64).sum(dim=-1)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    nll = mx.squeeze(-1).to(torch.float64) + torch.log(sum_exp) - picked.to(torch.float64)
+    return nll.cpu().numpy()
+
+
+def _chunk_batches(n_chunk: int, batch: int) -> list[range]:
+    return [range(a, min(a + batch, n_chunk)) for a in range(0, n_chunk, batch)]
+
+
+def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, tokens: Sequence[int] | None = None,
+               ctx: int = DEFAULT_CTX, chunks: int | None = None, batch: int | None = None, device: str = "auto",
+               dtype: str = "auto", baseline: str | os.PathLike[str] | None = None,
+               progress: Progress | None = None, on_chunk: ChunkCallback | None = None) -> PerplexityResult:
+    """Measure a GGUF model's perplexity as llama-perplexity does; with ``baseline``, also the KL divergence.
+
+    Args:
+        model_path: the GGUF (or PWRI) file, or a shard of a split set.
+        text: the text to score; the bundled sample when neither ``text`` nor ``tokens`` is given.
+        tokens: an already tokenized stream (BOS included if the vocabulary adds one) instead of ``text``.
+        ctx: chunk length (llama-perplexity's ``-c``, default 512).
+        chunks: evaluate at most this many chunks (``--chunks``).
+        batch: chunks per forward pass (default: 2048 tokens' worth, as llama-perplexity's ``-b``).
+        device: ``auto``, ``cpu`` or ``cuda``; dtype: ``auto``/``f32``, or ``f16``/``bf16`` on a GPU.
+        baseline: a reference GGUF of the same vocabulary; both models score the same chunks side by side.
+        progress: receives one step per chunk.
+        on_chunk: called after each chunk with its number and the running statistics.
+
+    Returns:
+        The :class:`PerplexityResult`.
+
+    Raises:
+        EvaluationError: too few tokens, unsupported model, token ids outside the vocabulary.
+        TokenizerError: the text cannot be tokenized with the model's vocabulary.
+        UsageError: both ``text`` and ``tokens``, or nonsensical ``ctx``/``chunks``/``batch``.
+    """
+    import torch
+    from ggufkit.eval.kld import KLDAccumulator
+    from ggufkit.eval.model import load_model
+
+    if text is not None and tokens is not None:
+        raise UsageError("give either a text or tokens, not both")
+    if batch is not None and batch < 1:
+        raise UsageError(f"--batch {batch} must be at least 1")
+    progress = progress or NullProgress()
+    t_load = time.perf_counter()
+    model = load_model(model_path, device=device, dtype=dtype)
+    base = None
+    try:
+        if baseline is not None:
+            base = load_model(baseline, device=device, dtype=dtype)
+            if base.n_vocab != model.n_vocab:
+                raise EvaluationError(f"the baseline has {base.n_vocab} tokens in its vocabulary, the model "
+                                      f"{model.n_vocab}; KL divergence needs the same vocabulary")
+        if tokens is None:
+            text = sample_text() if text is None else text
+            text_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        encoded, add_bos, bos_id = tokenize_text(model.file, text if tokens is None else None)
+        if encoded is None:
+            assert tokens is not None
+            ids = [int(t) for t in tokens]
+            text_sha = hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
+        else:
+            ids = encoded
+        n_chunk = check_chunking(len(ids), ctx, chunks)
+        batch = batch or max(1, DEFAULT_BATCH_TOKENS // ctx)
+        load_seconds = time.perf_counter() - t_load
+
+        first = ctx // 2
+        stream = torch.tensor(ids[: n_chunk * ctx], dtype=torch.int64).reshape(n_chunk, ctx)
+        stats = RunningStats(kld=KLDAccumulator() if base is not None else None)
+        chunk_ppl: list[float] = []
+        progress.begin(n_chunk, "chunk", "perplexity")
+        t0 = time.perf_counter()
+        for group in _chunk_batches(n_chunk, batch):
+            window = stream[group.start:group.stop].clone()
+            if add_bos and bos_id is not None:
+                window[:, 0] = bos_id  # replaces the first token; it is never scored (targets start at first+1)
+            targets = stream[group.start:group.stop, first + 1:].to(model.device)
+            logits = model.logits(window, start=first)[:, :-1]  # the last position predicts nothing
+            base_logits = base.logits(window, start=first)[:, :-1] if base is not None else None
+            for i in range(len(group)):
+                nll = score_positions(logits[i], targets[i])
+                stats.add(nll)
+                if base_logits is not None:
+                    stats.kld.add(logits[i], base_logits[i], targets[i])
+                chunk_ppl.append(stats.ppl)
+                progress.advance(1)
+                if on_chunk is not None:
+                    on_chunk(group.start + i + 1, stats)
+            del logits, base_logits
+        seconds = time.perf_counter() - t0
+        progress.end()
+        return PerplexityResult(
+            ppl=stats.ppl, ppl_error=stats.ppl_error, chunks=n_chunk, ctx=ctx, tokens_scored=stats.count,
+            n_tokens=len(ids), add_bos=add_bos, bos_id=bos_id, batch=batch, chunk_ppl=chunk_ppl,
+            text_sha256=text_sha, model_sha256=model.model_sha256, model=str(model_path),
+            device=str(model.device), dtype=model.dtype_name, seconds=seconds,
+            tokens_per_second=n_chunk * ctx / seconds if seconds > 0 else math.inf,
+            load_seconds=load_seconds, baseline=str(baseline) if baseline is not None else None,
+            baseline_sha256=base.model_sha256 if base is not None else None,
+            kld=stats.kld.summary() if stats.kld is not None else None)
+    finally:
+        model.close()
+        if base is not None:
+            base.close()
+
+
+def check_gates(result: PerplexityResult, *, max_ppl: float | None = None, max_delta_ppl: float | None = None,
+                max_kld: float | None = None) -> list[str]:
+    """The CI quality gates: one reason per exceeded threshold (an empty list means all passed).
+
+    Args:
+        result: a :func:`perplexity` result.
+        max_ppl: highest acceptable PPL.
+        max_delta_ppl: highest acceptable ``PPL / PPL(baseline) - 1`` (needs a baseline run).
+        max_kld: highest acceptable mean KL divergence (needs a baseline run).
+
+    Returns:
+        Reasons such as ``"PPL 12.3456 > --max-ppl 12"``.
+
+    Raises:
+        UsageError: a baseline gate without a baseline result.
+    """
+    failures = []
+    if max_ppl is not None and not result.ppl <= max_ppl:
+        failures.append(f"PPL {result.ppl:.4f} > --max-ppl {max_ppl:g}")
+    if (max_delta_ppl is not None or max_kld is not None) and result.kld is None:
+        raise UsageError("--max-delta-ppl and --max-kld need a baseline")
+    if max_delta_ppl is not None and result.kld is not None:
+        delta = result.kld["ppl_ratio"] - 1.0
+        if not delta <= max_delta_ppl:
+            failures.append(f"PPL/PPL(base) - 1 = {delta:.6f} > --max-delta-ppl {max_delta_ppl:g}")
+    if max_kld is not None and result.kld is not None:
+        kld = result.kld["mean_kld"]
+        if not kld <= max_kld:
+            failures.append(f"mean KLD {kld:.6f} > --max-kld {max_kld:g}")
+    return failures

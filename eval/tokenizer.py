@@ -1,0 +1,713 @@
+"""The tokenizer of a GGUF file, rebuilt from ``tokenizer.ggml.*`` to give llama.cpp's token ids exactly.
+
+llama-perplexity scores the ids that llama.cpp's own tokenizer produces, so ours must agree token for token,
+including llama.cpp's departures from Hugging Face (reference/perplexity.md §4). The rules mirrored here are
+those of ``src/llama-vocab.cpp`` in the llama.cpp tree vendored by llama-cpp-python 0.3.36:
+
+* Vocabulary loading (``llama_vocab::impl::load``): defaults per ``tokenizer.ggml.model`` and
+  ``tokenizer.ggml.pre``, the GGUF overrides, special ids, and the name-based attribute fix-ups (EOG and
+  FIM tokens forced to CONTROL, phi-3's RSTRIP, ...), which decide what is split out as a special token.
+* Special-token partition (``tokenizer_st_partition``): CONTROL/USER_DEFINED/UNKNOWN tokens, longest first;
+  without ``parse_special`` only USER_DEFINED ones are matched in the text.
+* SPM (``llm_tokenizer_spm_session``): one space prefixed, spaces -> U+2581, greedy merging of the adjacent
+  pair whose concatenation is the highest-scoring token, ``<0xNN>`` byte fallback.
+* BPE (``llm_tokenizer_bpe_session``): words from :mod:`ggufkit.pretokenizers`, GPT-2 byte-level encoding,
+  lowest-rank merges; ``ignore_merges`` vocabularies emit whole-word tokens directly; symbols not in the
+  vocabulary are dropped byte by byte as llama.cpp drops them. Gemma 4 (``tokenizer.ggml.model = gemma4``)
+  is BPE over raw UTF-8 with spaces escaped as U+2581 and ``<0xNN>`` byte tokens for unknown symbols.
+
+Engines: the BPE merges of a word run in the ``tokenizers`` library (``tokenizers.models.BPE``: same
+lowest-rank-then-leftmost order) whenever it can express llama.cpp's rules, which it can for every BPE
+vocabulary in llama.cpp's test set; ggufkit's own loop covers the rest. What ``tokenizers`` cannot express
+is custom code: the pre-tokenizer (llama.cpp's character classes and hand-written matchers differ from any
+regex engine's), the special-token partition, and SPM (llama.cpp merges any adjacent pair that forms a
+token, by score, ties to the left; HF's BPE needs an explicit merge list and breaks ties by rank).
+Each distinct word (BPE) or space-delimited piece (SPM) is merged once and cached: 1 MB of text takes
+about a second.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ggufkit.errors import TokenizerError, UsageError
+from ggufkit.pretokenizers import get_pre_tokenizer, split_spans
+
+# llama_token_attr bits (include/llama.h).
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+ATTR_LSTRIP = 1 << 7
+ATTR_RSTRIP = 1 << 8
+#: tokenizer.ggml.token_type value (gguf TokenType) -> attribute; anything else is "undefined" (0).
+_TYPE_TO_ATTR = {1: ATTR_NORMAL, 2: ATTR_UNKNOWN, 3: ATTR_CONTROL, 4: ATTR_USER_DEFINED, 5: ATTR_UNUSED,
+                 6: ATTR_BYTE}
+
+_SPACE = "\u2581"  # SentencePiece's escaped space
+#: C isspace() in the C locale: what LSTRIP/RSTRIP trim next to a special token.
+_C_SPACE = " \t\n\v\f\r"
+
+# Special tokens llama.cpp recognises by their text when the GGUF does not name them
+# (llama_vocab::impl::load, "auto-detect special tokens by text"). A token found this way becomes CONTROL.
+_EOT_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+              "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+_FIM_NAMES = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+_EOG_NAMES = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                        "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+                        "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+                        "<｜end▁of▁sentence｜>", "[e~["))
+#: gpt-oss: always rendered, so llama.cpp makes them USER_DEFINED (which also makes them split out).
+_GPT_OSS_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+
+#: Special-id keys in the order llama.cpp reads them; the deprecated FIM keys come last and win.
+_SPECIAL_KEYS = (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"),
+                 ("eom", "eom_token_id"), ("unk", "unknown_token_id"), ("sep", "seperator_token_id"),
+                 ("pad", "padding_token_id"), ("mask", "mask_token_id"), ("fim_pre", "fim_pre_token_id"),
+                 ("fim_suf", "fim_suf_token_id"), ("fim_mid", "fim_mid_token_id"), ("fim_pad", "fim_pad_token_id"),
+                 ("fim_rep", "fim_rep_token_id"), ("fim_sep", "fim_sep_token_id"), ("fim_pre", "prefix_token_id"),
+                 ("fim_suf", "suffix_token_id"), ("fim_mid", "middle_token_id"))
+
+
+def _byte_encoder() -> dict[int, str]:
+    """GPT-2's bytes -> printable code points map (unicode.cpp unicode_byte_to_utf8_map)."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+_BYTE_ENC = _byte_encoder()
+#: str.translate table turning latin-1-decoded bytes into GPT-2's byte-level characters.
+_BYTE_TRANSLATE = {b: c for b, c in _BYTE_ENC.items()}
+_BYTE_DEC = {c: b for b, c in _BYTE_ENC.items()}
+
+
+class _MetadataSource(Protocol):
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+
+@dataclass
+class _Vocab:
+    """The vocabulary as llama.cpp holds it after ``load``."""
+
+    tokens: list[str]
+    scores: list[float]
+    attrs: list[int]
+    token_to_id: dict[str, int]
+    special: dict[str, int | None] = field(default_factory=dict)
+
+
+class GGUFTokenizer:
+    """llama.cpp's tokenizer for one GGUF vocabulary (``tokenizer.ggml.model`` ``llama``, ``gpt2``, ``gemma4``).
+
+    Build it with :func:`load_tokenizer`. Attributes:
+        model: ``llama`` (SPM), ``gpt2`` or ``gemma4`` (BPE).
+        pre: the ``tokenizer.ggml.pre`` value in effect (BPE), ``None`` for SPM.
+        n_vocab: number of tokens.
+        bos_id / eos_id: special ids (None when the vocabulary has none).
+        add_bos / add_eos: whether ``encode(..., add_special=True)`` adds them.
+        add_space_prefix: SPM's leading space (``tokenizer.ggml.add_space_prefix``).
+    """
+
+    def __init__(self, metadata: _MetadataSource, *, engine: str = "auto") -> None:
+        if engine not in ("auto", "tokenizers", "python"):
+            raise UsageError(f"engine must be 'auto', 'tokenizers' or 'python', not {engine!r}")
+        model = metadata.get("tokenizer.ggml.model")
+        if model is None:
+            raise TokenizerError("the file has no vocabulary (tokenizer.ggml.model is missing)")
+        if model not in ("llama", "gpt2", "gemma4"):
+            raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (supported: 'llama' SPM, "
+                                 "'gpt2' and 'gemma4' BPE)")
+        self.model: str = model
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+            raise TokenizerError("tokenizer.ggml.tokens is missing or not a non-empty array of strings")
+        n = len(tokens)
+        self.n_vocab: int = n
+
+        self.pre: str | None = None
+        self.pre_kind: str | None = None
+        self.ignore_merges = False
+        self.add_space_prefix = model == "llama"
+        self.add_bos = model == "llama"
+        self.add_eos = False
+        self.clean_spaces = model != "llama"
+        self.byte_level = True
+        self.escape_whitespaces = False
+        self._regexes: tuple[str, ...] = ()
+        self._ranks: dict[tuple[str, str], int] = {}
+        special: dict[str, int | None] = dict.fromkeys(k for k, _ in _SPECIAL_KEYS)
+        if model == "llama":  # llama.cpp's default ids before the file's
+            special.update(bos=1, eos=2, unk=0)
+        elif model == "gpt2":
+            special.update(bos=11, eos=11)
+        if model != "llama":
+            # a "gemma4" tokenizer model always uses the gemma4 pre-tokenizer, whatever the file says
+            pre = "gemma4" if model == "gemma4" else metadata.get("tokenizer.ggml.pre") or "default"
+            rule = get_pre_tokenizer(pre)
+            self.pre = pre
+            self.pre_kind = rule.kind
+            self.byte_level = rule.byte_level
+            self.escape_whitespaces = not rule.byte_level
+            self._regexes = rule.regexes
+            self.ignore_merges = rule.ignore_merges
+            self.add_bos = rule.add_bos
+            self.clean_spaces = pre not in _NO_CLEAN_SPACES
+            if rule.no_bos:
+                special["bos"] = None
+            self._ranks = _parse_merges(metadata.get("tokenizer.ggml.merges"))
+        flag = metadata.get("tokenizer.ggml.add_space_prefix")
+        if flag is not None:
+            self.add_space_prefix = bool(flag)
+
+        scores = _int_or_float_array(metadata.get("tokenizer.ggml.scores"), n, "tokenizer.ggml.scores")
+        types = _int_or_float_array(metadata.get("tokenizer.ggml.token_type"), n, "tokenizer.ggml.token_type")
+        token_to_id: dict[str, int] = {}
+        words = list(tokens)
+        for i, word in enumerate(words):
+            if word == "":  # llama.cpp renames empty tokens so that they can never match
+                words[i] = word = f"[EMPTY_{i}]"
+            token_to_id[word] = i  # a later duplicate wins, as in llama.cpp's token_to_id[word] = i
+        attrs = [ATTR_NORMAL] * n if types is None else [_TYPE_TO_ATTR.get(int(t), 0) for t in types]
+        self._vocab = _Vocab(words, [0.0] * n if scores is None else [float(s) for s in scores], attrs,
+                             token_to_id, special)
+        self._load_special_ids(metadata)
+        self._fix_attributes(metadata)
+        self._special_tokens = sorted(
+            (i for i in range(n) if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)),
+            key=lambda i: -len(words[i].encode("utf-8")))  # stable: equal lengths stay in id order
+        self._cache: dict[str, tuple[int, ...]] = {}
+        self._engine = engine
+        self._hf: Any = None  # tokenizers.models.BPE, built on first use (about 1 s for 128k tokens)
+        self._unknown_chars: re.Pattern[str] | None = None
+        self._spm_splittable = model == "llama" and not any(
+            _SPACE in w.lstrip(_SPACE) for w in words)
+
+    # -- loading ---------------------------------------------------------------------------------------
+    def _load_special_ids(self, metadata: _MetadataSource) -> None:
+        special, n = self._vocab.special, self.n_vocab
+        for name, value in list(special.items()):
+            if value is not None and value >= n:  # a default outside the vocabulary is disabled
+                special[name] = None
+        for name, key in _SPECIAL_KEYS:
+            value = metadata.get(f"tokenizer.ggml.{key}")
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise TokenizerError(f"tokenizer.ggml.{key} = {value!r} is not a token id")
+            if value < n:  # llama.cpp ignores an out-of-range id and keeps the default
+                special[name] = value
+        for key, attr_name in (("tokenizer.ggml.add_bos_token", "add_bos"),
+                               ("tokenizer.ggml.add_eos_token", "add_eos")):
+            value = metadata.get(key)
+            if value is not None:
+                setattr(self, attr_name, bool(value))
+        if self.pre_kind == "gemma4":
+            self.add_bos = True  # llama.cpp forces BOS for Gemma 4 (PR 21500)
+        if self.add_bos and special["bos"] is None:
+            raise TokenizerError("tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id is not set")
+        if self.add_eos and special["eos"] is None:
+            raise TokenizerError("tokenizer.ggml.add_eos_token is true, but tokenizer.ggml.eos_token_id is not set")
+
+    def _fix_attributes(self, metadata: _MetadataSource) -> None:
+        v = self._vocab
+        attrs, special, t2i = v.attrs, v.special, v.token_to_id
+        # EOT, EOM and FIM tokens found by name (when no id was given) are forced to CONTROL. llama.cpp walks
+        # an unordered_map, so with several candidates its pick is unspecified; we take the lowest id.
+        for name, candidates in (("eot", _EOT_NAMES), ("eom", ("<|eom_id|>",)), *_FIM_NAMES.items()):
+            if special[name] is None:
+                found = sorted(t2i[c] for c in candidates if c in t2i)
+                if found:
+                    special[name] = found[0]
+                    attrs[found[0]] |= ATTR_CONTROL
+        eog: set[int] = {special[k] for k in ("fim_pad", "fim_rep", "fim_sep") if special[k] is not None}  # type: ignore[misc]
+        for text, i in t2i.items():
+            if text in _EOG_NAMES:
+                eog.add(i)
+                attrs[i] |= ATTR_CONTROL
+        for text in _GPT_OSS_USER_DEFINED:
+            if text in t2i:
+                attrs[t2i[text]] = ATTR_USER_DEFINED
+        for k in ("eos", "eot", "eom"):
+            if special[k] is not None:
+                eog.add(special[k])  # type: ignore[arg-type]
+        texts = {v.tokens[i] for i in eog if 0 <= i < self.n_vocab}
+        if {"<|return|>", "<|call|>", "<|end|>"} <= texts or {"<|calls|>", "<|flush|>", "<|end|>"} <= texts:
+            end = next(i for i in eog if v.tokens[i] == "<|end|>")
+            attrs[end] = ATTR_USER_DEFINED  # o200k_harmony / solar-open: <|end|> is not EOG
+        if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+            attrs[next(i for i in eog if v.tokens[i] == "</s>")] = ATTR_NORMAL  # gemma4, plamo: </s> is normal
+        self.eog_ids = frozenset(eog)
+        # Per-model strip attributes, set after the special-token cache is built (so they only add flags).
+        pre = str(metadata.get("tokenizer.ggml.pre") or "")
+        arch = str(metadata.get("general.architecture") or "")
+        model_name = str(metadata.get("general.name") or "").lower()
+        if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or \
+                any(s in arch for s in ("nomic-bert-moe", "jina-bert-v3")):
+            if "<mask>" in t2i:
+                attrs[t2i["<mask>"]] |= ATTR_LSTRIP
+        elif "phi-3" in model_name or "phi3" in model_name:
+            for i in range(self.n_vocab):
+                if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN):
+                    attrs[i] |= ATTR_RSTRIP
+            for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+                if text not in t2i:
+                    raise TokenizerError(f"phi-3 vocabulary without the token {text!r} (llama.cpp rejects it)")
+                attrs[t2i[text]] = attrs[t2i[text]] | ATTR_RSTRIP if on else attrs[t2i[text]] & ~ATTR_RSTRIP
+        elif "modern-bert" in model_name and "[MASK]" in t2i:
+            attrs[t2i["[MASK]"]] |= ATTR_LSTRIP
+
+    # -- public API --------------------------------------------------------------------------------------
+    @property
+    def bos_id(self) -> int | None:
+        """BOS id (``tokenizer.ggml.bos_token_id`` or llama.cpp's default), None when there is none."""
+        return self._vocab.special["bos"]
+
+    @property
+    def eos_id(self) -> int | None:
+        """EOS id (``tokenizer.ggml.eos_token_id`` or llama.cpp's default), None when there is none."""
+        return self._vocab.special["eos"]
+
+    @property
+    def merge_engine(self) -> str:
+        """What merges words: ``tokenizers`` or ``python`` (BPE), ``spm`` (SentencePiece, always ggufkit's)."""
+        if self.model == "llama":
+            return "spm"
+        return "python" if self._hf_model() is None else "tokenizers"
+
+    @property
+    def tokens(self) -> Sequence[str]:
+        """Token texts by id (empty ones renamed ``[EMPTY_i]`` as llama.cpp does)."""
+        return self._vocab.tokens
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``, as ``llama_tokenize(vocab, text, add_special, parse_special)`` returns them.
+
+        Args:
+            text: the text.
+            add_special: add BOS/EOS when the vocabulary says so (``add_bos``/``add_eos``).
+            parse_special: also match CONTROL tokens written in the text (llama-perplexity does not).
+
+        Returns:
+            The token ids.
+
+        Raises:
+            TokenizerError: an SPM vocabulary lacks the byte token a character needs.
+
+        Example:
+            >>> tok = load_tokenizer(open_gguf("model.gguf"))    # doctest: +SKIP
+            >>> tok.encode("Hello world")                        # doctest: +SKIP
+            [1, 15043, 3186]
+        """
+        out: list[int] = []
+        if add_special and self.add_bos:
+            out.append(self.bos_id)  # type: ignore[arg-type]  # checked at load
+        fragments = self._partition(text, parse_special) if text else []
+        if self.model == "llama":
+            prev_special = True  # the first fragment gets the space prefix too
+            for frag in fragments:
+                if isinstance(frag, int):
+                    out.append(frag)
+                    prev_special = True
+                    continue
+                if self.add_space_prefix and prev_special:
+                    frag = " " + frag
+                out.extend(self._spm(frag.replace(" ", _SPACE)))
+                prev_special = False
+        else:
+            for frag in fragments:
+                if isinstance(frag, int):
+                    out.append(frag)
+                else:
+                    out.extend(self._bpe(frag.replace(" ", _SPACE) if self.escape_whitespaces else frag))
+        if add_special and self.add_eos:
+            out.append(self.eos_id)  # type: ignore[arg-type]
+        return out
+
+    def decode(self, ids: Iterable[int], *, special: bool = False) -> str:
+        """Text of ``ids``, as ``llama_detokenize(..., remove_special=False, unparse_special=special)``.
+
+        Bytes that do not form valid UTF-8 (a character cut between tokens) become U+FFFD.
+
+        Raises:
+            TokenizerError: an id outside the vocabulary.
+        """
+        v = self._vocab
+        buf = bytearray()
+        remove_space = self.add_space_prefix
+        for i in ids:
+            if not 0 <= i < self.n_vocab:
+                raise TokenizerError(f"token id {i} is outside the vocabulary (0..{self.n_vocab - 1})")
+            attr, text = v.attrs[i], v.tokens[i]
+            piece = b""
+            if attr & (ATTR_UNKNOWN | ATTR_CONTROL) and not special:
+                piece = b""
+            elif attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
+                piece = text.encode("utf-8")
+            elif attr & ATTR_NORMAL:
+                piece = (text.replace(_SPACE, " ").encode("utf-8") if self.model == "llama" or self.escape_whitespaces
+                         else _byte_decode(text))
+            elif attr & ATTR_BYTE:
+                piece = bytes([int(text[3:5], 16)])
+            if remove_space and piece.startswith(b" "):
+                piece = piece[1:]
+            remove_space = False
+            buf += piece
+        if self.clean_spaces:
+            buf = _clean_spaces(bytes(buf))
+        return bytes(buf).decode("utf-8", errors="replace")
+
+    # -- special-token partition (tokenizer_st_partition) --------------------------------------------------
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        v = self._vocab
+        fragments: list[str | int] = [text]
+        for tid in self._special_tokens:
+            attr = v.attrs[tid]
+            if not parse_special and attr & (ATTR_CONTROL | ATTR_UNKNOWN):
+                continue
+            word = v.tokens[tid]
+            if not any(isinstance(f, str) and word in f for f in fragments):
+                continue
+            new: list[str | int] = []
+            for frag in fragments:
+                if isinstance(frag, int) or word not in frag:
+                    new.append(frag)
+                    continue
+                rest = frag
+                while True:
+                    pos = rest.find(word)
+                    if pos < 0:
+                        new.append(rest)
+                        break
+                    left = rest[:pos]
+                    if attr & ATTR_LSTRIP:
+                        left = left.rstrip(_C_SPACE)
+                    if left:
+                        new.append(left)
+                    new.append(tid)
+                    rest = rest[pos + len(word):]
+                    if attr & ATTR_RSTRIP:
+                        rest = rest.lstrip(_C_SPACE)
+                    if not rest:
+                        break
+            fragments = new
+        return fragments
+
+    # -- SPM (llm_tokenizer_spm_session) -------------------------------------------------------------------
+    def _spm(self, text: str) -> list[int]:
+        if not self._spm_splittable:
+            return list(self._spm_merge(text))
+        # No token has U+2581 after another character, so no merge can cross the start of a "▁..." run
+        # that follows a non-space character: cut there and merge (and cache) each piece on its own.
+        out: list[int] = []
+        start = 0
+        for i in range(1, len(text)):
+            if text[i] == _SPACE and text[i - 1] != _SPACE:
+                out.extend(self._spm_cached(text[start:i]))
+                start = i
+        out.extend(self._spm_cached(text[start:]))
+        return out
+
+    def _spm_cached(self, piece: str) -> tuple[int, ...]:
+        ids = self._cache.get(piece)
+        if ids is None:
+            ids = self._cache[piece] = self._spm_merge(piece)
+        return ids
+
+    def _spm_merge(self, text: str) -> tuple[int, ...]:
+        v = self._vocab
+        t2i, scores = v.token_to_id, v.scores
+        syms = list(text)
+        n = len(syms)
+        prev = list(range(-1, n - 1))
+        nxt = [*range(1, n), -1]
+        heap: list[tuple[float, int, int, int]] = []
+
+        def push(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            tid = t2i.get(syms[left] + syms[right])
+            if tid is not None:
+                # highest score first, then the leftmost pair (llm_bigram_spm::comparator)
+                heapq.heappush(heap, (-scores[tid], left, right, len(syms[left]) + len(syms[right])))
+
+        for i in range(1, n):
+            push(i - 1, i)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            if not syms[left] or not syms[right] or len(syms[left]) + len(syms[right]) != size:
+                continue  # stale: one side was merged since this pair was queued
+            syms[left] += syms[right]
+            syms[right] = ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            push(prev[left], left)
+            push(left, nxt[left])
+        out: list[int] = []
+        i = 0 if n else -1
+        while i != -1:
+            sym = syms[i]
+            tid = t2i.get(sym)
+            if tid is not None:
+                out.append(tid)
+            else:
+                out.extend(self._spm_byte(b) for b in sym.encode("utf-8"))
+            i = nxt[i]
+        return tuple(out)
+
+    def _spm_byte(self, b: int) -> int:
+        t2i = self._vocab.token_to_id
+        tid = t2i.get(f"<0x{b:02X}>")
+        if tid is None and b < 0x80:
+            tid = t2i.get(chr(b))
+        if tid is None:
+            raise TokenizerError(f"the vocabulary has no byte token <0x{b:02X}> for a character it cannot spell")
+        return tid
+
+    # -- BPE (llm_tokenizer_bpe_session) ---------------------------------------------------------------------
+    def _bpe(self, text: str) -> list[int]:
+        out: list[int] = []
+        cache = self._cache
+        for a, b in split_spans(text, self._regexes):
+            word = text[a:b]
+            ids = cache.get(word)
+            if ids is None:
+                ids = cache[word] = self._bpe_word(
+                    word.encode("utf-8").decode("latin-1").translate(_BYTE_TRANSLATE) if self.byte_level else word)
+            out.extend(ids)
+        return out
+
+    def _bpe_word(self, word: str) -> tuple[int, ...]:
+        t2i = self._vocab.token_to_id
+        if self.ignore_merges and word in t2i:  # the whole word only, as in llama.cpp
+            return (t2i[word],)
+        if self.pre_kind == "gemma4" and word.strip("\n") == "" and word in t2i:
+            return (t2i[word],)  # a run of newlines that is a token is taken whole (llama.cpp PR 21343)
+        hf = self._hf_model()
+        if hf is None:
+            return self._bpe_merge(word)
+        if self._unknown_chars is None:
+            return tuple(t.id for t in hf.tokenize(word))
+        # A character missing from the vocabulary takes part in no merge (every merge's parts are tokens), so
+        # it separates the word into pieces that merge independently; llama.cpp then drops it (see _unknown).
+        out: list[int] = []
+        pos = 0
+        for m in self._unknown_chars.finditer(word):
+            if m.start() > pos:
+                out.extend(t.id for t in hf.tokenize(word[pos:m.start()]))
+            out.extend(self._unknown(m.group()))
+            pos = m.end()
+        if pos < len(word):
+            out.extend(t.id for t in hf.tokenize(word[pos:]))
+        return tuple(out)
+
+    def _hf_model(self) -> Any:
+        """The ``tokenizers`` BPE model that merges words when it can express llama.cpp's rules, else None.
+
+        It can when every merge's two parts and result are tokens (a merge into a non-token would make
+        llama.cpp fall back to bytes, and ``tokenizers`` refuses such merges). ``ignore_merges`` is handled
+        by the caller, for the whole word only, because ``tokenizers`` would apply it per piece.
+        """
+        if self._engine == "python" or self._hf is False or not self.byte_level:
+            # raw-UTF-8 BPE (Gemma 4): any character may be missing, and tokenizers would drop it before
+            # merging where llama.cpp keeps it in place, then spells it with <0xNN> tokens
+            return None
+        if self._hf is None:
+            from tokenizers.models import BPE
+
+            t2i = self._vocab.token_to_id
+            merges = [p for p in self._ranks if p != ("", "")]  # the dict is in rank order
+            # checked here: tokenizers refuses (or panics on) merges whose parts or result are not tokens
+            if not all(a in t2i and b in t2i and a + b in t2i for a, b in merges):
+                if self._engine == "tokenizers":
+                    raise TokenizerError("the merges cannot be expressed with the tokenizers library: some "
+                                         "merge has a part or result that is not a token")
+                self._hf = False
+                return None
+            self._hf = BPE(vocab=t2i, merges=merges)
+            unknown = sorted(c for c in _BYTE_ENC.values() if c not in t2i)
+            if unknown:
+                self._unknown_chars = re.compile("[" + "".join(re.escape(c) for c in unknown) + "]")
+        return self._hf
+
+    def _unknown(self, sym: str) -> list[int]:
+        """llama.cpp's fallback for a final symbol that is not a token: each UTF-8 byte is looked up as a
+        one-byte token; only ASCII bytes can ever be found, so the rest of the symbol is silently dropped."""
+        t2i = self._vocab.token_to_id
+        if not self.byte_level:  # Gemma 4 spells it with <0xNN> byte tokens
+            return [t2i[f"<0x{b:02X}>"] for b in sym.encode("utf-8") if f"<0x{b:02X}>" in t2i]
+        return [t2i[chr(b)] for b in sym.encode("utf-8") if b < 0x80 and chr(b) in t2i]
+
+    def _bpe_merge(self, word: str) -> tuple[int, ...]:
+        """llm_tokenizer_bpe_session's merge loop in Python (used when ``tokenizers`` cannot express it)."""
+        t2i, ranks = self._vocab.token_to_id, self._ranks
+        syms = list(word)
+        n = len(syms)
+        prev = list(range(-1, n - 1))
+        nxt = [*range(1, n), -1]
+        heap: list[tuple[int, int, int, str]] = []
+
+        def push(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            rank = ranks.get((syms[left], syms[right]))
+            if rank is not None:
+                heapq.heappush(heap, (rank, left, right, syms[left] + syms[right]))
+
+        for i in range(1, n):
+            push(i - 1, i)
+        while heap:
+            _, left, right, merged = heapq.heappop(heap)
+            if not syms[left] or not syms[right] or syms[left] + syms[right] != merged:
+                continue  # outdated pair
+            syms[left] = merged
+            syms[right] = ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            push(prev[left], left)
+            push(left, nxt[left])
+        out: list[int] = []
+        i = 0 if n else -1
+        while i != -1:
+            sym = syms[i]
+            tid = t2i.get(sym)
+            if tid is not None:
+                out.append(tid)
+            else:
+                out.extend(self._unknown(sym))
+            i = nxt[i]
+        return tuple(out)
+
+
+#: ``tokenizer.ggml.pre`` names llama.cpp loads with clean_spaces = false (every other BPE name: true).
+_NO_CLEAN_SPACES = frozenset((
+    "deepseek-llm", "deepseek-coder", "deepseek-v3", "spark2_5", "youtu", "sarvam-moe", "command-r", "qwen2",
+    "deepseek-r1-qwen", "kormo", "f2llmv2", "qwen35", "poro-chat", "viking", "tekken", "smollm", "chameleon",
+    "gpt-4o", "llama4", "kanana2", "talkie", "granite-embed-multi-97m", "tiny_aya", "cohere2moe", "superbpe",
+    "trillion", "granite-docling", "bailingmoe", "bailingmoe2", "llada-moe", "seed-coder", "hunyuan",
+    "hunyuan-dense", "hy_v4", "joyai-llm", "kimi-k2", "ufakzeka", "grok-2", "afmoe", "laguna", "minimax-m2",
+    "solar-open"))
+
+
+def _parse_merges(value: Any) -> dict[tuple[str, str], int]:
+    """BPE ranks: the first occurrence of a pair wins; a merge is split at its first space after index 0
+    (none: the pair of empty strings, which matches nothing), as llama.cpp's loader does."""
+    if value is None:
+        raise TokenizerError("a BPE vocabulary needs tokenizer.ggml.merges, which is missing")
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        raise TokenizerError("tokenizer.ggml.merges is not an array of strings")
+    pairs: list[tuple[str, str]] = [
+        _split_merge(m) if m[:1] == " " or " " not in m else tuple(m.split(" ", 1)) for m in value]
+    ranks = dict(zip(pairs, range(len(pairs))))  # key order: first occurrence; values: last occurrence
+    if len(ranks) != len(pairs):  # a repeated pair keeps its first rank (std::unordered_map::emplace)
+        ranks = {}
+        for rank, pair in enumerate(pairs):
+            ranks.setdefault(pair, rank)
+    return ranks
+
+
+def _split_merge(merge: str) -> tuple[str, str]:
+    pos = merge.find(" ", 1)
+    return (merge[:pos], merge[pos + 1:]) if pos >= 0 else ("", "")
+
+
+def _int_or_float_array(value: Any, n: int, key: str) -> Sequence[float] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TokenizerError(f"{key} is not an array")
+    if len(value) < n:
+        raise TokenizerError(f"{key} has {len(value)} entries for {n} tokens")
+    return value.tolist() if hasattr(value, "tolist") else list(value)
+
+
+def _byte_decode(text: str) -> bytes:
+    """llama_decode_text: byte-level characters back to bytes; others are kept as a visible marker."""
+    out = bytearray()
+    for ch in text:
+        b = _BYTE_DEC.get(ch)
+        if b is not None:
+            out.append(b)
+        else:
+            out += b"[UNK_BYTE_0x" + ch.encode("utf-8").hex().encode() + text.encode("utf-8") + b"]"
+    return bytes(out)
+
+
+def _clean_spaces(text: bytes) -> bytearray:
+    """llama.cpp's clean_up_tokenization_spaces: drop the space in " ?", " !", " .", " ,", " ' " and before
+    "'s", "'m", "'re", "'ve"."""
+    out = bytearray(text[:1])
+    for i in range(1, len(text)):
+        if text[i - 1:i] == b" " and text[i:i + 1] in (b"?", b"!", b".", b","):
+            out.pop()
+        out.append(text[i])
+    t2 = bytearray(out)  # mutable: llama.cpp blanks the space after " ' " in place, and reads it back
+    out = bytearray(t2[:1])
+    i = 1
+    while i < len(t2):
+        x = t2[i]
+        if x == 0x27 and i + 1 < len(t2) and t2[i - 1] == 0x20 and t2[i + 1] == 0x20:
+            out.pop()
+            t2[i + 1] = 0
+            out.append(x)
+            i += 2
+            continue
+        out.append(x)
+        i += 1
+    t3 = bytes(out)
+    out = bytearray(t3[:1])
+    for i in range(1, len(t3)):
+        x = t3[i]
+        if t3[i - 1] == 0x20 and x == 0x27 and i + 1 < len(t3):
+            x1 = t3[i + 1]
+            if x1 in b"sm" or (i + 2 < len(t3) and (t3[i + 1:i + 3] in (b"re", b"ve"))):
+                out.pop()
+        out.append(x)
+    return out
+
+
+def load_tokenizer(model: Mapping[str, Any] | _MetadataSource, *, engine: str = "auto") -> GGUFTokenizer:
+    """Rebuild the tokenizer of an opened GGUF file (anything with ``get(key, default)``, e.g. ``GGUFModel``).
+
+    Args:
+        model: the opened model (``ggufkit.format.open_gguf(path)``) or a plain metadata mapping.
+        engine: what merges BPE words: ``auto`` (the ``tokenizers`` library where it can express llama.cpp's
+            rules, else ggufkit's own loop), ``tokenizers`` (error if it cannot) or ``python``.
+
+    Returns:
+        A :class:`GGUFTokenizer` that produces llama.cpp's token ids.
+
+    Raises:
+        TokenizerError: no vocabulary, an unsupported ``tokenizer.ggml.model`` (``llama`` SPM and ``gpt2``/
+            ``gemma4`` BPE are supported; not ``bert``, ``t5``, ``rwkv``, ``plamo2``) or ``tokenizer.ggml.pre``,
+            or inconsistent vocabulary metadata.
+
+    Example:
+        >>> from ggufkit.format import open_gguf                  # doctest: +SKIP
+        >>> tok = load_tokenizer(open_gguf("model.gguf"))         # doctest: +SKIP
+        >>> tok.encode("Hello world"), tok.add_bos                # doctest: +SKIP
+    """
+    return GGUFTokenizer(model, engine=engine)  # type: ignore[arg-type]

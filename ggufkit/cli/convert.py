@@ -1,0 +1,100 @@
+"""``ggufkit convert``: a thin shell over :func:`ggufkit.converters.convert`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ggufkit.cli._options import SizeParam, common_options, dry_run_option
+from ggufkit.cli._output import Output, human_bytes, table
+from ggufkit.errors import EXIT_CHECK_FAILED
+
+# Literal so `--help` imports nothing heavy; tests/test_convert_cli.py checks it equals converters.OUTTYPES.
+OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
+
+
+def _render(d: Mapping[str, Any]) -> str:
+    if "architectures" in d:
+        return table([(a["hf_class"], a["arch"], ",".join(a["vocab"]), "yes" if a["powerinfer"] else "")
+                      for a in d["architectures"]], ["HF class", "GGUF arch", "vocab", "--predictor"])
+    summary = (f"{d['hf_class']} -> {d['architecture']} ({d['outtype']}, file_type {d['file_type']}"
+               f"{', PowerInfer' if d['powerinfer'] else ''}): {d['n_tensors']} tensors, "
+               f"{d['n_params']:,} parameters, {human_bytes(d['nbytes'])}")
+    if d["dry_run"]:
+        rows = [(t["source"], t["name"], "x".join(map(str, t["shape"])), f"{t['src_dtype']} -> {t['type']}",
+                 t["transform"] or "", t["reason"]) for t in d["tensors"]]
+        hp = "\n".join(f"  {k} = {v}" for k, v in d["metadata"].items() if not k.startswith(("tokenizer.",
+                                                                                             "general.")))
+        return "\n".join([table(rows, ["source", "gguf", "shape", "type", "transform", "reason"]), "",
+                          "hparams:", hp, "", summary, f"would write {d['output']}; dry run: nothing written"])
+    line = f"wrote {', '.join(d['outputs'])} in {d['seconds']:.1f} s: {summary}"
+    c = d.get("check")
+    if c and not c["skipped"]:
+        line += (f"\ncheck {'passed' if c['ok'] else 'FAILED'}: {c['tokens_compared']} tokens compared, logits within "
+                 f"{c['rel_diff']:.3%} of the largest, top-1 agreement {c['top1_agreement']:.1%}")
+    return line
+
+
+@click.command("convert")
+@click.argument("model", required=False)
+@click.option("-o", "--output", help="Output file, directory, or template with {ftype}. Default: "
+              "{basename}-{size_label}-{FTYPE}.gguf in the model directory.")
+@click.option("--outtype", type=click.Choice(OUTTYPES, case_sensitive=False), default="auto", show_default=True,
+              help="Weight type; auto follows the checkpoint (bf16 stays bf16, otherwise f16).")
+@click.option("--predictor", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="PowerInfer predictor directory (model_N.pt): write a PowerInfer GGUF.")
+@click.option("--vocab-only", is_flag=True, help="Write metadata and vocabulary only.")
+@click.option("--split-max-size", type=SizeParam(), help="Split into gguf-split shards of at most SIZE (500M, 5G).")
+@click.option("--metadata", "metadata_file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="JSON file of general.* keys to set (name, author, license.name, ...).")
+@click.option("--pre-tokenizer", help="Force tokenizer.ggml.pre (a name llama.cpp knows) for BPE vocabularies.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="After writing, compare tokens and logits with transformers' model (exit 1 beyond the "
+              "outtype's tolerance; skipped when transformers cannot load the checkpoint or memory is short).")
+@click.option("--list", "list_archs", is_flag=True, help="List the supported Hugging Face model classes.")
+@dry_run_option
+@common_options
+def convert(model: str | None, output: str | None, outtype: str, predictor: Path | None, vocab_only: bool,
+            split_max_size: int | None, metadata_file: Path | None, pre_tokenizer: str | None, check: bool,
+            list_archs: bool, dry_run: bool, out: Output) -> None:
+    """Convert MODEL (a Hugging Face checkpoint directory, or a hub repo id found in the local cache) to
+    GGUF. Tensors are streamed one at a time; the output is written atomically and re-read to check it.
+
+    \b
+    Example:
+      ggufkit convert ./Llama-3.2-1B --outtype f16 -o llama-f16.gguf
+      ggufkit convert ./ReluLLaMA-7B --predictor ./ReluLLaMA-7B-Predictor --outtype f16
+      ggufkit convert ./model --dry-run --json | jq '.tensors[0]'
+      ggufkit convert --list
+    """
+    from ggufkit.converters import convert as run
+    from ggufkit.converters import list_architectures
+
+    if list_archs:
+        out.result({"architectures": list_architectures()}, _render)
+        return
+    if model is None:
+        raise click.UsageError("MODEL is required (or --list)")
+    report = run(model, output, outtype=outtype.lower(), predictor=predictor, vocab_only=vocab_only,
+                 split_max_size=split_max_size, metadata_file=metadata_file, pre_tokenizer=pre_tokenizer,
+                 dry_run=dry_run, progress=out.progress())
+    for warning in report.warnings:
+        out.warn(warning)
+    if check and report.outputs and report.plan.entries:
+        from ggufkit.eval.convert_check import check_conversion
+
+        result = check_conversion(report.model_dir, report.outputs[0], outtype=report.plan.outtype,
+                                  n_params=report.plan.n_params)
+        report.check = result.as_dict()
+        if result.skipped:
+            out.warn(f"--check skipped: {result.skipped}")
+    data = report.as_dict()
+    data["ok"] = report.check is None or report.check["ok"]
+    out.result(data, _render)
+    if not data["ok"]:
+        # The output is kept; the check's verdict is the exit code.
+        click.echo(f"ggufkit: error: check failed (output kept): {'; '.join(report.check['failures'])}", err=True)
+        raise click.exceptions.Exit(EXIT_CHECK_FAILED)

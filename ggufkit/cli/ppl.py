@@ -1,0 +1,121 @@
+"""``ggufkit ppl``: a thin shell over :func:`ggufkit.eval.perplexity.perplexity` and its quality gates."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from ggufkit.cli._options import common_options, device_option
+from ggufkit.cli._output import Output
+
+
+def _render(d: Mapping[str, Any]) -> str:
+    lines = [f"Final estimate: PPL = {d['ppl']:.4f} +/- {d['ppl_error']:.5f}",
+             f"{d['chunks']} chunks of {d['ctx']} tokens, {d['tokens_scored']} tokens scored, BOS "
+             f"{'added' if d['add_bos'] else 'not added'}; {d['device']} {d['dtype']}, {d['seconds']:.2f} s, "
+             f"{d['tokens_per_second']:.1f} tokens/s"]
+    k = d.get("kld")
+    if k:
+        pct = 100.0
+        lines += ["", "====== Perplexity statistics ======",
+                  f"Mean PPL(Q)                   : {k['ppl']:10.6f} ± {k['ppl_error']:10.6f}",
+                  f"Mean PPL(base)                : {k['ppl_base']:10.6f} ± {k['ppl_base_error']:10.6f}",
+                  f"Cor(ln(PPL(Q)), ln(PPL(base))): {pct * k['ppl_correlation']:6.2f}%",
+                  f"Mean ln(PPL(Q)/PPL(base))     : {k['ln_ppl_ratio']:10.6f} ± {k['ln_ppl_ratio_error']:10.6f}",
+                  f"Mean PPL(Q)/PPL(base)         : {k['ppl_ratio']:10.6f} ± {k['ppl_ratio_error']:10.6f}",
+                  f"Mean PPL(Q)-PPL(base)         : {k['ppl_diff']:10.6f} ± {k['ppl_diff_error']:10.6f}",
+                  "", "====== KL divergence statistics ======",
+                  f"Mean    KLD: {k['mean_kld']:10.6f} ± {k['mean_kld_error']:10.6f}"]
+        for name, v in k.get("kld_percentiles", {}).items():
+            label = {"max": "Maximum", "min": "Minimum", "median": "Median "}.get(name, f"{name:>4}%  ")
+            lines.append(f"{label} KLD: {v:10.6f}")
+        lines += ["", "====== Token probability statistics ======",
+                  f"Mean    Δp: {pct * k['mean_delta_p']:6.3f} ± {pct * k['mean_delta_p_error']:5.3f} %"]
+        for name, v in k.get("delta_p_percentiles", {}).items():
+            label = {"max": "Maximum", "min": "Minimum", "median": "Median "}.get(name, f"{name:>4}%  ")
+            lines.append(f"{label} Δp: {pct * v:6.3f}%")
+        lines += [f"RMS Δp    : {pct * k['rms_delta_p']:6.3f} ± {pct * k['rms_delta_p_error']:5.3f} %",
+                  f"Same top p: {pct * k['same_top_p']:6.3f} ± {pct * k['same_top_p_error']:5.3f} %"]
+    failures = d.get("gates", {}).get("failures")
+    if failures:
+        lines.append("quality gates FAILED: " + "; ".join(failures))
+    return "\n".join(lines)
+
+
+def _chunk_printer(out: Output, baseline: bool) -> Any:
+    """llama-perplexity's running output: ``[1]x,[2]y,...`` or, with a baseline, one row per chunk."""
+    if baseline:
+        out.echo("chunk        PPL          ln(PPL(Q)/PPL(base))          KL Divergence              "
+                 "Δp RMS            Same top p\n")
+
+    def on_chunk(i: int, stats: Any) -> None:
+        if stats.kld is None:
+            out.echo(f"[{i}]{stats.ppl:.4f},")
+            return
+        r = stats.kld.running()
+        out.echo(f"{i:4d}    {r['ppl']:9.4f} ± {r['ppl_error']:9.4f}    {r['ln_ppl_ratio']:10.5f} ± "
+                 f"{r['ln_ppl_ratio_error']:10.5f}    {r['mean_kld']:10.5f} ± {r['mean_kld_error']:10.5f}    "
+                 f"{100 * r['rms_delta_p']:6.3f} ± {100 * r['rms_delta_p_error']:6.3f} %    "
+                 f"{100 * r['same_top_p']:6.3f} ± {100 * r['same_top_p_error']:6.3f} %\n")
+
+    return on_chunk
+
+
+@click.command("ppl")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=str))
+@click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="UTF-8 text to score (e.g. wikitext-2's wiki.test.raw); default: the bundled sample.")
+@click.option("--tokens", "tokens_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Score pre-tokenized input: token ids as a JSON array or separated by spaces/commas.")
+@click.option("--ctx", "-c", type=click.IntRange(min=4), default=512, show_default=True,
+              help="Tokens per chunk (llama-perplexity's -c).")
+@click.option("--chunks", type=click.IntRange(min=1), default=None, help="Evaluate at most N chunks.")
+@click.option("--batch", "-b", type=click.IntRange(min=1), default=None,
+              help="Chunks per forward pass (default: 2048 tokens' worth).")
+@device_option
+@click.option("--dtype", type=click.Choice(["auto", "f32", "f16", "bf16"]), default="auto", show_default=True,
+              help="Matmul precision; auto is f32 (reproduces the CPU result); f16/bf16 need a GPU.")
+@click.option("--baseline", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Reference GGUF (same vocabulary): also report KL divergence against it.")
+@click.option("--max-ppl", type=float, default=None, help="Gate: exit 1 if PPL exceeds this.")
+@click.option("--max-delta-ppl", type=float, default=None,
+              help="Gate: exit 1 if PPL/PPL(baseline) - 1 exceeds this (0.01 = 1%); needs --baseline.")
+@click.option("--max-kld", type=float, default=None, help="Gate: exit 1 if the mean KLD exceeds this; needs --baseline.")
+@common_options
+def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, chunks: int | None,
+        batch: int | None, device: str, dtype: str, baseline: str | None, max_ppl: float | None,
+        max_delta_ppl: float | None, max_kld: float | None, out: Output) -> None:
+    """Measure MODEL's perplexity by llama-perplexity's method (same chunks, same scored tokens, same
+    error formula), on a GPU when available; with --baseline also the KL divergence statistics.
+    The quality gates exit 1 with a one-line reason when exceeded.
+
+    \b
+    Example:
+      ggufkit ppl model-q4_k_m.gguf -f wiki.test.raw --chunks 20
+      ggufkit ppl model-q4_k_m.gguf --baseline model-f16.gguf --max-kld 0.05 --json
+    """
+    from ggufkit.errors import CheckFailedError, UsageError
+    from ggufkit.eval.perplexity import check_gates, perplexity, read_text_file, read_tokens_file
+
+    if text_file is not None and tokens_file is not None:
+        raise UsageError("give either -f/--file or --tokens, not both")
+    if baseline is None and (max_delta_ppl is not None or max_kld is not None):
+        raise UsageError("--max-delta-ppl and --max-kld need --baseline")
+    text = read_text_file(text_file) if text_file is not None else None
+    tokens = read_tokens_file(tokens_file) if tokens_file is not None else None
+    result = perplexity(model, text=text, tokens=tokens, ctx=ctx, chunks=chunks, batch=batch, device=device,
+                        dtype=dtype, baseline=baseline, progress=out.progress(),
+                        on_chunk=_chunk_printer(out, baseline is not None))
+    out.echo("\n")
+    data = result.to_dict()
+    failures = check_gates(result, max_ppl=max_ppl, max_delta_ppl=max_delta_ppl, max_kld=max_kld)
+    data["gates"] = {"passed": not failures, "failures": failures}
+    out.result(data, _render)
+    if failures:
+        message = "quality gate failed: " + "; ".join(failures)
+        if out.json_mode:  # the result above is the one JSON document; the reason goes to stderr
+            click.echo(f"ggufkit: error: {message}", err=True)
+            raise click.exceptions.Exit(CheckFailedError.exit_code)
+        raise CheckFailedError(message)

@@ -1,0 +1,81 @@
+"""``ggufkit quantize``: a thin shell over :func:`ggufkit.quant.pipeline.quantize_file`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from ggufkit.cli._options import common_options, device_option, dry_run_option, threads_option
+from ggufkit.cli._output import Output, human_bytes, table
+
+# Kept literal here so `ggufkit quantize --help` imports no numba; tests/test_quant_plan.py checks that it
+# equals ggufkit.quant.plan.TYPE_CHOICES.
+TYPE_CHOICES = ("q4_0", "q4_1", "q8_0", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k",
+                "q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "f16", "bf16", "f32")
+
+
+def _plan_table(d: Mapping[str, Any]) -> str:
+    rows = [(t["name"], t["src_type"], t["dst_type"], "x".join(map(str, t["shape"])), t["bytes"],
+             f"{t['bits_per_weight']:.2f}", t["reason"]) for t in d["tensors"]]
+    return table(rows, ["tensor", "from", "to", "shape", "bytes", "bpw", "reason"], align="llllrrl")
+
+
+def _render(d: Mapping[str, Any]) -> str:
+    t = d["totals"]
+    types = ", ".join(f"{n} {k}" for k, n in t["types"].items())
+    summary = (f"{d['target'].upper()} (file_type {d['file_type']}): {t['tensors']} tensors, "
+               f"{human_bytes(t['src_bytes'])} -> {human_bytes(t['bytes'])}, {t['bits_per_weight']:.4f} bits/weight "
+               f"[{types}]")
+    if d["dry_run"]:
+        return "\n".join([_plan_table(d), "", summary, d["fallback_summary"], "dry run: nothing written"])
+    return "\n".join([f"wrote {d['output']} in {d['seconds']:.1f} s: {summary}", d["fallback_summary"]])
+
+
+@click.command("quantize")
+@click.argument("input_file", metavar="IN.gguf", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("output_file", metavar="OUT.gguf", required=False, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--type", "target", required=True, type=click.Choice(TYPE_CHOICES, case_sensitive=False),
+              help="Preset or type, as llama-quantize names them (q4_k = q4_k_m, q5_k = q5_k_m).")
+@click.option("--pure", is_flag=True, help="No k-quant mixture: every quantizable tensor gets the default type.")
+@click.option("--imatrix", "imatrix", type=click.Path(dir_okay=False, exists=True, path_type=str),
+              help="Importance matrix from llama-imatrix (GGUF or legacy .dat).")
+@click.option("--tensor-type", "tensor_types", multiple=True, metavar="PATTERN=TYPE",
+              help="Override the type of tensors whose name matches the regular expression (first match wins).")
+@click.option("--output-tensor-type", metavar="TYPE", help="Type of output.weight, e.g. q8_0.")
+@click.option("--token-embedding-type", metavar="TYPE", help="Type of token_embd.weight, e.g. q8_0.")
+@click.option("--leave-output-tensor", is_flag=True, help="Copy output.weight unchanged.")
+@click.option("--allow-requantize", is_flag=True, help="Accept already-quantized input (dequantized, then quantized).")
+@click.option("--no-fallback", is_flag=True,
+              help="Fail instead of using a fallback type for rows that are not whole blocks.")
+@threads_option
+@device_option
+@dry_run_option
+@common_options
+def quantize(input_file: str, output_file: str | None, target: str, pure: bool, imatrix: str | None,
+             tensor_types: tuple[str, ...], output_tensor_type: str | None, token_embedding_type: str | None,
+             leave_output_tensor: bool, allow_requantize: bool, no_fallback: bool, threads: int | None,
+             device: str, dry_run: bool, out: Output) -> None:
+    """Quantize IN.gguf (F32/F16/BF16) into OUT.gguf exactly as llama-quantize would: same tensor order,
+    same per-tensor types, same bytes, same general.file_type. The plan (each tensor's type and why) is
+    computed first; --dry-run prints it and writes nothing.
+
+    \b
+    Example:
+      ggufkit quantize model-f16.gguf model-q4_k_m.gguf --type q4_k_m
+      ggufkit quantize model-f16.gguf --type q4_k_m --dry-run --json | jq '.totals'
+      ggufkit quantize model-f16.gguf out.gguf --type q4_0 --pure --imatrix imatrix.gguf
+    """
+    from ggufkit.quant.pipeline import quantize_file
+
+    if output_file is None and not dry_run:
+        raise click.UsageError("OUT.gguf is required unless --dry-run is given")
+    report = quantize_file(
+        input_file, output_file, target, pure=pure, imatrix=imatrix, tensor_types=tensor_types,
+        output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
+        leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize, no_fallback=no_fallback,
+        threads=threads, device=device, dry_run=dry_run, progress=out.progress())
+    for warning in report.warnings:
+        out.warn(warning)
+    out.result(report.to_dict(), _render)

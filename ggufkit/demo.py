@@ -1,0 +1,139 @@
+"""``ggufkit demo``: the whole pipeline on a tiny model built on the spot, with no download.
+
+It trains a byte-level BPE tokenizer and a small LLaMA (transformers' real ``LlamaForCausalLM``) for a few
+steps on the first part of the bundled English sample, saves them as a Hugging Face checkpoint, then runs
+convert (F16) -> quantize (every promised type) -> set-meta -> ppl with KL divergence against the F16 file
+on held-out text, and returns one row per file. Everything is seeded, so two runs give the same table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ggufkit.format.writer import Progress
+
+#: Quantized types the demo produces from the F16 file.
+DEMO_TYPES: tuple[str, ...] = ("q8_0", "q4_0", "q4_1", "q4_k_s", "q4_k_m")
+#: Characters of the sample used for training; the rest is held out for scoring.
+TRAIN_CHARS = 200_000
+SCORE_CTX = 128
+
+
+@dataclass(frozen=True)
+class DemoRow:
+    """One file of the demo: its type, size, bits per weight and quality against the F16 baseline."""
+
+    type: str
+    path: str
+    bytes: int
+    bits_per_weight: float
+    ppl: float
+    ppl_error: float
+    mean_kld: float | None
+    same_top_p: float | None
+
+
+def _build_checkpoint(directory: Path, text: str, train_steps: int, seed: int) -> None:
+    """Tokenizer + tiny LLaMA trained for ``train_steps`` steps on ``text``, saved as a HF checkpoint."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress goes to stderr; transformers' bars would interleave
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(text.splitlines(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    fast.save_pretrained(directory)
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    ids = torch.tensor(tok.encode(text).ids, dtype=torch.long)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(seed)
+    seq, batch = 128, 8
+    model.train()
+    for _ in range(train_steps):
+        starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=generator)
+        x = torch.stack([ids[s:s + seq] for s in starts.tolist()])
+        loss = model(input_ids=x, labels=x).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    (directory / "README.md").write_text(json.dumps({"demo": "ggufkit tiny llama", "seed": seed}))
+
+
+def run_demo(workdir: Path, *, types: Sequence[str] = DEMO_TYPES, train_steps: int = 60, seed: int = 0,
+             progress: Progress | None = None, on_stage: Callable[[str], None] | None = None) -> list[DemoRow]:
+    """Build, convert, quantize, edit and score a tiny model inside ``workdir``.
+
+    Args:
+        workdir: an empty directory that receives the checkpoint and the GGUF files.
+        types: quantized types to produce from the F16 conversion.
+        train_steps: optimisation steps of the tiny model (0: random weights).
+        seed: seeds the model, the training batches and so the whole table.
+        progress: progress of the long steps.
+        on_stage: called with a one-line description as each stage starts.
+
+    Returns:
+        One :class:`DemoRow` per file, F16 first.
+    """
+    from ggufkit.converters import convert
+    from ggufkit.eval import perplexity
+    from ggufkit.eval.perplexity import sample_text
+    from ggufkit.format import open_gguf
+    from ggufkit.metadata_edit import edit_metadata
+    from ggufkit.quant import quantize_file
+
+    stage = on_stage or (lambda _: None)
+    text = sample_text()
+    train, held_out = text[:TRAIN_CHARS], text[TRAIN_CHARS:]
+    checkpoint = workdir / "tiny-llama"
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    stage(f"training a tiny LLaMA and its tokenizer ({train_steps} steps)")
+    _build_checkpoint(checkpoint, train, train_steps, seed)
+
+    stage("converting to F16")
+    f16 = workdir / "tiny-llama-f16.gguf"
+    convert(checkpoint, f16, outtype="f16", progress=progress)
+    files = [("f16", f16)]
+    for qtype in types:
+        stage(f"quantizing to {qtype}")
+        out = workdir / f"tiny-llama-{qtype}.gguf"
+        quantize_file(f16, out, qtype, progress=progress)
+        files.append((qtype, out))
+
+    stage("setting general.name on every file (in place)")
+    for qtype, path in files:
+        edit_metadata(path, set_text={"general.name": f"ggufkit demo tiny LLaMA {qtype.upper()}"})
+
+    rows = []
+    for qtype, path in files:
+        stage(f"scoring {path.name}")
+        result = perplexity(path, text=held_out, ctx=SCORE_CTX, chunks=16, device="cpu",
+                            baseline=None if path == f16 else f16, progress=progress)
+        with open_gguf(path) as model:
+            n_bytes = sum(model[name].nbytes for name in model)
+            n_weights = sum(model[name].n_elements for name in model)
+        kld = result.kld or {}
+        rows.append(DemoRow(type=qtype, path=str(path), bytes=path.stat().st_size,
+                            bits_per_weight=8 * n_bytes / n_weights, ppl=result.ppl, ppl_error=result.ppl_error,
+                            mean_kld=kld.get("mean_kld"), same_top_p=kld.get("same_top_p")))
+    return rows
+
+
+def rows_as_dicts(rows: Sequence[DemoRow]) -> list[dict[str, object]]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,243 @@
+"""The one dispatch point: validate input, pick the device, set the thread count, run a kernel.
+
+:func:`quantize` and :func:`dequantize` (re-exported as ``ggufkit.quant.quantize`` / ``dequantize``) are
+the only callers of the kernels in :mod:`ggufkit.quant.registry`. Numba, and ``numba.cuda`` (only through
+the ``cuda_*`` modules), are imported lazily inside them.
+
+Devices: ``"cpu"``; ``"cuda"`` (an error if Numba sees no GPU); ``"auto"`` (CUDA when Numba sees a GPU,
+else CPU). Output bytes are the same on every device and for every thread count: each kernel iteration
+writes one output block and all arithmetic is float32 with ggml's evaluation order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from ggufkit.quant.registry import FLOAT_TYPES, KERNELS, SUPPORTED_TYPES
+
+from ggufkit.errors import DeviceUnavailableError, QuantizationError, UsageError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def cuda_available() -> bool:
+    """Whether Numba sees a usable CUDA GPU (imports ``numba.cuda`` through the CUDA kernel module)."""
+    from ggufkit.quant.cuda_legacy import is_available
+
+    return is_available()
+
+
+def resolve_device(device: str) -> str:
+    """Map ``"auto"``/``"cpu"``/``"cuda"`` to the backend that will run.
+
+    Args:
+        device: the requested device.
+
+    Returns:
+        ``"cpu"`` or ``"cuda"``.
+
+    Raises:
+        UsageError: an unknown device name.
+        DeviceUnavailableError: ``"cuda"`` was asked for and Numba sees no GPU.
+    """
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return "cpu"
+    if cuda_available():
+        return "cuda"
+    if device == "cuda":
+        raise DeviceUnavailableError("device 'cuda' requested but Numba finds no CUDA GPU; use --device cpu or auto")
+    return "cpu"
+
+
+@contextmanager
+def numba_threads(threads: int | None) -> Iterator[None]:
+    """Run the body with ``numba.set_num_threads(threads)``, restoring the previous count afterwards.
+
+    Args:
+        threads: 1 .. ``numba.config.NUMBA_NUM_THREADS``, or None to leave the count alone.
+
+    Raises:
+        UsageError: a thread count outside that range.
+    """
+    if threads is None:
+        yield
+        return
+    import numba
+
+    limit = numba.config.NUMBA_NUM_THREADS
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= limit:
+        raise UsageError(f"threads must be an integer from 1 to {limit} (NUMBA_NUM_THREADS), got {threads!r}")
+    previous = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
+
+
+def _as_type(qtype: GGMLQuantizationType | int) -> GGMLQuantizationType:
+    try:
+        t = GGMLQuantizationType(qtype)
+    except ValueError:
+        raise UsageError(f"unknown GGML type {qtype!r}") from None
+    if t not in SUPPORTED_TYPES:
+        names = ", ".join(sorted(s.name for s in SUPPORTED_TYPES))
+        raise UsageError(f"ggufkit cannot quantize to {t.name}; supported: {names}")
+    return t
+
+
+def _to_f32_rows(x: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """float32/float16 [rows, n] -> C-contiguous float32, plus the flat index of the first inf/NaN.
+
+    Both passes run as one parallel Numba loop (numpy's float16 cast and isfinite are single-threaded
+    and, for F16 input, slower than the quantizers themselves).
+    """
+    from ggufkit.quant.fp import f16_bits_to_f32_rows, f16_table, f32_non_finite_rows
+
+    bad_rows = np.zeros(x.shape[0], dtype=np.uint8)
+    if x.dtype == np.float16:
+        out = np.empty(x.shape, dtype=np.float32)
+        f16_bits_to_f32_rows(np.ascontiguousarray(x).view(np.uint16), f16_table(), out, bad_rows)
+    else:
+        out = np.ascontiguousarray(x, dtype=np.float32)
+        f32_non_finite_rows(out, bad_rows)
+    if not bad_rows.any():
+        return out, None
+    r = int(np.argmax(bad_rows))
+    return out, r * x.shape[1] + int(np.argmax(~np.isfinite(out[r])))
+
+
+def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarray | None = None,
+             device: str = "cpu", threads: int | None = None, name: str | None = None) -> np.ndarray:
+    """Quantize float weights exactly as ggml's ``ggml_quantize_chunk`` does.
+
+    Without an imatrix the reference quantizers (``quantize_row_*_ref``) run, as llama-quantize uses them;
+    with one, the weighted ``quantize_row_*_impl`` variants (Q8_0 ignores the imatrix, like ggml).
+    F16 rounds to nearest even, BF16 uses ggml's rounding (NaN kept quiet), F32 is a copy.
+
+    NaN/inf policy: any non-finite input raises :class:`QuantizationError` (llama-quantize also refuses
+    such tensors: "tensor ... has invalid data"), for every target type.
+
+    Args:
+        data: float32 (or float16, converted exactly) array of shape ``[..., n_per_row]``.
+        qtype: the target type: a key of ``KERNELS`` or F32/F16/BF16.
+        imatrix: optional float32 importance weights of length ``n_per_row``.
+        device: ``"cpu"``, ``"cuda"`` or ``"auto"``; the bytes do not depend on it.
+        threads: Numba CPU threads for this call (restored afterwards); None keeps the current count.
+        name: tensor name used in error messages.
+
+    Returns:
+        uint8 array ``[..., row_bytes]`` in ggml's block layout (for F16/BF16/F32: the raw element bytes).
+
+    Raises:
+        QuantizationError: non-finite input, a row length that is not a multiple of the block size, an
+            imatrix of the wrong length or with non-finite values.
+        UsageError: an unsupported type, device or thread count; a non-float input.
+        DeviceUnavailableError: ``device="cuda"`` without a GPU.
+
+    Example:
+        >>> q = quantize(np.ones((2, 64), np.float32), GGMLQuantizationType.Q8_0)
+        >>> q.shape
+        (2, 68)
+    """
+    t = _as_type(qtype)
+    dev = resolve_device(device)  # before any work: a missing GPU fails fast
+    x = np.asarray(data)
+    if x.dtype not in (np.float32, np.float16):
+        raise UsageError(f"quantize expects float32 or float16 data, got {x.dtype}")
+    if x.ndim == 0:
+        raise UsageError("quantize expects an array with at least one dimension")
+    n_per_row = x.shape[-1]
+    rows = math.prod(x.shape[:-1])
+    block, size = GGML_QUANT_SIZES[t]
+    if n_per_row % block:
+        raise QuantizationError(f"row length {n_per_row} is not a multiple of {t.name}'s block size {block}",
+                                tensor=name)
+    shape = x.shape
+    with numba_threads(threads):
+        x, bad = _to_f32_rows(x.reshape(rows, n_per_row))
+    if bad is not None:
+        raise QuantizationError(f"non-finite value {x.reshape(-1)[bad]} at flat index {bad}; "
+                                "NaN/inf weights cannot be quantized", tensor=name)
+    x = x.reshape(shape)
+    qw = np.zeros(0, dtype=np.float32)
+    if imatrix is not None and t not in FLOAT_TYPES:
+        qw = np.ascontiguousarray(imatrix, dtype=np.float32).reshape(-1)
+        if qw.size != n_per_row:
+            raise QuantizationError(f"imatrix has {qw.size} values, the rows have {n_per_row}", tensor=name)
+        if not np.isfinite(qw).all():
+            raise QuantizationError("imatrix contains NaN/inf", tensor=name)
+    out_shape = (*x.shape[:-1], n_per_row // block * size)
+    if t in FLOAT_TYPES:
+        return _convert_float(x, t).reshape(out_shape)
+    out = np.empty((rows, out_shape[-1]), dtype=np.uint8)
+    if rows == 0 or n_per_row == 0:
+        return out.reshape(out_shape)
+    x2 = x.reshape(rows, n_per_row)
+    kernels = KERNELS[t]
+    if dev == "cuda":
+        kernel = kernels.cuda()[0]
+        kernel(x2, qw, out)
+    else:
+        kernel = kernels.cpu()[0]
+        with numba_threads(threads):
+            kernel(x2, qw, out)
+    return out.reshape(out_shape)
+
+
+def _convert_float(x: np.ndarray, t: GGMLQuantizationType) -> np.ndarray:
+    from ggufkit.quant.fp import f32_to_bf16_array, f32_to_f16_array
+
+    if t == GGMLQuantizationType.F32:
+        return x.view(np.uint8).copy()
+    if t == GGMLQuantizationType.F16:
+        return f32_to_f16_array(x).view(np.uint8)
+    return f32_to_bf16_array(x).view(np.uint8)
+
+
+def dequantize(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> np.ndarray:
+    """Decode ggml blocks to float32, exactly as ggml's ``dequantize_row_*`` and ``gguf.quants.dequantize``.
+
+    Args:
+        raw: uint8 bytes in ggml's layout (any shape; only the total size matters).
+        qtype: their type (a key of ``KERNELS`` or F32/F16/BF16).
+        shape: numpy-order shape of the result; its last axis is the row.
+
+    Returns:
+        float32 array of ``shape``.
+
+    Raises:
+        QuantizationError: the byte count does not match ``shape`` and ``qtype``, or the row length is
+            not a multiple of the block size.
+        UsageError: an unsupported type.
+    """
+    t = _as_type(qtype)
+    shape = tuple(int(s) for s in shape)
+    if not shape or any(s < 0 for s in shape):
+        raise UsageError(f"bad shape {shape}")
+    block, size = GGML_QUANT_SIZES[t]
+    n_per_row = shape[-1]
+    if n_per_row % block:
+        raise QuantizationError(f"row length {n_per_row} is not a multiple of {t.name}'s block size {block}")
+    rows = math.prod(shape[:-1])
+    row_bytes = n_per_row // block * size
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    if b.size != rows * row_bytes:
+        raise QuantizationError(f"{b.size} bytes of {t.name} data do not hold a tensor of shape {shape} "
+                                f"({rows * row_bytes} bytes expected)")
+    if t == GGMLQuantizationType.F32:
+        return b.view(np.float32).reshape(shape).copy()
+    if t == GGMLQuantizationType.F16:
+        return b.view(np.float16).astype(np.float32).reshape(shape)
+    if t == GGMLQuantizationType.BF16:
+        return (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    out = np.empty((rows, n_per_row), dtype=np.float32)
+    if out.size:
+        KERNELS[t].cpu()[1](b.reshape(rows, row_bytes), out)
+    return out.reshape(shape)

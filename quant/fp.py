@@ -1,0 +1,255 @@
+"""Float32-exact scalar helpers shared by every quantization kernel (CPU prange loops and CUDA kernels).
+
+Everything here mirrors one routine of ggml (reference/quant.md §1):
+
+* :func:`fp32_to_fp16` - ``GGML_FP32_TO_FP16`` (software path of ``ggml-impl.h``): IEEE binary16,
+  round-to-nearest-even, subnormals rounded too, ``|x| >= 65520`` -> inf, sign of zero kept, NaN ->
+  ``sign | 0x7E00``.
+* :func:`fp16_to_fp32` - ``GGML_FP16_TO_FP32``, exact.
+* :func:`bf16_from_f32_bits` - ``ggml_fp32_to_bf16_row_ref`` on the raw float32 bits.
+* :func:`nearest_int` - ggml's ``nearest_int`` magic-number trick (round half to even for |v| < 2^22).
+* :func:`roundf` - C ``roundf`` (round half away from zero), returned as an int.
+* :func:`fmul`, :func:`fadd`, :func:`fsub` - one IEEE float32 operation each. Block math calls them
+  wherever the reference rounds a product before adding to it, so a target that would contract
+  ``a*b+c`` into a fused multiply-add (NVVM does by default) can be pinned to separate roundings.
+
+All functions are ``@numba.njit(cache=True)`` with ``fastmath=False`` (fastmath permits FMA contraction)
+and use only scalar float64/int arithmetic plus ``math.frexp``/``math.ldexp``/``math.floor``/
+``math.copysign``, which Numba supports on both the CPU and the CUDA target. float64 is used only where it
+is exact (widening an f32, scaling by powers of two, rint of values below 2^51).
+
+The vectorised NumPy helpers at the end (:func:`f32_to_f16_array`, :func:`f32_to_bf16_array`) convert
+whole tensors for the F16/BF16 targets; numpy's float16 cast is the same RNE (verified exhaustively in
+reference/quant.md §1.2 for every non-NaN input).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+# 2^52: adding then subtracting it rounds a float64 in [0, 2^51) to an integer, half to even.
+_RINT_MAGIC = 4503599627370496.0
+_TWO_M24 = 5.9604644775390625e-08  # 2^-24, the f16 subnormal step
+_F16_MIN_NORMAL = 6.103515625e-05  # 2^-14
+
+
+@numba.njit(cache=True, fastmath=False)
+def _rint_pos(v: float) -> int:
+    """Round a float64 in [0, 2^51) to the nearest integer, ties to even (exact; no library call)."""
+    return int((v + _RINT_MAGIC) - _RINT_MAGIC)
+
+
+@numba.njit(cache=True, fastmath=False)
+def fp32_to_fp16(x: np.float32) -> np.uint16:
+    """f32 -> f16 bits, exactly as ``GGML_FP32_TO_FP16`` (IEEE round-to-nearest-even).
+
+    Args:
+        x: a float32 scalar.
+
+    Returns:
+        The binary16 bit pattern as uint16 (``-0.0`` -> ``0x8000``; NaN -> ``sign | 0x7E00``).
+    """
+    f = float(x)  # widening f32 -> f64 is exact
+    sign = 0x8000 if math.copysign(1.0, f) < 0.0 else 0
+    if f != f:
+        return np.uint16(sign | 0x7E00)
+    a = abs(f)
+    if a >= 65520.0:  # rounds up to 2^16 or more: overflow to inf (also catches inf)
+        return np.uint16(sign | 0x7C00)
+    if a < _F16_MIN_NORMAL:
+        # Subnormal range: the result is a multiple of 2^-24; a rounding up to 1024 is exactly the
+        # bit pattern of the smallest normal, so no special case is needed.
+        return np.uint16(sign | _rint_pos(a / _TWO_M24))
+    m, e = math.frexp(a)  # a = m * 2^e, m in [0.5, 1)
+    q = _rint_pos(m * 2048.0)  # 11 significant bits, in [1024, 2048]
+    exp = e - 1
+    if q == 2048:
+        exp += 1
+        q = 1024
+    return np.uint16(sign | ((exp + 15) << 10) | (q - 1024))
+
+
+@numba.njit(cache=True, fastmath=False)
+def fp16_to_fp32(h: np.uint16) -> np.float32:
+    """f16 bits -> f32 value, exactly as ``GGML_FP16_TO_FP32``.
+
+    Args:
+        h: a binary16 bit pattern (any integer type; only the low 16 bits are used).
+
+    Returns:
+        The float32 value (exact: every binary16 value is representable).
+    """
+    b = int(h) & 0xFFFF
+    e = (b >> 10) & 0x1F
+    m = b & 0x3FF
+    if e == 0:
+        v = float(m) * _TWO_M24
+    elif e == 31:
+        v = math.inf if m == 0 else math.nan
+    else:
+        v = math.ldexp(float(m + 1024), e - 25)
+    if b & 0x8000:
+        v = -v
+    return np.float32(v)
+
+
+@numba.njit(cache=True, fastmath=False)
+def bf16_from_f32_bits(bits: np.uint32) -> np.uint16:
+    """bf16 bits from raw f32 bits, as ``ggml_fp32_to_bf16_row_ref`` (RNE; NaN -> quiet NaN).
+
+    Args:
+        bits: the IEEE binary32 bit pattern.
+
+    Returns:
+        ``(bits >> 16) | 0x40`` for NaN, else ``(bits + 0x7FFF + ((bits >> 16) & 1)) >> 16``.
+    """
+    u = int(bits) & 0xFFFFFFFF
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return np.uint16((u >> 16) | 0x40)
+    return np.uint16(((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)
+
+
+@numba.njit(cache=True, fastmath=False)
+def nearest_int(v: np.float32) -> int:
+    """ggml's ``nearest_int``: ``v + 1.5*2^23`` in f32 (rounds half to even), minus the magic.
+
+    Exact for |v| < 2^22 (the C code asserts that range, compiled out in release builds).
+
+    Args:
+        v: a float32 scalar.
+
+    Returns:
+        The rounded value as an int.
+    """
+    s = np.float32(v) + np.float32(12582912.0)
+    f = float(s)
+    a = abs(f)
+    if 8388608.0 <= a < 16777216.0:  # |v| < 2^22: the mantissa bits are s - 2^23 (the common case)
+        return int(a) - 12582912
+    # Degenerate inputs (NaN/inf from an overflowed scale, |v| >= 2^22): ggml reads the *bits* of s, so
+    # reproduce its mantissa field exactly instead of relying on a float->int conversion, whose
+    # out-of-range result differs between x86 and CUDA.
+    if f != f:
+        mant = 0x400000  # x86's default NaN (0xFFC00000), the only NaN float arithmetic creates there
+    elif a == math.inf:
+        mant = 0
+    elif a < 1.1754943508222875e-38:  # subnormal: the mantissa field is a / 2^-149
+        mant = int(a * 7.1362384635297994e44)
+    else:
+        m, _ = math.frexp(a)
+        mant = int((m * 2.0 - 1.0) * 8388608.0)
+    return mant - 0x400000
+
+
+@numba.njit(cache=True, fastmath=False)
+def roundf(v: np.float32) -> int:
+    """C ``roundf`` (half away from zero) of a float32, as an int.
+
+    ``floor(|v| + 0.5)`` is evaluated in float64, where the addition is exact for every f32 below 2^52
+    (in f32 it would round 0.49999997 up to 1).
+
+    Args:
+        v: a float32 scalar (finite).
+
+    Returns:
+        The rounded value.
+    """
+    f = float(v)
+    r = math.floor(abs(f) + 0.5)
+    return int(-r) if f < 0.0 else int(r)
+
+
+@numba.njit(cache=True, fastmath=False)
+def fmul(a: np.float32, b: np.float32) -> np.float32:
+    """One rounded float32 product; a separately rounded step that must not fuse with a later add."""
+    return np.float32(np.float32(a) * np.float32(b))
+
+
+@numba.njit(cache=True, fastmath=False)
+def fadd(a: np.float32, b: np.float32) -> np.float32:
+    """One rounded float32 sum."""
+    return np.float32(np.float32(a) + np.float32(b))
+
+
+@numba.njit(cache=True, fastmath=False)
+def fsub(a: np.float32, b: np.float32) -> np.float32:
+    """One rounded float32 difference."""
+    return np.float32(np.float32(a) - np.float32(b))
+
+
+def f32_to_f16_array(x: np.ndarray) -> np.ndarray:
+    """Convert float32 values to f16 bits (uint16, same shape), as ``ggml_fp32_to_fp16_row``.
+
+    Args:
+        x: float32 array.
+
+    Returns:
+        uint16 array of binary16 bit patterns; NaN becomes ``sign | 0x7E00`` like ggml.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        out = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        out = out.copy()
+        out[nan] = (x[nan].view(np.uint32) >> 16).astype(np.uint16) & 0x8000 | 0x7E00
+    return out
+
+
+def f32_to_bf16_array(x: np.ndarray) -> np.ndarray:
+    """Convert float32 values to bf16 bits (uint16, same shape), as ``ggml_fp32_to_bf16_row_ref``.
+
+    Args:
+        x: float32 array.
+
+    Returns:
+        uint16 array: round-to-nearest-even on the bits; NaN -> ``(bits >> 16) | 0x40``.
+    """
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    out = np.where(nan, (bits >> 16) | 0x40, rounded)
+    return out.astype(np.uint16)
+
+
+@numba.njit(cache=True, fastmath=False, parallel=True)
+def f16_bits_to_f32_rows(src: np.ndarray, table: np.ndarray, dst: np.ndarray, bad_rows: np.ndarray) -> None:
+    """Widen f16 bits to float32 (exact) through a 65536-entry table, flagging rows with inf/NaN.
+
+    Args:
+        src: uint16[n_rows, n] binary16 bit patterns.
+        table: float32[65536], ``table[h]`` = value of h (see :func:`f16_table`).
+        dst: float32[n_rows, n] output.
+        bad_rows: uint8[n_rows], set to 1 where a row holds an inf or NaN (exponent field all ones).
+    """
+    for r in numba.prange(src.shape[0]):
+        flag = 0
+        for j in range(src.shape[1]):
+            h = src[r, j]
+            dst[r, j] = table[h]
+            flag |= (h & 0x7C00) == 0x7C00
+        bad_rows[r] = flag
+
+
+@numba.njit(cache=True, fastmath=False, parallel=True)
+def f32_non_finite_rows(x: np.ndarray, bad_rows: np.ndarray) -> None:
+    """Flag rows of float32[n_rows, n] holding an inf or NaN (``bad_rows`` uint8[n_rows])."""
+    for r in numba.prange(x.shape[0]):
+        flag = 0
+        for j in range(x.shape[1]):
+            v = x[r, j]
+            flag |= (v - v) != 0.0  # inf - inf and NaN - NaN are NaN; finite - itself is 0
+        bad_rows[r] = flag
+
+
+_F16_TABLE: list[np.ndarray] = []
+
+
+def f16_table() -> np.ndarray:
+    """float32[65536]: the value of every binary16 bit pattern (built once)."""
+    if not _F16_TABLE:
+        _F16_TABLE.append(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32))
+    return _F16_TABLE[0]

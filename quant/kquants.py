@@ -1,0 +1,398 @@
+"""K-quant kernels (Q4_K, Q5_K, Q6_K): Numba CPU quantize/dequantize, byte-identical to ggml.
+
+Block layouts (reference/quant.md §2; all f16 fields little-endian):
+
+* Q4_K, 256 weights in 144 bytes: ``d`` f16 @0, ``dmin`` f16 @2, ``scales[12]`` @4 (8 six-bit scales and
+  8 six-bit mins, packed as ``get_scale_min_k4`` reads them), ``qs[128]`` @16 (4-bit quants: byte
+  ``32c + l`` holds element ``64c + l`` in its low and ``64c + 32 + l`` in its high nibble).
+* Q5_K, 256 weights in 176 bytes: as Q4_K, plus ``qh[32]`` @16 (bit ``2c`` / ``2c+1`` of byte l is bit 4
+  of element ``64c + l`` / ``64c + 32 + l``) and ``qs[128]`` @48.
+* Q6_K, 256 weights in 210 bytes: ``ql[128]`` @0 (low 4 bits), ``qh[64]`` @128 (high 2 bits),
+  ``scales`` int8[16] @192 (one per 16 weights), ``d`` f16 @208.
+
+The per-block functions (``*_block``) are plain ``@numba.njit`` functions over one block; the
+``quantize_rows_*``/``dequantize_rows_*`` kernels run them in a ``prange`` loop over chunks of blocks and
+:mod:`ggufkit.quant.cuda_kquants` runs the same functions from ``@cuda.jit`` kernels. A block's bytes depend
+only on its own weights (and its imatrix slice), so the thread count cannot change the output.
+
+Quantization follows ``ggml_quantize_chunk``: without an imatrix (``qw`` of length 0) the reference
+quantizers ``quantize_row_q{4,5,6}_K_ref``; with one (``qw`` float32[n_per_row]) the weighted
+``quantize_row_q{4,5,6}_K_impl`` paths (quant.md §3.7-3.9, §4). Inputs must be finite and the row
+length a multiple of 256; the dispatch layer (:func:`ggufkit.quant.quantize`) checks both.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16, fsub
+from ggufkit.quant.kquants_math import (
+    GROUP_MAX_EPS,
+    get_scale_min_k4,
+    make_qkx_quants,
+    make_qp_quants,
+    make_qx_quants,
+    nearest_int_full,
+)
+
+QK_K = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_K][0]
+Q4_K_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_K][1]  # 144
+Q5_K_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q5_K][1]  # 176
+Q6_K_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q6_K][1]  # 210
+
+#: Blocks per prange iteration: amortizes the scratch allocation; has no effect on the bytes.
+_CHUNK = 16
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _f16_bits_x86(v: np.float32) -> int:
+    """``GGML_FP32_TO_FP16`` of a super-scale, with the NaN sign x86 gives it.
+
+    With an imatrix and overflowing weights (|x| ~ 1e19 and up, x*x = inf) ``make_qp_quants`` returns NaN.
+    x86 creates every NaN as 0xFFC00000 (sign set) and arithmetic passes it on unchanged, so ggml stores
+    0xFE00; CUDA's canonical NaN is positive, so the sign is fixed here rather than taken from the value.
+    """
+    if v != v:
+        return 0xFE00
+    return np.int64(fp32_to_fp16(v))
+
+
+# --- Q4_K / Q5_K --------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def q45k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nmax: int, out: np.ndarray,
+                        L: np.ndarray, Laux: np.ndarray, w: np.ndarray, scales: np.ndarray,
+                        mins: np.ndarray, sw: np.ndarray, Ls: np.ndarray, Lm: np.ndarray) -> None:
+    """Quantize one 256-weight super-block to Q4_K (``nmax == 15``) or Q5_K (``nmax == 31``).
+
+    Args:
+        x: float32[256] weights.
+        qw: float32[256] imatrix slice (read only when ``use_qw``).
+        use_qw: True for ``quantize_row_q*_K_impl`` (imatrix), False for ``quantize_row_q*_K_ref``.
+        nmax: 15 (Q4_K) or 31 (Q5_K).
+        out: uint8[144] (Q4_K) or uint8[176] (Q5_K), written in full.
+        L, Laux, w, scales, mins, sw, Ls, Lm: scratch (uint8[256], float32[64], float32[32], float32[8] x3,
+            uint8[8] x2).
+    """
+    if use_qw:
+        sum_x2 = np.float32(0.0)
+        for i in range(QK_K):
+            sum_x2 = fadd(sum_x2, fmul(x[i], x[i]))
+        sigma2 = fmul(np.float32(2.0), sum_x2) / np.float32(256.0)
+        for j in range(8):
+            xs = x[32 * j:32 * j + 32]
+            for i in range(32):
+                w[i] = fmul(qw[32 * j + i], np.float32(math.sqrt(fadd(sigma2, fmul(xs[i], xs[i])))))
+            sumw = np.float32(0.0)
+            for i in range(32):
+                sumw = fadd(sumw, w[i])
+            sw[j] = sumw
+            scales[j], mins[j] = make_qkx_quants(32, nmax, xs, w, L[32 * j:32 * j + 32], Laux,
+                                                 np.float32(-0.9), np.float32(0.05), 36)
+        d_block = make_qp_quants(8, 63, scales, Ls, sw)
+        m_block = make_qp_quants(8, 63, mins, Lm, sw)
+        for j in range(8):
+            # Q4_K's impl stores Ls as is; Q5_K's clamps with MIN(63, .) (both uint8).
+            Ls[j] = Ls[j] if nmax == 15 else min(63, np.int64(Ls[j]))
+            Lm[j] = Lm[j] if nmax == 15 else min(63, np.int64(Lm[j]))
+    else:
+        rmin = np.float32(-1.0) if nmax == 15 else np.float32(-0.5)
+        nstep = 20 if nmax == 15 else 15
+        max_scale = np.float32(0.0)
+        max_min = np.float32(0.0)
+        for j in range(8):
+            xs = x[32 * j:32 * j + 32]
+            sum_x2 = np.float32(0.0)
+            for i in range(32):
+                sum_x2 = fadd(sum_x2, fmul(xs[i], xs[i]))
+            av_x = np.float32(math.sqrt(sum_x2 / np.float32(32.0)))
+            for i in range(32):
+                w[i] = fadd(av_x, abs(xs[i]))
+            scales[j], mins[j] = make_qkx_quants(32, nmax, xs, w, L[32 * j:32 * j + 32], Laux,
+                                                 rmin, np.float32(0.1), nstep)
+            if scales[j] > max_scale:
+                max_scale = scales[j]
+            if mins[j] > max_min:
+                max_min = mins[j]
+        inv_scale = np.float32(63.0) / max_scale if max_scale > np.float32(0.0) else np.float32(0.0)
+        inv_min = np.float32(63.0) / max_min if max_min > np.float32(0.0) else np.float32(0.0)
+        for j in range(8):
+            # uint8_t ls = nearest_int(...); ls = MIN(63, ls): wraps before the clamp.
+            Ls[j] = min(63, nearest_int_full(fmul(inv_scale, scales[j])) & 0xFF)
+            Lm[j] = min(63, nearest_int_full(fmul(inv_min, mins[j])) & 0xFF)
+        d_block = max_scale / np.float32(63.0)
+        m_block = max_min / np.float32(63.0)
+
+    # Pack the 6-bit scales/mins; the C ORs into uint8_t bytes, so every store is modulo 256.
+    s = out[4:16]
+    for j in range(8):
+        ls = np.int64(Ls[j])
+        lm = np.int64(Lm[j])
+        if j < 4:
+            s[j] = ls
+            s[j + 4] = lm
+        else:
+            s[j + 4] = ((ls & 0xF) | ((lm & 0xF) << 4)) & 0xFF
+            s[j - 4] = (np.int64(s[j - 4]) | ((ls >> 4) << 6)) & 0xFF
+            s[j] = (np.int64(s[j]) | ((lm >> 4) << 6)) & 0xFF
+    d16 = _f16_bits_x86(d_block)
+    dmin16 = _f16_bits_x86(m_block)
+    out[0] = d16 & 0xFF
+    out[1] = d16 >> 8
+    out[2] = dmin16 & 0xFF
+    out[3] = dmin16 >> 8
+
+    # Second pass with the f16-rounded super-scales; a sub-block whose scale decodes to 0 keeps the
+    # quants of the fit above.
+    d = fp16_to_fp32(d16)
+    dmin = fp16_to_fp32(dmin16)
+    for j in range(8):
+        sc, m = get_scale_min_k4(j, s)
+        dj = fmul(d, np.float32(sc))
+        if dj == np.float32(0.0):
+            continue
+        dm = fmul(dmin, np.float32(m))
+        for i in range(32):
+            li = nearest_int_full(fadd(x[32 * j + i], dm) / dj)
+            L[32 * j + i] = max(0, min(nmax, li))
+
+    if nmax == 15:
+        for c in range(4):
+            for i in range(32):
+                out[16 + 32 * c + i] = np.int64(L[64 * c + i]) | (np.int64(L[64 * c + 32 + i]) << 4)
+    else:
+        for i in range(32):
+            out[16 + i] = 0
+        for c in range(4):
+            for i in range(32):
+                l1 = np.int64(L[64 * c + i])
+                l2 = np.int64(L[64 * c + 32 + i])
+                h = np.int64(out[16 + i])
+                if l1 > 15:
+                    l1 -= 16
+                    h |= 1 << (2 * c)
+                if l2 > 15:
+                    l2 -= 16
+                    h |= 2 << (2 * c)
+                out[16 + i] = h
+                out[48 + 32 * c + i] = l1 | (l2 << 4)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def q45k_dequantize_block(blk: np.ndarray, nmax: int, y: np.ndarray) -> None:
+    """``dequantize_row_q4_K`` / ``_q5_K`` for one block: ``(d*sc) * q - dmin*m`` per sub-block.
+
+    Args:
+        blk: uint8[144] (Q4_K, ``nmax == 15``) or uint8[176] (Q5_K, ``nmax == 31``).
+        nmax: 15 or 31.
+        y: float32[256] out.
+    """
+    d = fp16_to_fp32(np.int64(blk[0]) | (np.int64(blk[1]) << 8))
+    dmin = fp16_to_fp32(np.int64(blk[2]) | (np.int64(blk[3]) << 8))
+    s = blk[4:16]
+    qs_off = 16 if nmax == 15 else 48
+    for c in range(4):
+        sc1, m1 = get_scale_min_k4(2 * c, s)
+        sc2, m2 = get_scale_min_k4(2 * c + 1, s)
+        d1 = fmul(d, np.float32(sc1))
+        dm1 = fmul(dmin, np.float32(m1))
+        d2 = fmul(d, np.float32(sc2))
+        dm2 = fmul(dmin, np.float32(m2))
+        for i in range(32):
+            q = np.int64(blk[qs_off + 32 * c + i])
+            q1 = q & 0xF
+            q2 = q >> 4
+            if nmax == 31:
+                h = np.int64(blk[16 + i])
+                q1 += 16 * ((h >> (2 * c)) & 1)
+                q2 += 16 * ((h >> (2 * c + 1)) & 1)
+            y[64 * c + i] = fsub(fmul(d1, np.float32(q1)), dm1)
+            y[64 * c + 32 + i] = fsub(fmul(d2, np.float32(q2)), dm2)
+
+
+# --- Q6_K ---------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def q6k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndarray, L: np.ndarray,
+                       scales: np.ndarray, buf: np.ndarray) -> None:
+    """Quantize one 256-weight super-block to Q6_K (``quantize_row_q6_K_ref`` / ``_impl``).
+
+    Args:
+        x: float32[256] weights.
+        qw: float32[256] imatrix slice, used raw as the weight of ``make_qx_quants`` when ``use_qw``
+            (no sigma^2 factor, unlike Q4_K/Q5_K); else the weight is x^2.
+        use_qw: whether an imatrix is given.
+        out: uint8[210], written in full.
+        L, scales, buf: scratch (uint8[256], float32[16], float32[64]).
+    """
+    max_scale = np.float32(0.0)
+    max_abs_scale = np.float32(0.0)
+    for ib in range(16):
+        scale = make_qx_quants(16, 32, x[16 * ib:16 * ib + 16], qw[16 * ib:16 * ib + 16], use_qw,
+                               L[16 * ib:16 * ib + 16], buf)
+        scales[ib] = scale
+        abs_scale = abs(scale)
+        if abs_scale > max_abs_scale:
+            max_abs_scale = abs_scale
+            max_scale = scale
+    if max_abs_scale < GROUP_MAX_EPS:
+        for i in range(Q6_K_BYTES):
+            out[i] = 0
+        return
+    iscale = np.float32(-128.0) / max_scale
+    d16 = np.int64(fp32_to_fp16(np.float32(1.0) / iscale))
+    out[208] = d16 & 0xFF
+    out[209] = d16 >> 8
+    for ib in range(16):
+        out[192 + ib] = min(127, nearest_int_full(fmul(iscale, scales[ib]))) & 0xFF  # int8_t store
+    d = fp16_to_fp32(d16)
+    for j in range(16):
+        sc = np.int64(out[192 + j])
+        if sc > 127:
+            sc -= 256
+        dj = fmul(d, np.float32(sc))
+        if dj == np.float32(0.0):
+            continue
+        for i in range(16):
+            li = nearest_int_full(x[16 * j + i] / dj)
+            L[16 * j + i] = max(-32, min(31, li)) + 32
+    for h in range(2):
+        for i in range(32):
+            a = np.int64(L[128 * h + i])
+            b = np.int64(L[128 * h + 32 + i])
+            c = np.int64(L[128 * h + 64 + i])
+            e = np.int64(L[128 * h + 96 + i])
+            out[64 * h + i] = (a & 0xF) | ((c & 0xF) << 4)
+            out[64 * h + 32 + i] = (b & 0xF) | ((e & 0xF) << 4)
+            out[128 + 32 * h + i] = (a >> 4) | ((b >> 4) << 2) | ((c >> 4) << 4) | ((e >> 4) << 6)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def q6k_dequantize_block(blk: np.ndarray, y: np.ndarray) -> None:
+    """``dequantize_row_q6_K`` for one block: ``(d * sc[e // 16]) * (L - 32)``.
+
+    Args:
+        blk: uint8[210].
+        y: float32[256] out.
+    """
+    d = fp16_to_fp32(np.int64(blk[208]) | (np.int64(blk[209]) << 8))
+    for h in range(2):
+        for i in range(32):
+            lo_a = np.int64(blk[64 * h + i])
+            lo_b = np.int64(blk[64 * h + 32 + i])
+            hi = np.int64(blk[128 + 32 * h + i])
+            q = ((lo_a & 0xF) | ((hi & 3) << 4),
+                 (lo_b & 0xF) | (((hi >> 2) & 3) << 4),
+                 (lo_a >> 4) | (((hi >> 4) & 3) << 4),
+                 (lo_b >> 4) | (((hi >> 6) & 3) << 4))
+            for k in range(4):
+                e = 128 * h + 32 * k + i
+                sc = np.int64(blk[192 + e // 16])
+                if sc > 127:
+                    sc -= 256
+                y[e] = fmul(fmul(d, np.float32(sc)), np.float32(q[k] - 32))
+
+
+# --- CPU kernels (the registry's entry points) ---------------------------------------------------
+
+
+@numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
+def _quantize_rows_q45k(x: np.ndarray, qw: np.ndarray, out: np.ndarray, nmax: int, type_size: int) -> None:
+    n_rows, n_per_row = x.shape
+    nb = n_per_row // QK_K
+    total = n_rows * nb
+    n_chunks = (total + _CHUNK - 1) // _CHUNK
+    use_qw = qw.shape[0] > 0
+    for c in numba.prange(n_chunks):
+        L = np.empty(QK_K, np.uint8)
+        Laux = np.empty(64, np.float32)
+        w = np.empty(32, np.float32)
+        scales = np.empty(8, np.float32)
+        mins = np.empty(8, np.float32)
+        sw = np.empty(8, np.float32)
+        Ls = np.empty(8, np.uint8)
+        Lm = np.empty(8, np.uint8)
+        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+            r = t // nb
+            b = t - r * nb
+            q45k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw[b * QK_K:(b + 1) * QK_K], use_qw, nmax,
+                                out[r, b * type_size:(b + 1) * type_size], L, Laux, w, scales, mins, sw, Ls, Lm)
+
+
+@numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
+def _dequantize_rows_q45k(blocks: np.ndarray, out: np.ndarray, nmax: int, type_size: int) -> None:
+    n_rows, n_per_row = out.shape
+    nb = n_per_row // QK_K
+    for t in numba.prange(n_rows * nb):
+        r = t // nb
+        b = t - r * nb
+        q45k_dequantize_block(blocks[r, b * type_size:(b + 1) * type_size], nmax,
+                              out[r, b * QK_K:(b + 1) * QK_K])
+
+
+@numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
+def quantize_rows_q6_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
+    """Q6_K quantization of ``x`` float32[n_rows, n_per_row] into ``out`` uint8[n_rows, n_per_row/256*210].
+
+    ``qw`` float32[n_per_row] is the imatrix (``quantize_row_q6_K_impl``), or float32[0] for the
+    reference path (``quantize_row_q6_K_ref``). Byte-identical to ``ggml_quantize_chunk(GGML_TYPE_Q6_K)``.
+    """
+    n_rows, n_per_row = x.shape
+    nb = n_per_row // QK_K
+    total = n_rows * nb
+    n_chunks = (total + _CHUNK - 1) // _CHUNK
+    use_qw = qw.shape[0] > 0
+    for c in numba.prange(n_chunks):
+        L = np.empty(QK_K, np.uint8)
+        scales = np.empty(16, np.float32)
+        buf = np.empty(64, np.float32)
+        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+            r = t // nb
+            b = t - r * nb
+            q6k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw[b * QK_K:(b + 1) * QK_K], use_qw,
+                               out[r, b * Q6_K_BYTES:(b + 1) * Q6_K_BYTES], L, scales, buf)
+
+
+@numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
+def dequantize_rows_q6_K(blocks: np.ndarray, out: np.ndarray) -> None:
+    """Q6_K dequantization: ``blocks`` uint8[n_rows, row_bytes] -> ``out`` float32[n_rows, n_per_row]."""
+    n_rows, n_per_row = out.shape
+    nb = n_per_row // QK_K
+    for t in numba.prange(n_rows * nb):
+        r = t // nb
+        b = t - r * nb
+        q6k_dequantize_block(blocks[r, b * Q6_K_BYTES:(b + 1) * Q6_K_BYTES], out[r, b * QK_K:(b + 1) * QK_K])
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def quantize_rows_q4_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
+    """Q4_K quantization of ``x`` float32[n_rows, n_per_row] into ``out`` uint8[n_rows, n_per_row/256*144].
+
+    ``qw`` float32[n_per_row] is the imatrix (``quantize_row_q4_K_impl``), or float32[0] for the
+    reference path (``quantize_row_q4_K_ref``). Byte-identical to ``ggml_quantize_chunk(GGML_TYPE_Q4_K)``.
+    """
+    _quantize_rows_q45k(x, qw, out, 15, Q4_K_BYTES)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def quantize_rows_q5_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
+    """Q5_K quantization; as :func:`quantize_rows_q4_K` with 176-byte blocks (``quantize_row_q5_K_*``)."""
+    _quantize_rows_q45k(x, qw, out, 31, Q5_K_BYTES)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def dequantize_rows_q4_K(blocks: np.ndarray, out: np.ndarray) -> None:
+    """Q4_K dequantization: ``blocks`` uint8[n_rows, row_bytes] -> ``out`` float32[n_rows, n_per_row]."""
+    _dequantize_rows_q45k(blocks, out, 15, Q4_K_BYTES)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def dequantize_rows_q5_K(blocks: np.ndarray, out: np.ndarray) -> None:
+    """Q5_K dequantization: ``blocks`` uint8[n_rows, row_bytes] -> ``out`` float32[n_rows, n_per_row]."""
+    _dequantize_rows_q45k(blocks, out, 31, Q5_K_BYTES)
+

@@ -1,0 +1,341 @@
+"""``quantize_file``: a GGUF file in, a quantized GGUF file out, byte-identical to ``llama_model_quantize``.
+
+The plan is computed first (:func:`ggufkit.quant.plan.plan_quantization`), so every refusal (a quantized
+input without ``allow_requantize``, a fallback with ``no_fallback``, an imatrix of the wrong size) happens
+before anything is written. Tensors then stream one at a time from the input (read with ``pread``, slab by
+slab), through the kernels, into :func:`ggufkit.format.write_gguf` (atomic). Peak memory is the largest
+output tensor plus one f32 slab, not the model: a 104M-weight model adds about 25 MiB to the process.
+
+Metadata is what llama-quantize writes: the input's KV pairs in order (``split.*`` removed), then
+``general.quantization_version`` and ``general.file_type`` re-appended at the end, then (with an imatrix)
+the ``quantize.imatrix.*`` keys, followed by ggufkit's provenance keys and the writer's slack.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
+from ggufkit.quant.imatrix import (
+    KEY_QUANTIZE_IMATRIX_DATASET,
+    KEY_QUANTIZE_IMATRIX_FILE,
+    KEY_QUANTIZE_IMATRIX_N_CHUNKS,
+    KEY_QUANTIZE_IMATRIX_N_ENTRIES,
+    Imatrix,
+)
+from ggufkit.quant.plan import (
+    FLOAT_TYPES,
+    QUANTIZATION_VERSION,
+    PlanEntry,
+    QuantOptions,
+    QuantPlan,
+    parse_tensor_type_option,
+    parse_type,
+    plan_quantization,
+)
+
+from ggufkit import __version__
+from ggufkit.constants import KEY_IMATRIX_SHA256, KEY_QUANT_RECIPE, KEY_TOOL_VERSION
+from ggufkit.errors import QuantizationError, UsageError
+from ggufkit.format.reader import GGUFModel, TensorInfo
+from ggufkit.format.shards import SPLIT_KEYS
+from ggufkit.format.values import VT, Metadata
+from ggufkit.format.writer import Progress, TensorSpec
+
+QT = GGMLQuantizationType
+
+#: f32 elements converted per kernel call (64 MiB of f32): bounds memory for huge tensors while keeping
+#: every call large enough to use all threads.
+SLAB_ELEMENTS = 16 * 1024 * 1024
+#: llama-quantize truncates string KV overrides to 127 characters (llama_model_kv_override::val_str).
+_MAX_KV_STR = 127
+
+
+@dataclass(frozen=True)
+class QuantReport:
+    """What :func:`quantize_file` did (or, with ``dry_run``, would do).
+
+    Attributes:
+        input: the input path.
+        output: the path written, or None for a dry run.
+        plan: the per-tensor plan, in output order.
+        dry_run: nothing was written.
+        seconds: wall time of the whole call.
+        warnings: things a user should know (imatrix entries missing for quantized tensors, ...).
+        imatrix: the imatrix file used, if any.
+    """
+
+    input: Path
+    output: Path | None
+    plan: QuantPlan
+    dry_run: bool
+    seconds: float
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+    imatrix: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input": str(self.input), "output": str(self.output) if self.output else None,
+                "dry_run": self.dry_run, "seconds": round(self.seconds, 3), "warnings": list(self.warnings),
+                "imatrix": str(self.imatrix) if self.imatrix else None,
+                "fallback_summary": self.plan.fallback_summary(), **self.plan.to_dict()}
+
+
+def quantize_file(input: str | Path, output: str | Path | None, target: str, *, pure: bool = False,
+                  imatrix: str | Path | Imatrix | None = None,
+                  tensor_types: Sequence[str | tuple[str, str | GGMLQuantizationType]] = (),
+                  output_tensor_type: str | GGMLQuantizationType | None = None,
+                  token_embedding_type: str | GGMLQuantizationType | None = None,
+                  leave_output_tensor: bool = False, allow_requantize: bool = False, no_fallback: bool = False,
+                  threads: int | None = None, device: str = "auto", dry_run: bool = False,
+                  progress: Progress | None = None) -> QuantReport:
+    """Quantize a GGUF model file as ``llama-quantize [options] INPUT OUTPUT TARGET`` would.
+
+    Args:
+        input: F32/F16/BF16 GGUF file (or any shard of a gguf-split set).
+        output: the file to write (atomically); may be None with ``dry_run``.
+        target: a preset or type name: q4_0 q4_1 q5_0 q5_1 q8_0 q4_k (= q4_k_m) q4_k_s q4_k_m q5_k (= q5_k_m)
+            q5_k_s q5_k_m q6_k f16 bf16 f32 (case-insensitive).
+        pure: no mixture rules: every quantizable tensor gets the default type (fallbacks still apply).
+        imatrix: a llama-imatrix file (GGUF or legacy ``.dat``) or an already loaded :class:`Imatrix`.
+        tensor_types: ``PATTERN=TYPE`` overrides; the first regular expression found in a name wins.
+        output_tensor_type: type for ``output.weight``.
+        token_embedding_type: type for ``token_embd.weight``.
+        leave_output_tensor: copy ``output.weight`` unchanged.
+        allow_requantize: accept quantized input tensors (dequantized exactly, then quantized again).
+        no_fallback: make any divisibility fallback an error instead of a reported substitution.
+        threads: CPU threads for the kernels (default: all). Output bytes do not depend on it.
+        device: ``auto``, ``cpu`` or ``cuda``. Output bytes do not depend on it.
+        dry_run: compute and return the plan, write nothing.
+        progress: receives the bytes written.
+
+    Returns:
+        A :class:`QuantReport` with the plan, totals and warnings.
+
+    Raises:
+        UsageError: unknown target or type, bad ``--tensor-type``, no output, output == input.
+        QuantizationError: see :func:`~ggufkit.quant.plan.plan_quantization`; NaN/inf data (naming the tensor).
+        GGUFFormatError: the input (or a GGUF imatrix) is malformed.
+    """
+    from ggufkit.quant.imatrix import load_imatrix
+
+    from ggufkit.format import open_gguf, write_gguf
+
+    start = time.perf_counter()
+    input = Path(input)
+    out_path = Path(output) if output is not None else None
+    if out_path is None and not dry_run:
+        raise UsageError("an output path is required (or use --dry-run)")
+    if out_path is not None and not dry_run and out_path.exists() and input.exists() \
+            and out_path.resolve() == input.resolve():
+        raise UsageError(f"input and output are the same file: {input}")
+    im = load_imatrix(imatrix) if isinstance(imatrix, (str, Path)) else imatrix
+    options = QuantOptions(
+        pure=pure,
+        tensor_types=tuple(parse_tensor_type_option(o) for o in tensor_types),
+        output_tensor_type=None if output_tensor_type is None else parse_type(output_tensor_type,
+                                                                               "--output-tensor-type"),
+        token_embedding_type=None if token_embedding_type is None else parse_type(token_embedding_type,
+                                                                                   "--token-embedding-type"),
+        leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize, no_fallback=no_fallback,
+        # llama-quantize passes no imatrix at all when the file has no entries left.
+        imatrix_sizes=im.sizes() if im is not None and im.entries else None,
+    )
+    with open_gguf(input) as model:
+        arch = model.architecture or ""
+        plan = plan_quantization(model.tensors, target, arch=arch, metadata=model.kv, options=options)
+        warnings = tuple(f"no imatrix entry for tensor {e.name!r}: quantized without one (as llama-quantize does)"
+                         for e in plan.entries if e.imatrix == "missing")
+        if dry_run:
+            return QuantReport(input, None, plan, True, time.perf_counter() - start, warnings,
+                               im.path if im is not None else None)
+        if out_path is None:  # unreachable: checked above; keeps the type checker informed
+            raise UsageError("an output path is required (or use --dry-run)")
+        metadata = _output_metadata(model, plan, im if options.imatrix_sizes is not None else None, options)
+        specs = [TensorSpec(e.name, e.dst_type, e.shape) for e in plan.entries]
+        from ggufkit.quant import resolve_device
+
+        data = _stream(model, plan, im if options.imatrix_sizes is not None else None, threads,
+                       resolve_device(device))
+        write_gguf(out_path, metadata, specs, data, magic=model.magic, progress=progress)
+    return QuantReport(input, out_path, plan, False, time.perf_counter() - start, warnings,
+                       im.path if im is not None else None)
+
+
+def _output_metadata(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, options: QuantOptions) -> Metadata:
+    meta = Metadata()
+    for key, kv in model.kv.items():
+        if key not in SPLIT_KEYS:
+            meta.put(key, kv)
+    meta.append(Keys.General.QUANTIZATION_VERSION, VT.UINT32, QUANTIZATION_VERSION)
+    meta.append(Keys.General.FILE_TYPE, VT.UINT32, int(plan.file_type))
+    if im is not None:
+        # quantize.cpp passes these as KV overrides: strings cut to 127 chars, ints as u32(|N|).
+        meta.append(KEY_QUANTIZE_IMATRIX_FILE, VT.STRING, str(im.path)[:_MAX_KV_STR])
+        if im.datasets:
+            meta.append(KEY_QUANTIZE_IMATRIX_DATASET, VT.STRING, im.datasets[0][:_MAX_KV_STR])
+        meta.append(KEY_QUANTIZE_IMATRIX_N_ENTRIES, VT.UINT32, len(im.entries))
+        if im.chunk_count > 0:
+            meta.append(KEY_QUANTIZE_IMATRIX_N_CHUNKS, VT.UINT32, im.chunk_count)
+    meta.append(KEY_TOOL_VERSION, VT.STRING, __version__)
+    meta.append(KEY_QUANT_RECIPE, VT.STRING, _recipe(plan, options))
+    if im is not None:
+        meta.append(KEY_IMATRIX_SHA256, VT.STRING, im.sha256)
+    return meta
+
+
+def _recipe(plan: QuantPlan, options: QuantOptions) -> str:
+    parts = [plan.target]
+    if options.pure:
+        parts.append("--pure")
+    if options.leave_output_tensor:
+        parts.append("--leave-output-tensor")
+    if options.output_tensor_type is not None:
+        parts.append(f"--output-tensor-type {options.output_tensor_type.name.lower()}")
+    if options.token_embedding_type is not None:
+        parts.append(f"--token-embedding-type {options.token_embedding_type.name.lower()}")
+    parts.extend(f"--tensor-type {p}={t.name.lower()}" for p, t in options.tensor_types)
+    if options.imatrix_sizes is not None:
+        parts.append("--imatrix")
+    return " ".join(parts)
+
+
+class _Source:
+    """Reads tensor rows with ``pread`` into private buffers.
+
+    The reader's mmap would do, but every page it touches stays in this process's RSS until the file is
+    closed (a 140 GB model would show 140 GB); pread'd buffers are freed after each slab, so peak memory
+    stays a small multiple of the largest tensor. Page-cache reuse is left to the kernel.
+    """
+
+    def __init__(self, model: GGUFModel) -> None:
+        self.model = model
+        self.fds = [os.open(f.path, os.O_RDONLY) for f in model.files]
+
+    def rows(self, info: TensorInfo, r0: int, r1: int) -> np.ndarray:
+        """Raw bytes of rows ``[r0, r1)``: ``uint8[r1 - r0, row_bytes]``."""
+        n_rows = max(info.n_elements // max(info.ne[0], 1), 1)
+        row_bytes = info.nbytes // n_rows
+        f = self.model.files[info.shard]
+        out = np.empty((r1 - r0, row_bytes), dtype=np.uint8)
+        view = out.data.cast("B")
+        pos, offset = 0, f.data_offset + info.offset + r0 * row_bytes
+        while pos < view.nbytes:
+            n = os.preadv(self.fds[info.shard], [view[pos:]], offset + pos)
+            if n <= 0:
+                raise QuantizationError("input file ended inside this tensor (was it truncated?)",
+                                        tensor=info.name, path=f.path)
+            pos += n
+        return out
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def _stream(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, threads: int | None,
+            device: str) -> Iterator[Any]:
+    src = _Source(model)
+    try:
+        for entry in plan.entries:
+            info = model[entry.name]
+            n_rows = max(info.n_elements // max(info.ne[0], 1), 1)
+            if entry.action == "copy":
+                raw = src.rows(info, 0, n_rows)
+                if info.ggml_type in FLOAT_TYPES:
+                    _check_finite(raw, info)
+                yield raw
+                del raw
+                continue
+            yield _convert(src, info, entry, im, threads, device)
+    finally:
+        src.close()
+
+
+def _kernel_rows(src: _Source, info: TensorInfo, r0: int, r1: int) -> np.ndarray:
+    """Rows ``[r0, r1)`` as the kernels take them: float16 as stored (the dispatcher widens it exactly,
+    in parallel, while checking for inf/NaN), everything else as float32."""
+    raw = src.rows(info, r0, r1)
+    if info.ggml_type == QT.F16:
+        return raw.view(np.float16).reshape(-1, info.ne[0])
+    return _widen(raw, info)
+
+
+def _widen(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
+    n_per_row = info.ne[0]
+    if info.ggml_type == QT.F32:
+        return raw.view(np.float32).reshape(-1, n_per_row)
+    if info.ggml_type == QT.F16:
+        return raw.view(np.float16).reshape(-1, n_per_row).astype(np.float32)
+    if info.ggml_type == QT.BF16:
+        return (raw.view(np.uint16).reshape(-1, n_per_row).astype(np.uint32) << 16).view(np.float32)
+    from ggufkit.quant import dequantize
+
+    return dequantize(raw, info.ggml_type, (raw.shape[0], n_per_row))
+
+
+def _check_finite(raw: np.ndarray, info: TensorInfo) -> None:
+    """llama-quantize's loader rejects NaN/inf in any float tensor, copied ones included."""
+    step = max(SLAB_ELEMENTS // max(info.ne[0], 1), 1)
+    for r in range(0, raw.shape[0], step):
+        if not np.isfinite(_widen(raw[r:r + step], info)).all():
+            raise QuantizationError("tensor has invalid data (NaN or inf)", tensor=info.name)
+
+
+def _convert(src: _Source, info: TensorInfo, entry: PlanEntry, im: Imatrix | None, threads: int | None,
+             device: str) -> np.ndarray:
+    from ggufkit.quant import quantize
+
+    n_per_row = info.ne[0]
+    n_rows = info.n_elements // n_per_row
+    rows_per_expert = info.ne[1] if len(info.ne) >= 2 else 1
+    weights = im.for_tensor(entry.name, entry.shape) if im is not None else None
+    row_bytes = entry.nbytes // n_rows
+    out = np.empty((n_rows, row_bytes), dtype=np.uint8)
+    # Slabs never cross an expert boundary, because each expert has its own imatrix slice.
+    step = max(1, min(rows_per_expert, SLAB_ELEMENTS // n_per_row))
+    r = 0
+    while r < n_rows:
+        expert = r // rows_per_expert
+        end = min(r + step, (expert + 1) * rows_per_expert, n_rows)
+        x = _kernel_rows(src, info, r, end)
+        qw = None if weights is None else np.ascontiguousarray(weights[expert])
+        res = quantize(x, entry.dst_type, imatrix=qw, device=device, threads=threads, name=entry.name)
+        # Copy bytes, never values: the result may be typed f16/u16 for float targets.
+        out[r:end] = np.ascontiguousarray(res).view(np.uint8).reshape(end - r, row_bytes)
+        r = end
+    _validate_scales(out, entry)
+    return out
+
+
+#: Byte offsets of the f16 scale fields in one block (ggml-quants.c ggml_validate_row_data).
+_F16_FIELDS: dict[GGMLQuantizationType, tuple[int, ...]] = {
+    QT.Q4_0: (0,), QT.Q5_0: (0,), QT.Q8_0: (0,), QT.Q4_1: (0, 2), QT.Q5_1: (0, 2), QT.Q4_K: (0, 2),
+    QT.Q5_K: (0, 2), QT.Q6_K: (208,),
+}
+
+
+def _validate_scales(out: np.ndarray, entry: PlanEntry) -> None:
+    """llama-quantize validates its output: a block scale that overflowed f16 (inf/NaN) aborts the run."""
+    type_size = GGML_QUANT_SIZES[entry.dst_type][1]
+    if entry.dst_type in (QT.F16, QT.BF16):
+        halves = out.view(np.uint16)
+        exp_mask = 0x7C00 if entry.dst_type == QT.F16 else 0x7F80
+        bad = bool(((halves & exp_mask) == exp_mask).any())
+    elif entry.dst_type in _F16_FIELDS:
+        blocks = out.reshape(-1, type_size)
+        bad = False
+        for off in _F16_FIELDS[entry.dst_type]:
+            h = blocks[:, off].astype(np.uint16) | (blocks[:, off + 1].astype(np.uint16) << 8)
+            bad = bad or bool(((h & 0x7C00) == 0x7C00).any())
+    else:
+        return
+    if bad:
+        raise QuantizationError(f"quantized data validation failed: a {entry.dst_type.name} scale is not finite "
+                                "in f16 (weights too large for this type)", tensor=entry.name)

@@ -1,0 +1,69 @@
+"""``ggufkit convert``: thin shell behaviour, JSON keys, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fixtures_models import make_checkpoint
+
+from ggufkit.cli import cli
+from ggufkit.cli._errors import run_cli
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("llama"), "LlamaForCausalLM")
+
+
+def test_outtype_choices_match_the_library() -> None:
+    from ggufkit.converters import OUTTYPES as api_types
+    from ggufkit.converters.core import OUTTYPES as core_types
+
+    from ggufkit.cli.convert import OUTTYPES as cli_types
+
+    assert cli_types == api_types == core_types
+
+
+def test_list_shows_every_registry_class_as_json() -> None:
+    result = CliRunner().invoke(cli, ["convert", "--list", "--json"])
+    assert result.exit_code == 0
+    classes = {a["hf_class"] for a in json.loads(result.stdout)["architectures"]}
+    assert {"LlamaForCausalLM", "OPTForCausalLM", "QWenLMHeadModel"} <= classes
+
+
+def test_convert_json_reports_outputs_and_plan(llama: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.gguf"
+    result = CliRunner().invoke(cli, ["convert", str(llama), "-o", str(out), "--outtype", "f16", "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.stdout)
+    assert d["outputs"] == [str(out)] and out.exists()
+    assert d["architecture"] == "llama" and d["file_type"] == 1 and d["n_tensors"] == len(d["tensors"]) == 21
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(llama: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["convert", str(llama), "-o", str(tmp_path / "m.gguf"), "--dry-run"])
+    assert result.exit_code == 0
+    assert "model.layers.0.self_attn.q_proj.weight" in result.stdout and "permute_q" in result.stdout
+    assert "dry run: nothing written" in result.stdout and not list(tmp_path.iterdir())
+
+
+def test_missing_model_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_cli(cli, ["convert", str(tmp_path / "nope")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "no such directory" in err
+
+
+def test_unsupported_class_exits_2_naming_supported_ones(llama: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    config = json.loads((llama / "config.json").read_text())
+    config["architectures"] = ["BertModel"]
+    (d / "config.json").write_text(json.dumps(config))
+    code = run_cli(cli, ["convert", str(d)])
+    err = capsys.readouterr().err
+    assert code == 2 and "'BertModel' is not supported; supported: " in err and err.count("\n") == 1

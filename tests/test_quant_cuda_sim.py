@@ -1,0 +1,76 @@
+"""CUDA kernels == CPU kernels, byte for byte, under Numba's CUDA simulator (CI has no GPU).
+
+``NUMBA_ENABLE_CUDASIM=1`` must be set before Numba is imported, so the CUDA side runs in one
+subprocess (module-scoped fixture) over every type in ``ggufkit.quant.KERNELS``; the tests, parametrised
+from the same registry, read its results. Inputs are tiny: the simulator runs device code as Python.
+
+The simulator cannot show NVVM's FMA contraction; benchmarks/gpu_quant_check.py repeats this comparison
+on a real GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from ggufkit.quant import KERNELS
+
+_WORKER = r"""
+import json, sys, warnings
+import numpy as np
+warnings.simplefilter("ignore")  # overflow warnings of the simulated float32 scalars on the edge rows
+np.seterr(all="ignore")
+from ggufkit.quant import KERNELS
+
+results = {}
+rng = np.random.default_rng(0)
+for qtype, k in KERNELS.items():
+    rec = {}
+    try:
+        gq, gdq = k.cuda()
+        cq, cdq = k.cpu()
+        n = 2 * k.block_size if k.block_size == 32 else k.block_size
+        x = (rng.standard_normal((5, n)) * 0.05).astype(np.float32)
+        x[1, : n // 2] = 0.0                        # an all-zero block
+        x[2] = rng.integers(-8, 9, n).astype(np.float32) / 4   # .5 ties
+        x[3] *= np.float32(1e-39)                   # subnormals: 1/d overflows to inf
+        x[4] *= np.float32(1e38)                    # huge: sums of squares overflow
+        qw = rng.uniform(0.0, 2.0, n).astype(np.float32)
+        for label, w in (("ref", np.zeros(0, np.float32)), ("imatrix", qw)):
+            a = np.zeros((5, k.row_bytes(n)), np.uint8)
+            b = np.full_like(a, 0xAB)
+            cq(x, w, a)
+            gq(x, w, b)
+            rec[label] = bool(np.array_equal(a, b))
+        ya = np.zeros(x.shape, np.float32)
+        yb = np.full_like(ya, 7.0)
+        cdq(a, ya)
+        gdq(a, yb)
+        same = (ya.view(np.uint32) == yb.view(np.uint32)) | (np.isnan(ya) & np.isnan(yb))
+        rec["dequantize"] = bool(same.all())
+    except Exception as exc:
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+    results[qtype.name] = rec
+print("RESULTS" + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def sim_results() -> dict[str, dict]:
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, "-c", _WORKER], capture_output=True, text=True, env=env)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")), None)
+    assert line is not None, f"simulator worker failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return json.loads(line[len("RESULTS"):])
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("path", ["ref", "imatrix", "dequantize"])
+@pytest.mark.parametrize("qtype", list(KERNELS), ids=lambda t: t.name)
+def test_cuda_kernel_matches_cpu_kernel_under_simulator(sim_results: dict[str, dict], qtype, path: str) -> None:
+    rec = sim_results[qtype.name]
+    assert "error" not in rec, rec.get("error")
+    assert rec[path] is True
