@@ -4,8 +4,9 @@ The model has SmolLM2-135M's shape (30 layers, d=576, 9/3 heads, FFN 1536, vocab
 weights (speed does not depend on them), written as F16 and Q8_0 GGUFs. Both tools run in a fresh process
 each, whole process included (imports, model load, evaluation): ``ggufkit ppl --tokens`` and a small
 llama-cpp-python script that evaluates llama-perplexity's chunks (BOS overwrite, all logits, second half
-scored), with the same thread count (all cores, or ``GGUFKIT_BENCH_THREADS``). The ratio ours/llama.cpp (tokens per second; target >= 0.8 on CPU) is
-printed and stored in ``extra_info``.
+scored), with the same thread count (all cores, or ``GGUFKIT_BENCH_THREADS``), alternating over 3 rounds;
+the fastest round of each counts (on a shared machine a slow round measures the neighbours). The ratio
+ours/llama.cpp (tokens per second; target >= 0.8 on CPU) is printed and stored in ``extra_info``.
 
 Run: ``python -m pytest benchmarks/bench_ppl.py --benchmark-enable -s`` (not part of CI).
 """
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 CTX = 512
 CHUNKS = 4
+ROUNDS = 3
 THREADS = int(os.environ.get("GGUFKIT_BENCH_THREADS", os.cpu_count() or 1))
 SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
              num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0)
@@ -79,19 +81,21 @@ def test_cpu_tokens_per_second_vs_llama_cpp(benchmark, model_files: dict[str, Pa
     ours_cmd = [sys.executable, "-m", "ggufkit", "ppl", path, "--tokens", tokens, "-c", str(CTX), "--chunks",
                 str(CHUNKS), "--device", "cpu", "--json"]
     theirs_cmd = [sys.executable, "-c", _LLAMA_CPP, path, tokens, str(CTX), str(CHUNKS), str(THREADS)]
-    results: dict[str, tuple[float, str]] = {}
+    results: dict[str, list[tuple[float, str]]] = {"llama.cpp": [], "ggufkit": []}
 
     def both() -> None:
-        results["llama.cpp"] = _timed(theirs_cmd, env)
-        results["ggufkit"] = _timed(ours_cmd, env)
+        # Alternate the tools so that a burst of load from elsewhere hits both; the best round counts.
+        results["llama.cpp"].append(_timed(theirs_cmd, env))
+        results["ggufkit"].append(_timed(ours_cmd, env))
 
-    benchmark.pedantic(both, rounds=1, iterations=1)
+    benchmark.pedantic(both, rounds=ROUNDS, iterations=1)
+    best = {tool: min(runs) for tool, runs in results.items()}
     n = CTX * CHUNKS
-    ours, theirs = n / results["ggufkit"][0], n / results["llama.cpp"][0]
+    ours, theirs = n / best["ggufkit"][0], n / best["llama.cpp"][0]
     import json
 
-    ppl_ours = json.loads(results["ggufkit"][1])["ppl"]
-    ppl_theirs = float(results["llama.cpp"][1].strip().splitlines()[-1])
+    ppl_ours = json.loads(best["ggufkit"][1])["ppl"]
+    ppl_theirs = float(best["llama.cpp"][1].strip().splitlines()[-1])
     benchmark.extra_info.update(ggufkit_tokens_per_s=ours, llama_cpp_tokens_per_s=theirs, ratio=ours / theirs,
                                 ppl_ggufkit=ppl_ours, ppl_llama_cpp=ppl_theirs, threads=THREADS)
     print(f"\n{qtype}: ggufkit {ours:.1f} tok/s, llama.cpp {theirs:.1f} tok/s, ratio {ours / theirs:.2f} "

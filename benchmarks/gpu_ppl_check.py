@@ -97,11 +97,16 @@ def check_archs(tmp: Path) -> None:
 
     tokens = np.random.default_rng(0).integers(3, N_VOCAB, 64 * 6).tolist()
     for arch in CONFIGS:
-        path = write_with_gguf_py(make_hf_model(arch), arch, tmp / f"{arch}.gguf", Q.F32)
-        cpu = perplexity(path, tokens=tokens, ctx=64, device="cpu")
-        gpu = perplexity(path, tokens=tokens, ctx=64, device="cuda")
-        print(json.dumps({"check": "arch", "arch": arch, "ppl_cpu": cpu.ppl, "ppl_gpu": gpu.ppl,
-                          "rel_diff": gpu.ppl / cpu.ppl - 1}), flush=True)
+        try:
+            path = write_with_gguf_py(make_hf_model(arch), arch, tmp / f"{arch}.gguf", Q.F32)
+            cpu = perplexity(path, tokens=tokens, ctx=64, device="cpu")
+            gpu = perplexity(path, tokens=tokens, ctx=64, device="cuda")
+            bf16 = perplexity(path, tokens=tokens, ctx=64, device="cuda", dtype="bf16")
+            print(json.dumps({"check": "arch", "arch": arch, "ppl_cpu": cpu.ppl, "ppl_gpu": gpu.ppl,
+                              "rel_diff": gpu.ppl / cpu.ppl - 1, "rel_diff_bf16": bf16.ppl / cpu.ppl - 1}),
+                  flush=True)
+        except Exception as exc:  # report and go on: one broken config must not hide the others
+            print(json.dumps({"check": "arch", "arch": arch, "error": repr(exc)}), flush=True)
 
 
 def bench(tmp: Path, chunks: int) -> None:

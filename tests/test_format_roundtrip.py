@@ -175,3 +175,10 @@ def test_string_array_is_not_decoded_when_the_file_is_opened(tmp_path: Path) -> 
         assert kv.count == 5000 and kv.head(3) == ["tok0", "tok1", "tok2"]
         assert kv._value is not None and kv._value.__class__.__name__ == "_Unset"  # still lazy after head()
         assert kv.value[4999] == "tok4999"
+
+
+def test_membership_of_a_missing_tensor_is_false_not_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    write_gguf(path, Metadata(), [TensorSpec("a", GGMLQuantizationType.F32, (4,))], [np.zeros(4, np.float32)])
+    with open_gguf(path) as model:
+        assert "a" in model and "missing" not in model

@@ -650,6 +650,10 @@ class GGUFModel(Mapping[str, TensorInfo]):
         except KeyError:
             raise TensorNotFoundError(name, path=self.path) from None
 
+    def __contains__(self, name: object) -> bool:
+        # Mapping's default relies on KeyError; TensorNotFoundError is a LookupError but not a KeyError.
+        return name in self._by_name
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
 
