@@ -34,6 +34,7 @@ from gguf import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from ggml_oracle import ggml_quantize, row_bytes
+
 from ggufkit.quant import kquants
 
 QT = GGMLQuantizationType

@@ -28,8 +28,8 @@ TEXT = (Path(__file__).resolve().parents[1] / "eval" / "data" / "sample.txt").re
 @pytest.mark.parametrize("name", ["llama-spm", "llama-bpe", "qwen2", "gpt-2"])
 def test_tokenize_sample_vs_llama_cpp(benchmark, name: str) -> None:
     import llama_cpp
-    from ggufkit.eval.tokenizer import load_tokenizer
 
+    from ggufkit.eval.tokenizer import load_tokenizer
     from ggufkit.format import open_gguf
 
     path = vocab_dir() / f"ggml-vocab-{name}.gguf"

@@ -51,8 +51,9 @@ def main() -> None:
         # the GPU image: numba 0.68.0 + numpy 2.5.2); an alias keeps the CPU reference kernels compiling.
         np.row_stack = np.vstack
 
-    from ggufkit.quant import KERNELS
     from numba import cuda
+
+    from ggufkit.quant import KERNELS
 
     try:
         name = cuda.get_current_device().name

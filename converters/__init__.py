@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ggufkit.converters.core import ConvertReport
-
     from ggufkit.format.writer import Progress
 
 __all__ = ["OUTTYPES", "convert", "list_architectures"]

@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
+import mmap
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,12 +24,6 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, Keys, LlamaFileType
 from gguf.utility import model_weight_count_rounded_notation
-from ggufkit.converters.checkpoint import Checkpoint, read_config, resolve_model
-from ggufkit.converters.hooks import hooks_for
-from ggufkit.converters.hparams import hparams_metadata, resolve_hparams
-from ggufkit.converters.powerinfer import check_activation, load_predictor, read_predictor
-from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
-from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_shape
 
 from ggufkit.constants import (
     GGUF_MAGIC,
@@ -39,6 +35,12 @@ from ggufkit.constants import (
     KEY_TOOL_VERSION,
     POWERINFER_MAGIC,
 )
+from ggufkit.converters.checkpoint import Checkpoint, read_config, resolve_model
+from ggufkit.converters.hooks import hooks_for
+from ggufkit.converters.hparams import hparams_metadata, resolve_hparams
+from ggufkit.converters.powerinfer import check_activation, load_predictor, read_predictor
+from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
+from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_shape
 from ggufkit.errors import CheckFailedError, CheckpointError, TensorMappingError, UsageError
 from ggufkit.format.values import VT, Metadata
 from ggufkit.format.writer import NullProgress, Progress, TensorSpec, write_gguf
@@ -275,11 +277,10 @@ def bf16_to_f16(bits: np.ndarray) -> np.ndarray:
     return out.view(np.float16)
 
 
-#: Rows are converted in chunks of about this many elements, so temporaries stay small whatever the tensor.
-#: Quantized types use chunks QUANT_CHUNK_FACTOR times larger: each call of a parallel Numba kernel costs
-#: milliseconds of thread start-up, which smaller chunks would multiply.
+#: Rows are converted in chunks of about this many elements (4 MiB as float32), so temporaries stay small
+#: whatever the tensor. Quantized types too: the quantizer's per-call cost is well under a millisecond now,
+#: and a chunk that fits in cache quantizes faster per weight than a whole 16M-element tensor.
 CHUNK_ELEMENTS = 1 << 20
-QUANT_CHUNK_FACTOR = 16
 
 
 def _encode_rows(rows: np.ndarray, src_dtype: str, ggml_type: GGMLQuantizationType) -> np.ndarray:
@@ -298,27 +299,64 @@ def _encode_rows(rows: np.ndarray, src_dtype: str, ggml_type: GGMLQuantizationTy
     return quantize(f32, ggml_type)
 
 
+def page_releaser(arr: np.ndarray) -> Callable[[np.ndarray], None] | None:
+    """For an array backed by a read-only ``np.memmap``: a function that drops the pages under a
+    C-contiguous slice of it from this process (``madvise(MADV_DONTNEED)``); None for other arrays.
+
+    Pages of a file mapping count in the process's RSS once read, until the mapping is closed; a 16M-element
+    bf16 tensor would keep 32 MB resident while it is converted. Dropped pages of a read-only file mapping
+    come back from the page cache if read again, so releasing is always safe.
+    """
+    mm = getattr(arr, "_mmap", None)
+    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED") or len(mm) == 0:
+        return None
+    base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
+    size = len(mm)
+
+    def release(part: np.ndarray) -> None:
+        start = part.ctypes.data - base
+        if part.nbytes == 0 or not 0 <= start < size:
+            return
+        lo = start - start % mmap.PAGESIZE  # the mapping starts on a page; madvise wants a page-aligned start
+        # Only a memory optimisation: never fail a conversion for it.
+        with contextlib.suppress(OSError, ValueError):
+            mm.madvise(mmap.MADV_DONTNEED, lo, min(size, start + part.nbytes) - lo)
+
+    return release
+
+
 def encode(arr: np.ndarray, src_dtype: str, ggml_type: GGMLQuantizationType) -> np.ndarray:
     """Convert one (transformed) tensor to its output type: numpy order, rows of ``ggml_type``'s bytes.
 
     Same-type data is passed through (a memmap view, no copy); otherwise rows are converted in chunks of
-    :data:`CHUNK_ELEMENTS` into one output buffer (quantized types give ``uint8[n_rows, row_bytes]``).
+    :data:`CHUNK_ELEMENTS` into one preallocated output buffer (quantized types give
+    ``uint8[n_rows, row_bytes]``), and the source pages of each chunk of a memory-mapped tensor are released
+    once converted, so peak memory is the output plus one chunk's temporaries.
     """
     same = (ggml_type == Q.BF16 and src_dtype == "BF16") or (ggml_type == Q.F16 and src_dtype == "F16") or \
         (ggml_type == Q.F32 and src_dtype == "F32")
     if same:
         return np.ascontiguousarray(arr)
     row_len = arr.shape[-1] if arr.ndim else 1
+    release = page_releaser(arr) if arr.flags.c_contiguous else None
     rows = np.asarray(arr).reshape(-1, row_len)
-    chunk = CHUNK_ELEMENTS * (1 if ggml_type in (Q.F32, Q.F16, Q.BF16) else QUANT_CHUNK_FACTOR)
-    step = max(1, chunk // max(row_len, 1))
+    step = max(1, CHUNK_ELEMENTS // max(row_len, 1))
     if rows.shape[0] <= step:
-        return _encode_rows(rows, src_dtype, ggml_type).reshape(*arr.shape[:-1], -1)
-    first = _encode_rows(rows[:step], src_dtype, ggml_type)
-    out = np.empty((rows.shape[0], first.shape[1]), dtype=first.dtype)
-    out[:step] = first
-    for start in range(step, rows.shape[0], step):
-        out[start:start + step] = _encode_rows(rows[start:start + step], src_dtype, ggml_type)
+        out = _encode_rows(rows, src_dtype, ggml_type)
+        if release is not None:
+            release(rows)
+        return out.reshape(*arr.shape[:-1], -1)
+    out = None
+    for start in range(0, rows.shape[0], step):
+        part = rows[start:start + step]
+        encoded = _encode_rows(part, src_dtype, ggml_type)
+        if out is None:
+            out = np.empty((rows.shape[0], encoded.shape[1]), dtype=encoded.dtype)
+        out[start:start + step] = encoded
+        del encoded
+        if release is not None:
+            release(part)
+    assert out is not None
     return out.reshape(*arr.shape[:-1], -1)
 
 
@@ -615,8 +653,13 @@ def _tensor_stream(plan: ConvertPlan, warnings: list[str]) -> Iterator[np.ndarra
             if n_inf > 0:
                 warnings.append(f"{e.name}: {n_inf} values exceed f16's range and became inf; use --outtype "
                                 "bf16 or f32")
+        # A passed-through memmap view is written after this yield: release its pages only then.
+        release = page_releaser(arr) if arr.flags.c_contiguous else None
         del arr
         yield out
+        if release is not None:
+            release(out)
+        del out
 
 
 def verify_output(plan: ConvertPlan, paths: list[Path]) -> None:

@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ggufkit.converters.registry import ArchEntry, HParam
-
 from ggufkit.errors import CheckpointError
 from ggufkit.format.values import VT, Metadata
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
 from ggufkit.converters.hooks import hook
 from ggufkit.converters.hparams import DERIVE, first_of, rope_scaling
 

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ggufkit.converters.hooks import hook
-
 from ggufkit.errors import UnsupportedArchitectureError
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from ggufkit.converters.checkpoint import load_torch_state_dict, torch_to_numpy
-
 from ggufkit.errors import CheckpointError
 
 _MODEL_FILE = re.compile(r"^model_(\d+)\.pt$")

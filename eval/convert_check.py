@@ -108,9 +108,9 @@ def check_conversion(model_dir: str | Path, gguf: str | Path, *, outtype: str, n
     if 2 * 4 * n_params > 0.6 * _available_memory():
         return CheckResult(True, skipped="the model does not fit in memory twice (transformers and the GGUF)")
     import torch
+
     from ggufkit.eval.model import load_model
     from ggufkit.eval.tokenizer import load_tokenizer
-
     from ggufkit.format import open_gguf
 
     failures: list[str] = []
@@ -127,11 +127,11 @@ def check_conversion(model_dir: str | Path, gguf: str | Path, *, outtype: str, n
                 first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
                 failures.append(f"tokens differ for {text[:30]!r} at position {first}")
     reference = getattr(transformers, arch).from_pretrained(model_dir, dtype=torch.float32).eval()
-    converted = load_model(gguf, device=device)
     max_abs = max_ref = 0.0
     agree = total = 0
     finite = True
-    try:
+    # The evaluator holds the GGUF open (a memory map and its weights): closed on every path out.
+    with load_model(gguf, device=device) as converted:
         for text in LOGIT_TEXTS:
             ids = torch.tensor([list(hf_tok(text)["input_ids"])[:64]])
             with torch.no_grad():
@@ -142,8 +142,7 @@ def check_conversion(model_dir: str | Path, gguf: str | Path, *, outtype: str, n
             max_ref = max(max_ref, float(want_logits.abs().max()))
             agree += int((got_logits.argmax(-1) == want_logits.argmax(-1)).sum())
             total += ids.shape[1]
-    finally:
-        converted.close()
+    del reference
     rel = max_abs / max(max_ref, 1e-12)
     top1 = agree / max(total, 1)
     if not finite:

@@ -1,6 +1,8 @@
 """KL divergence of a model against a baseline, with llama-perplexity's statistics (reference §2.2-§2.3).
 
-Both models score the same chunks side by side, so nothing is written to disk: llama-perplexity instead
+Both models score the same chunks side by side when they fit in memory together, so nothing is written to
+disk (when they do not, eval/kld_store.py keeps a compact record per position of the baseline in a temporary
+file; there only the KLD is approximate, reported as an interval, see that module). llama-perplexity instead
 saves the baseline's log-probabilities to a file (~2 bytes x n_vocab per scored token, 11-37 GiB on
 Wikitext-2) quantized to uint16. Working from the baseline's exact logits makes the statistics *exact*
 where llama-perplexity's are approximate:
@@ -74,6 +76,8 @@ class KLDAccumulator:
         self.sum_p_diff = self.sum_p_diff2 = self.sum_p_diff4 = 0.0
         self.n_same_top = 0
         self.count = 0
+        #: Sum of the per-position KLD upper bounds; None when the KLD is exact (side by side).
+        self.sum_kld_upper: float | None = None
         self._kld: list[np.ndarray] = []
         self._p_diff: list[np.ndarray] = []
 
@@ -96,8 +100,18 @@ class KLDAccumulator:
         same = int((logits.argmax(dim=-1) == base_logits.argmax(dim=-1)).sum())
         p_diff = torch.exp(-nll) - torch.exp(-nll_base)
         del logp, logp_base
-        kld_np, nll_np, nll_b_np, pd_np = (t.cpu().numpy() for t in (kld, nll, nll_base, p_diff))
-        for k, a, b, d in zip(kld_np.tolist(), nll_np.tolist(), nll_b_np.tolist(), pd_np.tolist()):
+        self.add_values(*(t.cpu().numpy() for t in (kld, nll, nll_base, p_diff)), same)
+
+    def add_values(self, kld: np.ndarray, nll: np.ndarray, nll_base: np.ndarray, p_diff: np.ndarray,
+                   n_same_top: int, kld_upper: np.ndarray | None = None) -> None:
+        """Accumulate per-position values computed elsewhere (the stored-baseline path, eval/kld_store.py).
+
+        Args:
+            kld, nll, nll_base, p_diff: float64 ``[n]`` per-position KLD, NLLs of model and baseline, and Δp.
+            n_same_top: positions whose top token agrees.
+            kld_upper: per-position upper bounds when ``kld`` is only a lower bound (stored mode), else None.
+        """
+        for k, a, b, d in zip(kld.tolist(), nll.tolist(), nll_base.tolist(), p_diff.tolist()):
             self.sum_nll += a
             self.sum_nll2 += a * a
             self.sum_nll_base += b
@@ -109,10 +123,12 @@ class KLDAccumulator:
             d2 = d * d
             self.sum_p_diff2 += d2
             self.sum_p_diff4 += d2 * d2
-        self.n_same_top += same
-        self.count += len(kld_np)
-        self._kld.append(kld_np.astype(np.float32))
-        self._p_diff.append(pd_np.astype(np.float32))
+        if kld_upper is not None:
+            self.sum_kld_upper = (self.sum_kld_upper or 0.0) + sum(kld_upper.tolist())
+        self.n_same_top += int(n_same_top)
+        self.count += len(kld)
+        self._kld.append(kld.astype(np.float32))
+        self._p_diff.append(p_diff.astype(np.float32))
 
     def running(self) -> dict[str, float]:
         """The per-chunk line of llama-perplexity: PPL(Q), ln ratio, KLD, RMS Δp, same top (with errors)."""
@@ -149,6 +165,8 @@ class KLDAccumulator:
                    ppl_diff_error=_sqrt((ppl * dm) ** 2 + (ppl_b * dmb) ** 2 - 2 * ppl * ppl_b * cov))
         kld_mean, kld_err = mean_and_uncertainty(self.sum_kld, self.sum_kld2, n)
         out.update(mean_kld=kld_mean, mean_kld_error=kld_err)
+        if self.sum_kld_upper is not None and n:
+            out["mean_kld_upper"] = self.sum_kld_upper / n
         kld = np.sort(np.concatenate(self._kld)) if self._kld else np.zeros(0, np.float32)
         pd = np.sort(np.concatenate(self._p_diff)) if self._p_diff else np.zeros(0, np.float32)
         if n:

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
-from ggufkit.eval.dequant import DEQUANTIZERS, dequantize
 
 from ggufkit.errors import (
     DeviceUnavailableError,
@@ -36,6 +35,7 @@ from ggufkit.errors import (
     MetadataKeyNotFoundError,
     MetadataValueError,
 )
+from ggufkit.eval.dequant import DEQUANTIZERS, dequantize
 from ggufkit.format.reader import GGUFModel, TensorInfo, open_gguf
 
 #: Architectures the evaluator runs.

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from ggufkit.errors import EvaluationError, TokenizerError, UsageError
+from ggufkit.eval.kld_store import DEFAULT_TOP_K
+from ggufkit.format.reader import open_gguf
 from ggufkit.format.writer import NullProgress, Progress
 
 #: llama-perplexity's default context (it sets ``params.n_ctx = 512`` before parsing arguments).
@@ -203,7 +205,8 @@ def _chunk_batches(n_chunk: int, batch: int) -> list[range]:
 def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, tokens: Sequence[int] | None = None,
                ctx: int = DEFAULT_CTX, chunks: int | None = None, batch: int | None = None, device: str = "auto",
                dtype: str = "auto", baseline: str | os.PathLike[str] | None = None,
-               progress: Progress | None = None, on_chunk: ChunkCallback | None = None) -> PerplexityResult:
+               progress: Progress | None = None, on_chunk: ChunkCallback | None = None, kld_mode: str = "auto",
+               kld_top_k: int = DEFAULT_TOP_K, kld_tmp_dir: str | os.PathLike[str] | None = None) -> PerplexityResult:
     """Measure a GGUF model's perplexity as llama-perplexity does; with ``baseline``, also the KL divergence.
 
     Args:
@@ -214,9 +217,16 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
         chunks: evaluate at most this many chunks (``--chunks``).
         batch: chunks per forward pass (default: 2048 tokens' worth, as llama-perplexity's ``-b``).
         device: ``auto``, ``cpu`` or ``cuda``; dtype: ``auto``/``f32``, or ``f16``/``bf16`` on a GPU.
-        baseline: a reference GGUF of the same vocabulary; both models score the same chunks side by side.
-        progress: receives one step per chunk.
+        baseline: a reference GGUF of the same vocabulary, scored on the same chunks (see ``kld_mode``).
+        progress: receives one step per chunk (per model and chunk in ``stored`` mode).
         on_chunk: called after each chunk with its number and the running statistics.
+        kld_mode: with a baseline, ``side-by-side`` (both models resident, every statistic exact),
+            ``stored`` (the baseline scores first into a compact temporary file of its top ``kld_top_k``
+            tokens per position and is freed before the model loads; every statistic is exact except the
+            KLD, a lower bound reported with an upper bound, see :mod:`ggufkit.eval.kld_store`), or ``auto``
+            (side by side when both models and their working memory fit in the free device memory).
+        kld_top_k: K, the baseline tokens kept exactly per position in ``stored`` mode (8K+32 bytes each).
+        kld_tmp_dir: directory of the ``stored`` mode's temporary file (default: the system's).
 
     Returns:
         The :class:`PerplexityResult`.
@@ -224,11 +234,13 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
     Raises:
         EvaluationError: too few tokens, unsupported model, token ids outside the vocabulary.
         TokenizerError: the text cannot be tokenized with the model's vocabulary.
-        UsageError: both ``text`` and ``tokens``, or nonsensical ``ctx``/``chunks``/``batch``.
+        UsageError: both ``text`` and ``tokens``, or nonsensical ``ctx``/``chunks``/``batch``/``kld_*``.
     """
     import torch
+
     from ggufkit.eval.kld import KLDAccumulator
-    from ggufkit.eval.model import load_model
+    from ggufkit.eval.kld_store import BaselineStore, stored_statistics
+    from ggufkit.eval.model import load_model, read_hparams
 
     if text is not None and tokens is not None:
         raise UsageError("give either a text or tokens, not both")
@@ -236,39 +248,69 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
         raise UsageError(f"--batch {batch} must be at least 1")
     progress = progress or NullProgress()
     t_load = time.perf_counter()
-    model = load_model(model_path, device=device, dtype=dtype)
-    base = None
+    mode = _resolve_kld_mode(kld_mode, model_path, baseline, device, ctx, batch)
+    model = base = store = None
+    base_sha = None
+    scoring = 0.0  # seconds spent in forward passes and statistics, both models
     try:
-        if baseline is not None:
+        if mode == "stored":
+            assert baseline is not None
+            # Tokenize from the model's file without loading its weights: only the baseline is resident now.
+            with open_gguf(model_path) as f:
+                ids, add_bos, bos_id, text_sha = _tokens(f, text, tokens)
+                n_vocab = read_hparams(f).n_vocab
             base = load_model(baseline, device=device, dtype=dtype)
-            if base.n_vocab != model.n_vocab:
-                raise EvaluationError(f"the baseline has {base.n_vocab} tokens in its vocabulary, the model "
-                                      f"{model.n_vocab}; KL divergence needs the same vocabulary")
-        if tokens is None:
-            text = sample_text() if text is None else text
-            text_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        encoded, add_bos, bos_id = tokenize_text(model.file, text if tokens is None else None)
-        if encoded is None:
-            assert tokens is not None
-            ids = [int(t) for t in tokens]
-            text_sha = hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
+            _check_vocab(base.n_vocab, n_vocab)
         else:
-            ids = encoded
+            model = load_model(model_path, device=device, dtype=dtype)
+            if baseline is not None:
+                base = load_model(baseline, device=device, dtype=dtype)
+                _check_vocab(base.n_vocab, model.n_vocab)
+            ids, add_bos, bos_id, text_sha = _tokens(model.file, text, tokens)
         n_chunk = check_chunking(len(ids), ctx, chunks)
         batch = batch or max(1, DEFAULT_BATCH_TOKENS // ctx)
         load_seconds = time.perf_counter() - t_load
 
         first = ctx // 2
         stream = torch.tensor(ids[: n_chunk * ctx], dtype=torch.int64).reshape(n_chunk, ctx)
-        stats = RunningStats(kld=KLDAccumulator() if base is not None else None)
+
+        def windows() -> Any:
+            for group in _chunk_batches(n_chunk, batch):
+                window = stream[group.start:group.stop].clone()
+                if add_bos and bos_id is not None:
+                    window[:, 0] = bos_id  # replaces the first token; never scored (targets start at first+1)
+                yield group, window, stream[group.start:group.stop, first + 1:]
+
+        if mode == "stored":
+            assert base is not None
+            store = BaselineStore(base.n_vocab, kld_top_k, kld_tmp_dir)
+            progress.begin(n_chunk, "chunk", "baseline")
+            t0 = time.perf_counter()
+            for group, window, targets in windows():
+                base_logits = base.logits(window, start=first)[:, :-1]
+                targets = targets.to(base.device)
+                for i in range(len(group)):
+                    store.append(base_logits[i], targets[i])
+                    progress.advance(1)
+                del base_logits
+            scoring += time.perf_counter() - t0
+            progress.end()
+            base_sha = base.model_sha256
+            base.close()
+            base = None
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # give the baseline's blocks back before the model loads
+            t1 = time.perf_counter()
+            model = load_model(model_path, device=device, dtype=dtype)
+            load_seconds += time.perf_counter() - t1
+            store.rewind()
+
+        stats = RunningStats(kld=KLDAccumulator() if baseline is not None else None)
         chunk_ppl: list[float] = []
         progress.begin(n_chunk, "chunk", "perplexity")
         t0 = time.perf_counter()
-        for group in _chunk_batches(n_chunk, batch):
-            window = stream[group.start:group.stop].clone()
-            if add_bos and bos_id is not None:
-                window[:, 0] = bos_id  # replaces the first token; it is never scored (targets start at first+1)
-            targets = stream[group.start:group.stop, first + 1:].to(model.device)
+        for group, window, targets in windows():
+            targets = targets.to(model.device)
             logits = model.logits(window, start=first)[:, :-1]  # the last position predicts nothing
             base_logits = base.logits(window, start=first)[:, :-1] if base is not None else None
             for i in range(len(group)):
@@ -276,26 +318,79 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
                 stats.add(nll)
                 if base_logits is not None:
                     stats.kld.add(logits[i], base_logits[i], targets[i])
+                elif store is not None:
+                    v = stored_statistics(logits[i], store.read(len(targets[i])), targets[i])
+                    stats.kld.add_values(v["kld"], v["nll"], v["nll_base"], v["p_diff"], int(v["same_top"].sum()),
+                                         kld_upper=v["kld_upper"])
                 chunk_ppl.append(stats.ppl)
                 progress.advance(1)
                 if on_chunk is not None:
                     on_chunk(group.start + i + 1, stats)
             del logits, base_logits
-        seconds = time.perf_counter() - t0
+        scoring += time.perf_counter() - t0
         progress.end()
+        kld = stats.kld.summary() if stats.kld is not None else None
+        if kld is not None:
+            kld["mode"] = mode
+            if store is not None:
+                kld["store"] = store.describe()
         return PerplexityResult(
             ppl=stats.ppl, ppl_error=stats.ppl_error, chunks=n_chunk, ctx=ctx, tokens_scored=stats.count,
             n_tokens=len(ids), add_bos=add_bos, bos_id=bos_id, batch=batch, chunk_ppl=chunk_ppl,
             text_sha256=text_sha, model_sha256=model.model_sha256, model=str(model_path),
-            device=str(model.device), dtype=model.dtype_name, seconds=seconds,
-            tokens_per_second=n_chunk * ctx / seconds if seconds > 0 else math.inf,
+            device=str(model.device), dtype=model.dtype_name, seconds=scoring,
+            tokens_per_second=n_chunk * ctx / scoring if scoring > 0 else math.inf,
             load_seconds=load_seconds, baseline=str(baseline) if baseline is not None else None,
-            baseline_sha256=base.model_sha256 if base is not None else None,
-            kld=stats.kld.summary() if stats.kld is not None else None)
+            baseline_sha256=base.model_sha256 if base is not None else base_sha, kld=kld)
     finally:
-        model.close()
+        if model is not None:
+            model.close()
         if base is not None:
             base.close()
+        if store is not None:
+            store.close()
+
+
+def _tokens(file: Any, text: str | None, tokens: Sequence[int] | None) -> tuple[list[int], bool, int | None, str]:
+    """The token stream to score, the BOS rule and the SHA-256 of the text (or of the int32 ids given)."""
+    if tokens is None:
+        text = sample_text() if text is None else text
+    encoded, add_bos, bos_id = tokenize_text(file, text if tokens is None else None)
+    if encoded is None:
+        assert tokens is not None
+        ids = [int(t) for t in tokens]
+        return ids, add_bos, bos_id, hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
+    assert text is not None
+    return encoded, add_bos, bos_id, hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_vocab(n_base: int, n_model: int) -> None:
+    if n_base != n_model:
+        raise EvaluationError(f"the baseline has {n_base} tokens in its vocabulary, the model {n_model}; "
+                              f"KL divergence needs the same vocabulary")
+
+
+def _resolve_kld_mode(kld_mode: str, model_path: str | os.PathLike[str],
+                      baseline: str | os.PathLike[str] | None, device: str, ctx: int, batch: int | None
+                      ) -> str | None:
+    """None without a baseline; else ``side-by-side`` or ``stored`` (``auto`` weighs sizes vs free memory)."""
+    from ggufkit.eval.kld_store import choose_kld_mode, free_memory
+    from ggufkit.eval.model import read_hparams, resolve_device
+
+    if baseline is None:
+        if kld_mode not in ("auto", "side-by-side", "stored"):
+            raise UsageError(f"unknown --kld-mode {kld_mode!r} (expected auto, side-by-side or stored)")
+        return None
+    if kld_mode != "auto":
+        return choose_kld_mode(kld_mode, 0, 0, 0, 0)
+    with open_gguf(model_path) as fm, open_gguf(baseline) as fb:
+        model_bytes = sum(t.nbytes for t in fm.tensors)
+        base_bytes = sum(t.nbytes for t in fb.tensors)
+        n_vocab = read_hparams(fm).n_vocab
+    rows = (batch or max(1, DEFAULT_BATCH_TOKENS // ctx)) * ctx
+    # Per model: its float32 logits for a batch of chunks, plus the float64 log-softmax of one chunk's half.
+    work = 2 * (rows * n_vocab * 4 + ctx * n_vocab * 8 * 2)
+    return choose_kld_mode("auto", model_bytes, base_bytes, work, free_memory(resolve_device(device)))
 
 
 def check_gates(result: PerplexityResult, *, max_ppl: float | None = None, max_delta_ppl: float | None = None,
@@ -324,7 +419,10 @@ def check_gates(result: PerplexityResult, *, max_ppl: float | None = None, max_d
         if not delta <= max_delta_ppl:
             failures.append(f"PPL/PPL(base) - 1 = {delta:.6f} > --max-delta-ppl {max_delta_ppl:g}")
     if max_kld is not None and result.kld is not None:
-        kld = result.kld["mean_kld"]
+        # A stored baseline only bounds the KLD; gate on the upper bound so that a pass is a guarantee.
+        upper = result.kld.get("mean_kld_upper")
+        kld = result.kld["mean_kld"] if upper is None else upper
+        what = "mean KLD" if upper is None else "mean KLD upper bound (stored baseline)"
         if not kld <= max_kld:
-            failures.append(f"mean KLD {kld:.6f} > --max-kld {max_kld:g}")
+            failures.append(f"{what} {kld:.6f} > --max-kld {max_kld:g}")
     return failures

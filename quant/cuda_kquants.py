@@ -24,9 +24,10 @@ from typing import Any
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType
+from numba import cuda
+
 from ggufkit.quant import fp, kquants, kquants_math
 from ggufkit.quant.cuda_legacy import _primitives, retarget
-from numba import cuda
 
 _THREADS = 64  # each thread holds ~0.8 KB of local scratch; small thread blocks keep occupancy up
 

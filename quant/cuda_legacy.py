@@ -29,8 +29,9 @@ from typing import Any
 
 import numba
 import numpy as np
-from ggufkit.quant import fp, legacy
 from numba import cuda
+
+from ggufkit.quant import fp, legacy
 
 _THREADS = 128
 

@@ -4,6 +4,10 @@
 the only callers of the kernels in :mod:`ggufkit.quant.registry`. Numba, and ``numba.cuda`` (only through
 the ``cuda_*`` modules), are imported lazily inside them.
 
+F16 input on the CPU goes, for the types with one (the legacy types), to a fused kernel that widens
+each row inside the parallel loop (:mod:`ggufkit.quant.legacy_f16`); other types widen the whole array
+first, in one parallel pass that also looks for inf/NaN.
+
 Devices: ``"cpu"``; ``"cuda"`` (an error if Numba sees no GPU); ``"auto"`` (CUDA when Numba sees a GPU,
 else CPU). Output bytes are the same on every device and for every thread count: each kernel iteration
 writes one output block and all arithmetic is float32 with ggml's evaluation order.
@@ -12,20 +16,50 @@ writes one output block and all arithmetic is float32 with ggml's evaluation ord
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from ggufkit.quant.registry import FLOAT_TYPES, KERNELS, SUPPORTED_TYPES
 
 from ggufkit.errors import DeviceUnavailableError, QuantizationError, UsageError
+from ggufkit.quant.registry import FLOAT_TYPES, KERNELS, SUPPORTED_TYPES
 
 DEVICES = ("auto", "cpu", "cuda")
+#: F16 input with at least this many rows goes to the fused widen-and-quantize CPU kernels, which run
+#: one row per parallel iteration; fewer rows would leave threads idle, so they take the two-pass path.
+_FUSED_MIN_ROWS = 64
+#: prange iterations handed out at a time for the K-quant CPU kernels (chunks of 16 blocks each). Numba's
+#: default static split makes a call wait for its slowest thread, which on a shared machine is the one
+#: whose core is busy elsewhere; with dynamic chunks of 8 the median time of a 2.9M-weight Q4_K call next
+#: to one busy core went from 138 to 106 ms (no change on an idle machine). The legacy kernels, ~40x
+#: cheaper per weight, lose more to the scheduling than they gain. The bytes do not depend on it.
+_CHUNKSIZE = {GGMLQuantizationType.Q4_K: 8, GGMLQuantizationType.Q5_K: 8, GGMLQuantizationType.Q6_K: 8}
+
+
+def _no_nvidia_driver() -> bool:
+    """True when this Linux machine certainly has no NVIDIA driver loaded.
+
+    Importing ``numba.cuda`` (and the SciPy it pulls in) costs about a second; without a driver the
+    answer is "no GPU" anyway, so ``--device auto`` skips the import. Only Linux is judged (the driver
+    creates /proc/driver/nvidia and /dev/nvidiactl; WSL exposes /dev/dxg); elsewhere, and under Numba's
+    CUDA simulator, Numba is asked.
+    """
+    if not sys.platform.startswith("linux") or os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        return False
+    numba = sys.modules.get("numba")
+    if numba is not None and getattr(numba.config, "ENABLE_CUDASIM", 0):
+        return False
+    return not any(os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg"))
 
 
 def cuda_available() -> bool:
-    """Whether Numba sees a usable CUDA GPU (imports ``numba.cuda`` through the CUDA kernel module)."""
+    """Whether Numba sees a usable CUDA GPU (imports ``numba.cuda`` through the CUDA kernel module, unless
+    the machine has no NVIDIA driver at all)."""
+    if _no_nvidia_driver():
+        return False
     from ggufkit.quant.cuda_legacy import is_available
 
     return is_available()
@@ -160,12 +194,6 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
         raise QuantizationError(f"row length {n_per_row} is not a multiple of {t.name}'s block size {block}",
                                 tensor=name)
     shape = x.shape
-    with numba_threads(threads):
-        x, bad = _to_f32_rows(x.reshape(rows, n_per_row))
-    if bad is not None:
-        raise QuantizationError(f"non-finite value {x.reshape(-1)[bad]} at flat index {bad}; "
-                                "NaN/inf weights cannot be quantized", tensor=name)
-    x = x.reshape(shape)
     qw = np.zeros(0, dtype=np.float32)
     if imatrix is not None and t not in FLOAT_TYPES:
         qw = np.ascontiguousarray(imatrix, dtype=np.float32).reshape(-1)
@@ -173,7 +201,27 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
             raise QuantizationError(f"imatrix has {qw.size} values, the rows have {n_per_row}", tensor=name)
         if not np.isfinite(qw).all():
             raise QuantizationError("imatrix contains NaN/inf", tensor=name)
-    out_shape = (*x.shape[:-1], n_per_row // block * size)
+    out_shape = (*shape[:-1], n_per_row // block * size)
+    fused = KERNELS[t].cpu_f16() if (t in KERNELS and dev == "cpu" and x.dtype == np.float16
+                                     and rows >= _FUSED_MIN_ROWS and n_per_row > 0) else None
+    if fused is not None:
+        from ggufkit.quant.fp import f16_table
+
+        h = np.ascontiguousarray(x).view(np.uint16).reshape(rows, n_per_row)
+        out = np.empty((rows, out_shape[-1]), dtype=np.uint8)
+        bad_rows = np.zeros(rows, dtype=np.uint8)
+        with numba_threads(threads):
+            fused(h, f16_table(), qw, out, bad_rows)
+        if bad_rows.any():
+            r = int(np.argmax(bad_rows))
+            row = h[r].view(np.float16).astype(np.float32)
+            _raise_non_finite(row, r * n_per_row, name)
+        return out.reshape(out_shape)
+    with numba_threads(threads):
+        x, bad = _to_f32_rows(x.reshape(rows, n_per_row))
+    if bad is not None:
+        _raise_non_finite(x.reshape(-1)[bad:bad + 1], bad, name)
+    x = x.reshape(shape)
     if t in FLOAT_TYPES:
         return _convert_float(x, t).reshape(out_shape)
     out = np.empty((rows, out_shape[-1]), dtype=np.uint8)
@@ -186,9 +234,31 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
         kernel(x2, qw, out)
     else:
         kernel = kernels.cpu()[0]
-        with numba_threads(threads):
+        with numba_threads(threads), _parallel_chunksize(_CHUNKSIZE.get(t, 0)):
             kernel(x2, qw, out)
     return out.reshape(out_shape)
+
+
+@contextmanager
+def _parallel_chunksize(n: int) -> Iterator[None]:
+    """Run the body with ``numba.set_parallel_chunksize(n)`` (0: Numba's static split), then restore it."""
+    if n == 0:
+        yield
+        return
+    import numba
+
+    previous = numba.set_parallel_chunksize(n)
+    try:
+        yield
+    finally:
+        numba.set_parallel_chunksize(previous)
+
+
+def _raise_non_finite(values: np.ndarray, base: int, name: str | None) -> None:
+    """Raise for the first inf/NaN of ``values`` (float32), which starts at flat index ``base``."""
+    j = int(np.argmax(~np.isfinite(values)))
+    raise QuantizationError(f"non-finite value {values[j]} at flat index {base + j}; "
+                            "NaN/inf weights cannot be quantized", tensor=name)
 
 
 def _convert_float(x: np.ndarray, t: GGMLQuantizationType) -> np.ndarray:

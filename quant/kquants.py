@@ -28,6 +28,7 @@ import math
 import numba
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16, fsub
 from ggufkit.quant.kquants_math import (
     GROUP_MAX_EPS,

@@ -25,6 +25,7 @@ import math
 
 import numba
 import numpy as np
+
 from ggufkit.quant.fp import fadd, fmul, fsub
 
 #: ggml's GROUP_MAX_EPS: below it a group counts as all zero.

@@ -27,8 +27,9 @@ import math
 
 import numba
 import numpy as np
-from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16, fsub, nearest_int, roundf
 from numba import prange
+
+from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16, fsub, nearest_int, roundf
 
 QK = 32  # elements per block for every type in this module
 _F32_MAX = np.float32(3.4028234663852886e38)

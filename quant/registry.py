@@ -11,6 +11,9 @@ Kernel contract (every entry, both backends):
 * ``quantize(x: float32[n_rows, n_per_row], qw: float32[k], out: uint8[n_rows, row_bytes]) -> None``;
   ``k == 0`` means no imatrix (ggml's reference quantizer), ``k == n_per_row`` the weighted variant.
 * ``dequantize(blocks: uint8[n_rows, row_bytes], out: float32[n_rows, n_per_row]) -> None``.
+* optional, CPU only: ``quantize_f16(h: uint16[n_rows, n_per_row], table: float32[65536], qw, out,
+  bad_rows: uint8[n_rows]) -> None``, which widens F16 bits row by row inside the kernel (same bytes as
+  ``quantize`` on the widened values) and flags rows holding inf/NaN.
 
 The float targets F32/F16/BF16 are element-wise conversions, not block kernels; they are listed in
 :data:`FLOAT_TYPES` and handled by :mod:`ggufkit.quant.dispatch` directly.
@@ -42,6 +45,7 @@ class QuantKernels:
         cpu_quantize, cpu_dequantize: their function names.
         cuda_module: module of the Numba CUDA kernels (host wrappers taking numpy arrays).
         cuda_quantize, cuda_dequantize: their function names.
+        cpu_f16_module, cpu_quantize_f16: the fused F16-input CPU kernel, or "" where there is none.
     """
 
     qtype: GGMLQuantizationType
@@ -51,6 +55,8 @@ class QuantKernels:
     cuda_module: str
     cuda_quantize: str
     cuda_dequantize: str
+    cpu_f16_module: str = ""
+    cpu_quantize_f16: str = ""
 
     @property
     def block_size(self) -> int:
@@ -71,6 +77,12 @@ class QuantKernels:
         module = importlib.import_module(self.cpu_module)
         return getattr(module, self.cpu_quantize), getattr(module, self.cpu_dequantize)
 
+    def cpu_f16(self) -> Callable[..., Any] | None:
+        """Import and return the fused F16-input CPU quantize kernel, or None where the type has none."""
+        if not self.cpu_quantize_f16:
+            return None
+        return getattr(importlib.import_module(self.cpu_f16_module), self.cpu_quantize_f16)
+
     def cuda(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """Import and return the CUDA ``(quantize, dequantize)`` host wrappers (imports ``numba.cuda``)."""
         module = importlib.import_module(self.cuda_module)
@@ -88,6 +100,8 @@ def _entry(qtype: GGMLQuantizationType, family: str) -> QuantKernels:
         cuda_module=f"ggufkit.quant.cuda_{family}",
         cuda_quantize=f"quantize_rows_{t}_cuda",
         cuda_dequantize=f"dequantize_rows_{t}_cuda",
+        cpu_f16_module=f"ggufkit.quant.{family}_f16" if family == "legacy" else "",
+        cpu_quantize_f16=f"quantize_f16_rows_{t}" if family == "legacy" else "",
     )
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from fixtures_models import make_checkpoint
-from ggufkit.converters import convert
-from ggufkit.eval.convert_check import check_conversion
 
 from ggufkit.cli import cli
+from ggufkit.converters import convert
+from ggufkit.eval.convert_check import check_conversion
 
 
 @pytest.fixture(scope="module")

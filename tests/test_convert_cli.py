@@ -19,10 +19,9 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_outtype_choices_match_the_library() -> None:
+    from ggufkit.cli.convert import OUTTYPES as cli_types
     from ggufkit.converters import OUTTYPES as api_types
     from ggufkit.converters.core import OUTTYPES as core_types
-
-    from ggufkit.cli.convert import OUTTYPES as cli_types
 
     assert cli_types == api_types == core_types
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fixtures_models import make_checkpoint
+
 from ggufkit.converters import convert
 from ggufkit.converters.registry import DEFAULT_REGISTRY, parse_registry
 from ggufkit.converters.transforms import Heads, neox_qkv, permute_q
-
 from ggufkit.errors import CheckpointError, RegistryError, TensorMappingError, UnsupportedArchitectureError
 from ggufkit.format import open_gguf
 
@@ -277,3 +277,66 @@ def test_chunked_conversion_gives_the_same_bytes_as_whole_tensors(llama: Path, t
     monkeypatch.setattr(core, "CHUNK_ELEMENTS", 200)  # a few rows per chunk, ragged last chunk
     chunked = convert(llama, tmp_path / "chunked.gguf", outtype=outtype).outputs[0]
     assert whole.read_bytes() == chunked.read_bytes()
+
+
+# -- memory ------------------------------------------------------------------------------------------
+def _bf16_memmap(path: Path, shape: tuple[int, int], offset: int = 136) -> tuple[np.memmap, np.ndarray]:
+    """A read-only memmap of random bf16 bits at an offset that is not a page boundary (like safetensors)."""
+    rng = np.random.default_rng(7)
+    bits = (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    path.write_bytes(b"\0" * offset + bits.tobytes())
+    return np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=shape), bits
+
+
+def _mapping_rss(path: Path) -> int:
+    """Resident bytes of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside, found = 0, False, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            inside = line.endswith(str(path))
+            found = found or inside
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1]) * 1024
+    assert found, "the mapping is not listed"
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc/self/smaps")
+@pytest.mark.parametrize("outtype", ["q8_0", "f16", "q4_k"])
+def test_encoding_a_memmapped_tensor_releases_its_pages_and_keeps_the_bytes(tmp_path: Path, outtype: str) -> None:
+    from gguf import GGMLQuantizationType as Q
+
+    from ggufkit.converters.core import encode, to_float32
+    from ggufkit.quant import quantize
+
+    qtype = {"q8_0": Q.Q8_0, "f16": Q.F16, "q4_k": Q.Q4_K}[outtype]
+    arr, bits = _bf16_memmap(tmp_path / "w.bin", (1024, 2048))  # 2 chunks of 2^20 elements, 4 MiB mapped
+    got = encode(arr, "BF16", qtype)
+    # Every page was read; all of them were handed back while the mapping is still open.
+    assert _mapping_rss(tmp_path / "w.bin") <= 2 * 4096
+    want = quantize(to_float32(bits, "BF16"), qtype).view(got.dtype).reshape(got.shape)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    del arr
+
+
+def test_quantized_encode_allocates_the_output_and_one_chunk_not_a_float32_copy(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from gguf import GGMLQuantizationType as Q
+
+    from ggufkit.converters.core import CHUNK_ELEMENTS, encode
+
+    arr, _ = _bf16_memmap(tmp_path / "w.bin", (2048, 2048))  # 4M elements: a float32 copy is 16 MiB
+    encode(arr[:64], "BF16", Q.Q8_0)  # kernel loaded before measuring
+    tracemalloc.start()
+    try:
+        out = encode(arr, "BF16", Q.Q8_0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Output, plus one chunk widened to 32 bits and quantized: under half of a float32 copy of the tensor (the
+    # whole-tensor path peaked at output + 16 MiB).
+    assert arr.size >= 4 * CHUNK_ELEMENTS
+    assert peak < out.nbytes + 2 * arr.size, peak
+    del arr

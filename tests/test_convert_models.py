@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fixtures_models import llama_cpp_logits, make_checkpoint, transformers_logits
+
 from ggufkit.converters import convert
 from ggufkit.converters.registry import load_registry
-
 from ggufkit.format import open_gguf
 
 TOLERANCE = {"f32": 1e-4, "f16": 3e-2, "bf16": 0.2, "q8_0": 0.5}

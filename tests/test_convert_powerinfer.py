@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fixtures_models import TOKENS, make_checkpoint, make_predictor, transformers_logits
-from ggufkit.converters import convert
 
+from ggufkit.converters import convert
 from ggufkit.errors import CheckpointError, UsageError
 from ggufkit.format import open_gguf
 from ggufkit.format.values import VT
@@ -75,6 +75,7 @@ def test_relu_llama_with_predictor_is_a_powerinfer_file_with_exactly_the_loader_
 def test_f32_powerinfer_file_keeps_ffn_down_t_f16_and_gives_transformers_logits(relu_llama: Path,
                                                                                  tmp_path: Path) -> None:
     import torch
+
     from ggufkit.eval import load_model
 
     # PowerInfer's CPU axpy kernel reads ffn_down_t rows as fp16 whatever their type.
@@ -148,6 +149,7 @@ def _expected_opt(n_vocab: int, rank: int | None) -> dict[str, tuple[str, tuple[
 
 def test_opt_is_written_in_powerinfer_layout_and_gives_transformers_logits(opt: Path, tmp_path: Path) -> None:
     import torch
+
     from ggufkit.eval import load_model
 
     f16 = convert(opt, tmp_path / "opt-f16.gguf", outtype="f16").outputs[0]

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fixtures_models import make_checkpoint
-from ggufkit.converters import convert
 from llama_cpp_sources import llama_cpp_dir
 
+from ggufkit.converters import convert
 from ggufkit.format import open_gguf
 
 

@@ -9,9 +9,9 @@ from ggml_oracle import ggml_dequantize, ggml_quantize
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
-from ggufkit.eval.dequant import DEQUANTIZERS, dequantize
 
 from ggufkit.errors import EvaluationError
+from ggufkit.eval.dequant import DEQUANTIZERS, dequantize
 
 BLOCK_TYPES = [t for t in DEQUANTIZERS if t not in (Q.F32, Q.F16, Q.BF16)]
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from eval_models import N_VOCAB, make_hf_model, write_model_gguf
 from gguf import GGMLQuantizationType as Q
+
+from ggufkit.errors import EvaluationError
 from ggufkit.eval import kl_divergence, load_model
 from ggufkit.eval.kld import mean_and_uncertainty, median, percentile
 from ggufkit.eval.perplexity import check_gates
-
-from ggufkit.errors import EvaluationError
 
 CTX = 64
 

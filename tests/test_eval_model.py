@@ -17,12 +17,12 @@ import torch
 from eval_models import N_VOCAB, make_hf_model, write_model_gguf
 from fixtures_models import SUPPORTED, make_checkpoint, make_predictor, reference_model
 from gguf import GGMLQuantizationType as Q
+
 from ggufkit.converters import convert
+from ggufkit.errors import DeviceUnavailableError, EvaluationError, MetadataKeyNotFoundError
 from ggufkit.eval import load_model, perplexity
 from ggufkit.eval.perplexity import sample_text
 from ggufkit.eval.tokenizer import load_tokenizer
-
-from ggufkit.errors import DeviceUnavailableError, EvaluationError, MetadataKeyNotFoundError
 from ggufkit.format import Metadata, TensorSpec, open_gguf, write_gguf
 
 CTX = 64

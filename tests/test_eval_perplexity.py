@@ -11,10 +11,10 @@ import pytest
 import torch
 from eval_models import N_VOCAB, make_hf_model, write_model_gguf
 from gguf import GGMLQuantizationType as Q
-from ggufkit.eval import load_model, perplexity
-from ggufkit.eval.perplexity import RunningStats, read_text_file, read_tokens_file, sample_text
 
 from ggufkit.errors import EvaluationError, UsageError
+from ggufkit.eval import load_model, perplexity
+from ggufkit.eval.perplexity import RunningStats, read_text_file, read_tokens_file, sample_text
 
 CTX = 64
 
@@ -98,7 +98,6 @@ def test_batch_size_and_repetition_do_not_change_the_result(models: dict[str, Pa
 def test_text_is_tokenized_with_the_gguf_vocabulary(models: dict[str, Path]) -> None:
     text = sample_text()[:3000]
     from ggufkit.eval.tokenizer import load_tokenizer
-
     from ggufkit.format import open_gguf
 
     with open_gguf(models["llama"]) as f:

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFValueType
-from ggufkit.eval.tokenizer import GGUFTokenizer, _parse_merges, load_tokenizer
 from llama_cpp_sources import llama_cpp_dir, vocab_dir
 
 from ggufkit.errors import TokenizerError
+from ggufkit.eval.tokenizer import GGUFTokenizer, _parse_merges, load_tokenizer
 from ggufkit.format import Metadata, open_gguf, write_gguf
 from ggufkit.pretokenizers import PRE_TOKENIZERS, WHITESPACE, get_pre_tokenizer, split
 from ggufkit.unicode_ranges import _table, char_class

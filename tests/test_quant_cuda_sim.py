@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+
 from ggufkit.quant import KERNELS
 
 _WORKER = r"""

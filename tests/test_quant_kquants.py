@@ -15,6 +15,7 @@ import pytest
 from ggml_oracle import ggml_dequantize, ggml_quantize, row_bytes
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
+
 from ggufkit.quant import kquants
 
 QT = GGMLQuantizationType

@@ -14,10 +14,10 @@ import pytest
 from ggml_oracle import ggml_dequantize, ggml_quantize
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
-from ggufkit.quant import KERNELS, cuda_available, dequantize, quantize, resolve_device
-from ggufkit.quant import fp as qfp
 
 from ggufkit.errors import DeviceUnavailableError, QuantizationError, UsageError
+from ggufkit.quant import KERNELS, cuda_available, dequantize, quantize, resolve_device
+from ggufkit.quant import fp as qfp
 
 LEGACY = [t for t, k in KERNELS.items() if k.cpu_module.endswith(".legacy")]
 N = 256  # row length: 8 blocks

@@ -21,6 +21,10 @@ from fixtures_quantize import (
 )
 from gguf import GGMLQuantizationType as QT
 from gguf import LlamaFileType
+
+from ggufkit.cli.quantize import TYPE_CHOICES as CLI_TYPE_CHOICES
+from ggufkit.errors import MetadataKeyNotFoundError, QuantizationError, UsageError
+from ggufkit.format import TensorSpec, open_gguf
 from ggufkit.quant.plan import (
     TYPE_CHOICES,
     QuantOptions,
@@ -29,10 +33,6 @@ from ggufkit.quant.plan import (
     parse_tensor_type_option,
     plan_quantization,
 )
-
-from ggufkit.cli.quantize import TYPE_CHOICES as CLI_TYPE_CHOICES
-from ggufkit.errors import MetadataKeyNotFoundError, QuantizationError, UsageError
-from ggufkit.format import TensorSpec, open_gguf
 
 ALL_PRESETS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "f16",
                "bf16", "f32"]

@@ -24,11 +24,11 @@ from fixtures_quantize import (
     write_imatrix_gguf,
 )
 from gguf import GGMLQuantizationType as QT
-from ggufkit.quant.imatrix import load_imatrix
-from ggufkit.quant.pipeline import quantize_file
 
 from ggufkit.errors import QuantizationError
 from ggufkit.format import Metadata, TensorSpec, open_gguf, write_gguf
+from ggufkit.quant.imatrix import load_imatrix
+from ggufkit.quant.pipeline import quantize_file
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from fixtures_tokenizers import (
     make_spm_tokenizer,
     make_tiktoken_vocab,
 )
-from ggufkit.converters.vocab import build_vocab, bytes_to_unicode, read_tiktoken
 
+from ggufkit.converters.vocab import build_vocab, bytes_to_unicode, read_tiktoken
 from ggufkit.errors import TokenizerError
 from ggufkit.format.values import VT, python_value
 

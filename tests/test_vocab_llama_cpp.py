@@ -18,8 +18,8 @@ from fixtures_tokenizers import (
     make_spm_tokenizer,
     make_tiktoken_vocab,
 )
-from ggufkit.converters.vocab import build_vocab, read_tiktoken
 
+from ggufkit.converters.vocab import build_vocab, read_tiktoken
 from ggufkit.format.values import VT, Metadata
 from ggufkit.format.writer import write_gguf
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from fixtures_tokenizers import make_bpe_tokenizer, rebuild_bpe_tokenizer
-from ggufkit.converters.pretokenizer import CHKHSH_TABLE, CHKTXT, CHKTXT_SHA256, chkhsh, known_pre_tokenizer
-from ggufkit.converters.vocab import build_vocab
 from llama_cpp_sources import llama_cpp_dir, vocab_dir
 
+from ggufkit.converters.pretokenizer import CHKHSH_TABLE, CHKTXT, CHKTXT_SHA256, chkhsh, known_pre_tokenizer
+from ggufkit.converters.vocab import build_vocab
 from ggufkit.errors import TokenizerError
 from ggufkit.format.values import python_value
 

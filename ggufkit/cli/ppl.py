@@ -28,6 +28,12 @@ def _render(d: Mapping[str, Any]) -> str:
                   f"Mean PPL(Q)-PPL(base)         : {k['ppl_diff']:10.6f} ± {k['ppl_diff_error']:10.6f}",
                   "", "====== KL divergence statistics ======",
                   f"Mean    KLD: {k['mean_kld']:10.6f} ± {k['mean_kld_error']:10.6f}"]
+        st = k.get("store")
+        if st:
+            lines += [f"(stored baseline, top {st['top_k']}: {st['bytes_per_position']} bytes x {st['positions']} "
+                      f"positions = {st['bytes']} bytes; llama-perplexity's file: {st['llama_perplexity_bytes']}. "
+                      f"KLD exact over the top {st['top_k']}, tail bucketed: true mean KLD in "
+                      f"[{k['mean_kld']:.6f}, {k['mean_kld_upper']:.6f}], percentiles are lower bounds)"]
         for name, v in k.get("kld_percentiles", {}).items():
             label = {"max": "Maximum", "min": "Minimum", "median": "Median "}.get(name, f"{name:>4}%  ")
             lines.append(f"{label} KLD: {v:10.6f}")
@@ -79,6 +85,17 @@ def _chunk_printer(out: Output, baseline: bool) -> Any:
               help="Matmul precision; auto is f32 (reproduces the CPU result); f16/bf16 need a GPU.")
 @click.option("--baseline", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Reference GGUF (same vocabulary): also report KL divergence against it.")
+@click.option("--kld-mode", type=click.Choice(["auto", "side-by-side", "stored"]), default="auto",
+              show_default=True,
+              help="With --baseline: side-by-side keeps both models resident (all statistics exact); stored "
+                   "scores the baseline first into a temporary file of 8K+32 bytes per scored token (top-K "
+                   "logits, log-sum-exp, tail mass and sum p log p, target logit, argmax), frees it, then loads "
+                   "MODEL. Stored: every statistic is exact except the KLD, whose tail beyond the top K is only "
+                   "bounded: the mean KLD is a lower bound, reported with an upper bound, and --max-kld gates on the upper "
+                   "bound; auto "
+                   "picks side-by-side when both models fit in free device memory.")
+@click.option("--kld-top-k", type=click.IntRange(min=1), default=128, show_default=True,
+              help="K of --kld-mode stored: baseline tokens kept exactly per position.")
 @click.option("--max-ppl", type=float, default=None, help="Gate: exit 1 if PPL exceeds this.")
 @click.option("--max-delta-ppl", type=float, default=None,
               help="Gate: exit 1 if PPL/PPL(baseline) - 1 exceeds this (0.01 = 1%); needs --baseline.")
@@ -86,7 +103,7 @@ def _chunk_printer(out: Output, baseline: bool) -> Any:
 @common_options
 def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, chunks: int | None,
         batch: int | None, device: str, dtype: str, baseline: str | None, max_ppl: float | None,
-        max_delta_ppl: float | None, max_kld: float | None, out: Output) -> None:
+        kld_mode: str, kld_top_k: int, max_delta_ppl: float | None, max_kld: float | None, out: Output) -> None:
     """Measure MODEL's perplexity by llama-perplexity's method (same chunks, same scored tokens, same
     error formula), on a GPU when available; with --baseline also the KL divergence statistics.
     The quality gates exit 1 with a one-line reason when exceeded.
@@ -106,7 +123,8 @@ def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, ch
     text = read_text_file(text_file) if text_file is not None else None
     tokens = read_tokens_file(tokens_file) if tokens_file is not None else None
     result = perplexity(model, text=text, tokens=tokens, ctx=ctx, chunks=chunks, batch=batch, device=device,
-                        dtype=dtype, baseline=baseline, progress=out.progress(),
+                        dtype=dtype, baseline=baseline, kld_mode=kld_mode, kld_top_k=kld_top_k,
+                        progress=out.progress(),
                         on_chunk=_chunk_printer(out, baseline is not None))
     out.echo("\n")
     data = result.to_dict()

@@ -1,0 +1,153 @@
+"""F16-input CPU entry points for the legacy types: widen and quantize in one parallel pass.
+
+Most checkpoints are F16. Widening a whole slab to float32 first costs one more parallel pass and 3x the
+slab's memory traffic (read 2 bytes, write 4, read 4 again); these kernels widen one row at a time into a
+cache-resident scratch row inside the same ``prange`` loop, then run the block functions of
+:mod:`ggufkit.quant.legacy` on it. The widening is exact (a table of every f16 value), so the bytes are
+those of the float32 kernels. Rows holding inf/NaN are flagged in ``bad_rows`` and left unquantized:
+the dispatcher (:func:`ggufkit.quant.quantize`) raises for them.
+
+Kernel contract: ``quantize_f16_rows_<t>(h: uint16[n_rows, n], table: float32[65536], qw: float32[k],
+out: uint8[n_rows, row_bytes], bad_rows: uint8[n_rows]) -> None`` with ``table = fp.f16_table()`` and ``qw``
+as in the float32 kernels (``k == 0``: no imatrix).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ggufkit.quant.legacy import (
+    QK,
+    q4_0_imat_block,
+    q4_0_ref_block,
+    q4_1_imat_block,
+    q4_1_ref_block,
+    q5_0_imat_block,
+    q5_0_ref_block,
+    q5_1_imat_block,
+    q5_1_ref_block,
+    q8_0_ref_block,
+    row_sigma2,
+)
+
+_U = np.uintp  # unsigned indices: no negative-index wraparound in the hot loop (see legacy.py)
+_jit = numba.njit(cache=True, fastmath=False, error_model="numpy")
+_jit_par = numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
+
+
+@_jit
+def widen_f16_row(h: np.ndarray, r: int, table: np.ndarray, x: np.ndarray) -> bool:
+    """``x[0, :] = value of f16 bits h[r, :]``; True when the row holds an inf or NaN."""
+    flag = 0
+    for j in range(h.shape[1]):
+        v = h[r, _U(j)]
+        x[0, _U(j)] = table[v]
+        flag |= (v & 0x7C00) == 0x7C00
+    return flag != 0
+
+
+@_jit_par
+def quantize_f16_rows_q4_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+                           bad_rows: np.ndarray) -> None:
+    """Q4_0 from f16 bits h: uint16[n_rows, n]; table: ``fp.f16_table()``; bad_rows: uint8[n_rows] out."""
+    nb = h.shape[1] // QK
+    for r in prange(h.shape[0]):
+        x = np.empty((1, h.shape[1]), np.float32)
+        bad_rows[r] = widen_f16_row(h, r, table, x)
+        if bad_rows[r]:
+            continue
+        o = out[r:r + 1]
+        if qw.shape[0] == 0:
+            for b in range(nb):
+                q4_0_ref_block(x, 0, b, o)
+        else:
+            w = np.empty(QK, np.float32)
+            L = np.empty(QK, np.int32)
+            s2 = row_sigma2(x, 0)
+            for b in range(nb):
+                q4_0_imat_block(x, 0, b, qw, s2, w, L, L, o)
+
+
+@_jit_par
+def quantize_f16_rows_q4_1(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+                           bad_rows: np.ndarray) -> None:
+    """Q4_1 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
+    nb = h.shape[1] // QK
+    for r in prange(h.shape[0]):
+        x = np.empty((1, h.shape[1]), np.float32)
+        bad_rows[r] = widen_f16_row(h, r, table, x)
+        if bad_rows[r]:
+            continue
+        o = out[r:r + 1]
+        if qw.shape[0] == 0:
+            for b in range(nb):
+                q4_1_ref_block(x, 0, b, o)
+        else:
+            w = np.empty(QK, np.float32)
+            L = np.empty(QK, np.int32)
+            Laux = np.empty(QK, np.int32)
+            s2 = row_sigma2(x, 0)
+            for b in range(nb):
+                q4_1_imat_block(x, 0, b, qw, s2, w, L, Laux, o)
+
+
+@_jit_par
+def quantize_f16_rows_q5_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+                           bad_rows: np.ndarray) -> None:
+    """Q5_0 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
+    nb = h.shape[1] // QK
+    for r in prange(h.shape[0]):
+        x = np.empty((1, h.shape[1]), np.float32)
+        bad_rows[r] = widen_f16_row(h, r, table, x)
+        if bad_rows[r]:
+            continue
+        o = out[r:r + 1]
+        if qw.shape[0] == 0:
+            for b in range(nb):
+                q5_0_ref_block(x, 0, b, o)
+        else:
+            w = np.empty(QK, np.float32)
+            L = np.empty(QK, np.int32)
+            s2 = row_sigma2(x, 0)
+            for b in range(nb):
+                q5_0_imat_block(x, 0, b, qw, s2, w, L, L, o)
+
+
+@_jit_par
+def quantize_f16_rows_q5_1(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+                           bad_rows: np.ndarray) -> None:
+    """Q5_1 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
+    nb = h.shape[1] // QK
+    for r in prange(h.shape[0]):
+        x = np.empty((1, h.shape[1]), np.float32)
+        bad_rows[r] = widen_f16_row(h, r, table, x)
+        if bad_rows[r]:
+            continue
+        o = out[r:r + 1]
+        if qw.shape[0] == 0:
+            for b in range(nb):
+                q5_1_ref_block(x, 0, b, o)
+        else:
+            w = np.empty(QK, np.float32)
+            L = np.empty(QK, np.int32)
+            Laux = np.empty(QK, np.int32)
+            s2 = row_sigma2(x, 0)
+            for b in range(nb):
+                q5_1_imat_block(x, 0, b, qw, s2, w, L, Laux, o)
+
+
+@_jit_par
+def quantize_f16_rows_q8_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+                           bad_rows: np.ndarray) -> None:
+    """Q8_0 from f16 bits (qw ignored, as ggml); arguments as :func:`quantize_f16_rows_q4_0`."""
+    nb = h.shape[1] // QK
+    for r in prange(h.shape[0]):
+        x = np.empty((1, h.shape[1]), np.float32)
+        bad_rows[r] = widen_f16_row(h, r, table, x)
+        if bad_rows[r]:
+            continue
+        o = out[r:r + 1]
+        for b in range(nb):
+            q8_0_ref_block(x, 0, b, o)

@@ -1,0 +1,95 @@
+"""The fused F16-input legacy kernels (quant/legacy_f16.py): same bytes as ggml on the widened values.
+
+F16 input with enough rows (``dispatch._FUSED_MIN_ROWS``) takes the fused widen-and-quantize path on the
+CPU; these tests feed float16 arrays of many distributions (f16 subnormals, zeros, huge values near the
+f16 maximum, ties) and compare with ggml's ``ggml_quantize_chunk`` on the same values as float32.
+Also the two other speed changes of the dispatcher: dynamic prange chunks for the K-quants (same bytes,
+setting restored) and ``--device auto`` not importing ``numba.cuda`` on a machine without NVIDIA driver.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numba
+import numpy as np
+import pytest
+from ggml_oracle import ggml_quantize
+from gguf import GGMLQuantizationType as T
+
+from ggufkit.errors import QuantizationError
+from ggufkit.quant import KERNELS, quantize
+from ggufkit.quant.dispatch import _FUSED_MIN_ROWS
+
+LEGACY = [t for t, k in KERNELS.items() if k.cpu_module.endswith(".legacy")]
+N = 256
+
+
+def _f16_rows(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    parts = [
+        rng.standard_normal((16, N)) * 0.02,
+        rng.standard_t(3, (16, N)),
+        np.zeros((8, N)),
+        np.full((8, N), -0.37),
+        rng.standard_normal((8, N)) * 1e-6,  # f16 subnormals
+        rng.uniform(-65504, 65504, (8, N)),  # near the f16 maximum
+        rng.integers(-16, 17, (8, N)) / 16,  # ties
+        -np.abs(rng.standard_normal((8, N))),
+    ]
+    x = np.concatenate(parts).astype(np.float16)
+    assert x.shape[0] >= _FUSED_MIN_ROWS  # the fused path, not the two-pass one
+    return x
+
+
+@pytest.mark.parametrize("with_imatrix", [False, True], ids=["ref", "imatrix"])
+@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
+def test_fused_f16_path_equals_ggml_on_widened_values(qtype: T, with_imatrix: bool) -> None:
+    assert KERNELS[qtype].cpu_f16() is not None
+    x = _f16_rows(int(qtype))
+    imatrix = np.random.default_rng(5).uniform(0.0, 4.0, N).astype(np.float32) if with_imatrix else None
+    got = quantize(x, qtype, imatrix=imatrix, threads=2)
+    expected = ggml_quantize(x.astype(np.float32), qtype, imatrix)
+    assert np.array_equal(got, expected)
+    # and the bytes do not depend on the thread count
+    assert np.array_equal(quantize(x, qtype, imatrix=imatrix, threads=1), got)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
+def test_fused_f16_path_reports_the_first_non_finite_value(qtype: T, bad: float) -> None:
+    x = np.ones((_FUSED_MIN_ROWS, 64), np.float16)
+    x[40, 7] = bad
+    x[50, 1] = bad
+    with pytest.raises(QuantizationError, match=rf"blk\.3\.ffn_up\.weight.*non-finite.*index {40 * 64 + 7}"):
+        quantize(x, qtype, name="blk.3.ffn_up.weight")
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_k_quant_dynamic_chunks_keep_the_bytes_and_restore_the_setting(qtype: T) -> None:
+    x = np.random.default_rng(int(qtype)).standard_normal((40, 512)).astype(np.float32)
+    before = numba.get_parallel_chunksize()
+    got = quantize(x, qtype, threads=2)
+    assert numba.get_parallel_chunksize() == before
+    assert np.array_equal(got, ggml_quantize(x, qtype))
+
+
+_PROBE = ("import sys; from ggufkit.quant import resolve_device; "
+          "print(resolve_device('auto'), 'numba.cuda' in sys.modules)")
+
+
+def test_device_auto_skips_the_numba_cuda_import_without_an_nvidia_driver() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    driver = any(os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg"))
+    if driver:  # the probe must run (and decides)
+        assert out[1] == "True"
+    else:
+        assert out == ["cpu", "False"]
+    # Under Numba's CUDA simulator there is no driver either, and "auto" must still find the simulated GPU.
+    sim = subprocess.run([sys.executable, "-c", _PROBE], env={**env, "NUMBA_ENABLE_CUDASIM": "1"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert sim[0] == "cuda"
