@@ -133,3 +133,20 @@ def test_ruff_is_clean() -> None:
     result = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)], capture_output=True, text=True,
                             cwd=ROOT)
     assert result.returncode == 0, result.stdout[-4000:]
+
+
+def test_mypy_is_clean_on_the_core_package() -> None:
+    result = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-4000:]
+
+
+def test_numba_cuda_is_imported_only_by_the_cuda_kernel_modules() -> None:
+    for module, path in MODULES:
+        tree = ast.parse(path.read_text())
+        cuda_imports = [n for n in ast.walk(tree)
+                        if (isinstance(n, ast.Import) and any(a.name.startswith("numba.cuda") for a in n.names))
+                        or (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("numba")
+                            and (n.module.startswith("numba.cuda") or any(a.name == "cuda" for a in n.names)))]
+        if cuda_imports:
+            assert path.parent.name == "quant" and path.name.startswith("cuda_"), module
