@@ -101,6 +101,9 @@ def check_conversion(model_dir: str | Path, gguf: str | Path, *, outtype: str, n
     tolerance = TOLERANCES[outtype]
     arch = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("architectures", ["?"])[0]
     import transformers
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # transformers' own bars would interleave with ours on stderr
 
     if not hasattr(transformers, arch):
         return CheckResult(True, skipped=f"transformers has no class {arch} (it would need remote code)")

@@ -14,6 +14,9 @@ The per-block functions (``*_block``) are plain ``@numba.njit`` functions over o
 ``quantize_rows_*``/``dequantize_rows_*`` kernels run them in a ``prange`` loop over chunks of blocks and
 :mod:`ggufkit.quant.cuda_kquants` runs the same functions from ``@cuda.jit`` kernels. A block's bytes depend
 only on its own weights (and its imatrix slice), so the thread count cannot change the output.
+On the CPU, Q4_K/Q5_K fit the 8*_CHUNK sub-blocks of a chunk side by side
+(:func:`~ggufkit.quant.kquants_math.make_qkx_quants_lanes`, vectorized across sub-blocks, same roundings)
+and fall back to ``q45k_quantize_block`` for a block with a constant sub-block or extreme weights.
 
 Quantization follows ``ggml_quantize_chunk``: without an imatrix (``qw`` of length 0) the reference
 quantizers ``quantize_row_q{4,5,6}_K_ref``; with one (``qw`` float32[n_per_row]) the weighted
@@ -34,6 +37,7 @@ from ggufkit.quant.kquants_math import (
     GROUP_MAX_EPS,
     get_scale_min_k4,
     make_qkx_quants,
+    make_qkx_quants_lanes,
     make_qp_quants,
     make_qx_quants,
     nearest_int_full,
@@ -123,6 +127,90 @@ def q45k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nmax: int, 
         inv_min = np.float32(63.0) / max_min if max_min > np.float32(0.0) else np.float32(0.0)
         for j in range(8):
             # uint8_t ls = nearest_int(...); ls = MIN(63, ls): wraps before the clamp.
+            Ls[j] = min(63, nearest_int_full(fmul(inv_scale, scales[j])) & 0xFF)
+            Lm[j] = min(63, nearest_int_full(fmul(inv_min, mins[j])) & 0xFF)
+        d_block = max_scale / np.float32(63.0)
+        m_block = max_min / np.float32(63.0)
+
+    # Pack the 6-bit scales/mins; the C ORs into uint8_t bytes, so every store is modulo 256.
+    s = out[4:16]
+    for j in range(8):
+        ls = np.int64(Ls[j])
+        lm = np.int64(Lm[j])
+        if j < 4:
+            s[j] = ls
+            s[j + 4] = lm
+        else:
+            s[j + 4] = ((ls & 0xF) | ((lm & 0xF) << 4)) & 0xFF
+            s[j - 4] = (np.int64(s[j - 4]) | ((ls >> 4) << 6)) & 0xFF
+            s[j] = (np.int64(s[j]) | ((lm >> 4) << 6)) & 0xFF
+    d16 = _f16_bits_x86(d_block)
+    dmin16 = _f16_bits_x86(m_block)
+    out[0] = d16 & 0xFF
+    out[1] = d16 >> 8
+    out[2] = dmin16 & 0xFF
+    out[3] = dmin16 >> 8
+
+    # Second pass with the f16-rounded super-scales; a sub-block whose scale decodes to 0 keeps the
+    # quants of the fit above.
+    d = fp16_to_fp32(d16)
+    dmin = fp16_to_fp32(dmin16)
+    for j in range(8):
+        sc, m = get_scale_min_k4(j, s)
+        dj = fmul(d, np.float32(sc))
+        if dj == np.float32(0.0):
+            continue
+        dm = fmul(dmin, np.float32(m))
+        for i in range(32):
+            li = nearest_int_full(fadd(x[32 * j + i], dm) / dj)
+            L[32 * j + i] = max(0, min(nmax, li))
+
+    if nmax == 15:
+        for c in range(4):
+            for i in range(32):
+                out[16 + 32 * c + i] = np.int64(L[64 * c + i]) | (np.int64(L[64 * c + 32 + i]) << 4)
+    else:
+        for i in range(32):
+            out[16 + i] = 0
+        for c in range(4):
+            for i in range(32):
+                l1 = np.int64(L[64 * c + i])
+                l2 = np.int64(L[64 * c + 32 + i])
+                h = np.int64(out[16 + i])
+                if l1 > 15:
+                    l1 -= 16
+                    h |= 1 << (2 * c)
+                if l2 > 15:
+                    l2 -= 16
+                    h |= 2 << (2 * c)
+                out[16 + i] = h
+                out[48 + 32 * c + i] = l1 | (l2 << 4)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _q45k_finish_block(use_qw: bool, nmax: int, x: np.ndarray, out: np.ndarray, L: np.ndarray,
+                       scales: np.ndarray, mins: np.ndarray, sw: np.ndarray, Ls: np.ndarray,
+                       Lm: np.ndarray) -> None:
+    # CPU only: the part of q45k_quantize_block after the 8 make_qkx_quants fits (given in L, scales,
+    # mins, and for the imatrix path sw), kept line for line the same. The CUDA build retargets
+    # q45k_quantize_block as a whole, so that function keeps its own copy.
+    if use_qw:
+        d_block = make_qp_quants(8, 63, scales, Ls, sw)
+        m_block = make_qp_quants(8, 63, mins, Lm, sw)
+        for j in range(8):
+            Ls[j] = Ls[j] if nmax == 15 else min(63, np.int64(Ls[j]))
+            Lm[j] = Lm[j] if nmax == 15 else min(63, np.int64(Lm[j]))
+    else:
+        max_scale = np.float32(0.0)
+        max_min = np.float32(0.0)
+        for j in range(8):
+            if scales[j] > max_scale:
+                max_scale = scales[j]
+            if mins[j] > max_min:
+                max_min = mins[j]
+        inv_scale = np.float32(63.0) / max_scale if max_scale > np.float32(0.0) else np.float32(0.0)
+        inv_min = np.float32(63.0) / max_min if max_min > np.float32(0.0) else np.float32(0.0)
+        for j in range(8):
             Ls[j] = min(63, nearest_int_full(fmul(inv_scale, scales[j])) & 0xFF)
             Lm[j] = min(63, nearest_int_full(fmul(inv_min, mins[j])) & 0xFF)
         d_block = max_scale / np.float32(63.0)
@@ -309,6 +397,14 @@ def _quantize_rows_q45k(x: np.ndarray, qw: np.ndarray, out: np.ndarray, nmax: in
     total = n_rows * nb
     n_chunks = (total + _CHUNK - 1) // _CHUNK
     use_qw = qw.shape[0] > 0
+    if use_qw:
+        rmin = np.float32(-0.9)
+        rdelta = np.float32(0.05)
+        nstep = 36
+    else:
+        rmin = np.float32(-1.0) if nmax == 15 else np.float32(-0.5)
+        rdelta = np.float32(0.1)
+        nstep = 20 if nmax == 15 else 15
     for c in numba.prange(n_chunks):
         L = np.empty(QK_K, np.uint8)
         Laux = np.empty(64, np.float32)
@@ -318,11 +414,70 @@ def _quantize_rows_q45k(x: np.ndarray, qw: np.ndarray, out: np.ndarray, nmax: in
         sw = np.empty(8, np.float32)
         Ls = np.empty(8, np.uint8)
         Lm = np.empty(8, np.uint8)
-        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+        # The chunk's 8*nblk sub-blocks are fitted side by side (make_qkx_quants_lanes): lane 8*k + j is
+        # sub-block j of the chunk's k-th block, weight i of a lane at i*nl + lane.
+        t0 = c * _CHUNK
+        nblk = min(total, t0 + _CHUNK) - t0
+        nl = 8 * nblk
+        xt = np.empty(32 * nl, np.float32)
+        wt = np.empty(32 * nl, np.float32)
+        cur = np.empty(32 * nl, np.float32)
+        lf = np.empty(32 * nl, np.float32)
+        st = np.empty((16, nl), np.float32)
+        bad = np.empty(nl, np.int64)
+        swc = np.empty(nl, np.float32)
+        for k in range(nblk):
+            t = t0 + k
             r = t // nb
             b = t - r * nb
-            q45k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw[b * QK_K:(b + 1) * QK_K], use_qw, nmax,
-                                out[r, b * type_size:(b + 1) * type_size], L, Laux, w, scales, mins, sw, Ls, Lm)
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            if use_qw:
+                # As in q45k_quantize_block: w = qw * sqrt(sigma2 + x^2), sums in index order.
+                sum_x2 = np.float32(0.0)
+                for i in range(QK_K):
+                    sum_x2 = fadd(sum_x2, fmul(xb[i], xb[i]))
+                sigma2 = fmul(np.float32(2.0), sum_x2) / np.float32(256.0)
+                for j in range(8):
+                    sumw = np.float32(0.0)
+                    for i in range(32):
+                        xi = xb[32 * j + i]
+                        wi = fmul(qw[b * QK_K + 32 * j + i], np.float32(math.sqrt(fadd(sigma2, fmul(xi, xi)))))
+                        sumw = fadd(sumw, wi)
+                        xt[i * nl + 8 * k + j] = xi
+                        wt[i * nl + 8 * k + j] = wi
+                    swc[8 * k + j] = sumw
+            else:
+                for j in range(8):
+                    sum_x2 = np.float32(0.0)
+                    for i in range(32):
+                        sum_x2 = fadd(sum_x2, fmul(xb[32 * j + i], xb[32 * j + i]))
+                    av_x = np.float32(math.sqrt(sum_x2 / np.float32(32.0)))
+                    for i in range(32):
+                        xi = xb[32 * j + i]
+                        xt[i * nl + 8 * k + j] = xi
+                        wt[i * nl + 8 * k + j] = fadd(av_x, abs(xi))
+        make_qkx_quants_lanes(nl, nmax, xt, wt, rmin, rdelta, nstep, st, cur, lf, bad)
+        for k in range(nblk):
+            t = t0 + k
+            r = t // nb
+            b = t - r * nb
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            ob = out[r, b * type_size:(b + 1) * type_size]
+            n_bad = 0
+            for j in range(8):
+                n_bad += bad[8 * k + j]
+            if n_bad > 0:
+                # Constant sub-block or extreme weights: the scalar path, with its exact nearest_int.
+                q45k_quantize_block(xb, qw[b * QK_K:(b + 1) * QK_K], use_qw, nmax, ob, L, Laux, w, scales,
+                                    mins, sw, Ls, Lm)
+                continue
+            for j in range(8):
+                scales[j] = st[0, 8 * k + j]
+                mins[j] = st[1, 8 * k + j]
+                sw[j] = swc[8 * k + j]
+                for i in range(32):
+                    L[32 * j + i] = np.int64(lf[i * nl + 8 * k + j])
+            _q45k_finish_block(use_qw, nmax, xb, ob, L, scales, mins, sw, Ls, Lm)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

@@ -402,3 +402,136 @@ def get_scale_min_k4(j: int, s: np.ndarray) -> tuple[int, int]:
     sc = (np.int64(s[j + 4]) & 0xF) | ((np.int64(s[j - 4]) >> 6) << 4)
     m = (np.int64(s[j + 4]) >> 4) | ((np.int64(s[j]) >> 6) << 4)
     return sc, m
+
+
+
+# --- CPU only: many groups side by side -------------------------------------------------------------
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def make_qkx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rmin: np.float32,
+                          rdelta: np.float32, nstep: int, st: np.ndarray, cur: np.ndarray, lf: np.ndarray,
+                          bad: np.ndarray) -> None:
+    """:func:`make_qkx_quants` on ``nl`` groups of 32 at once (CPU only), each group one "lane".
+
+    A single group is a chain of dependent float32 additions (each sum runs in index order), so it is
+    bound by add latency. Here the innermost loops run over the lanes, and every lane does exactly the
+    scalar function's operations in the same order: LLVM vectorizes those loops across groups without
+    changing any rounding. The C's branches become per-lane selects. Instead of copying the quants of
+    each winning step, the lane keeps that step's ``iscale`` and min and rounds once more at the end
+    (the same values, as round_clamp is a pure function of them).
+
+    Args:
+        nl: number of groups.
+        nmax: largest quant (15 or 31).
+        xt: float32[32*nl], weight i of group j at ``i*nl + j``.
+        wt: float32[32*nl] importances, same layout.
+        rmin, rdelta, nstep: the search grid, as for :func:`make_qkx_quants`.
+        st: float32[>=16, >=nl] scratch; on return row 0 holds the scales and row 1 the mins (``-min``).
+        cur: float32[32*nl] scratch.
+        lf: float32[32*nl] out: the quants (as floats), same layout.
+        bad: int64[>=nl] out: nonzero for a group this function cannot do exactly (constant group, or
+            subnormal/huge weights that leave round_clamp's range); its outputs are then meaningless and
+            the caller must run :func:`make_qkx_quants` on it.
+    """
+    zero = np.float32(0.0)
+    big = np.float32(1e6)
+    fnmax = np.float32(nmax)
+    sc = st[0]
+    mn = st[1]
+    mx = st[2]
+    lo = st[3]
+    sw = st[4]
+    sx = st[5]
+    be = st[6]
+    isc = st[7]
+    sl = st[8]
+    sl2 = st[9]
+    sxl = st[10]
+    ts = st[11]
+    tm = st[12]
+    err = st[13]
+    bis = st[14]
+    bmn = st[15]
+    for j in range(nl):
+        mn[j] = xt[j]
+        mx[j] = xt[j]
+        sw[j] = wt[j]
+        sx[j] = fmul(wt[j], xt[j])
+    for i in range(1, 32):
+        b = i * nl
+        for j in range(nl):
+            xi = xt[b + j]
+            wi = wt[b + j]
+            mn[j] = xi if xi < mn[j] else mn[j]
+            mx[j] = xi if xi > mx[j] else mx[j]
+            sw[j] = fadd(sw[j], wi)
+            sx[j] = fadd(sx[j], fmul(wi, xi))
+    for j in range(nl):
+        lo[j] = mn[j]
+        m = zero if mn[j] > zero else mn[j]
+        mn[j] = m
+        s = fnmax / (mx[j] - m)
+        isc[j] = s
+        sc[j] = np.float32(1.0) / s
+        be[j] = zero
+        bis[j] = s
+        bmn[j] = m
+        # _in_fast_range, without short-circuits so the loop stays branch-free.
+        ok = (s > zero) & (fmul(s, mx[j] - m) < big) & (fmul(s, lo[j] - m) > -big) & (mx[j] != m)
+        bad[j] = 0 if ok else 1
+    for i in range(32):
+        b = i * nl
+        for j in range(nl):
+            xi = xt[b + j]
+            lv = round_clamp(fmul(isc[j], xi - mn[j]), zero, fnmax)
+            d = fsub(fadd(fmul(sc[j], lv), mn[j]), xi)
+            be[j] = fadd(be[j], fmul(wt[b + j], fmul(d, d)))
+    for step in range(nstep + 1):
+        num = fadd(fadd(rmin, fmul(rdelta, np.float32(step))), fnmax)
+        for j in range(nl):
+            s = num / (mx[j] - mn[j])
+            isc[j] = s
+            ok = (s > zero) & (fmul(s, mx[j] - mn[j]) < big) & (fmul(s, lo[j] - mn[j]) > -big)
+            bad[j] = bad[j] if ok else 1
+            sl[j] = zero
+            sl2[j] = zero
+            sxl[j] = zero
+            err[j] = zero
+        for i in range(32):
+            b = i * nl
+            for j in range(nl):
+                xi = xt[b + j]
+                lv = round_clamp(fmul(isc[j], xi - mn[j]), zero, fnmax)
+                cur[b + j] = lv
+                wl = fmul(wt[b + j], lv)
+                sl[j] = fadd(sl[j], wl)
+                sl2[j] = fadd(sl2[j], fmul(wl, lv))
+                sxl[j] = fadd(sxl[j], fmul(wl, xi))
+        for j in range(nl):
+            det = fsub(fmul(sw[j], sl2[j]), fmul(sl[j], sl[j]))
+            t_s = fsub(fmul(sw[j], sxl[j]), fmul(sx[j], sl[j])) / det
+            t_m = fsub(fmul(sl2[j], sx[j]), fmul(sl[j], sxl[j])) / det
+            pos = t_m > zero
+            ts[j] = sxl[j] / sl2[j] if pos else t_s
+            tm[j] = zero if pos else t_m
+            # The C skips the step when det <= 0: an infinite error never wins.
+            err[j] = zero if det > zero else np.float32(np.inf)
+        for i in range(32):
+            b = i * nl
+            for j in range(nl):
+                d = fsub(fadd(fmul(ts[j], cur[b + j]), tm[j]), xt[b + j])
+                err[j] = fadd(err[j], fmul(wt[b + j], fmul(d, d)))
+        for j in range(nl):
+            take = err[j] < be[j]
+            be[j] = err[j] if take else be[j]
+            sc[j] = ts[j] if take else sc[j]
+            bis[j] = isc[j] if take else bis[j]
+            bmn[j] = mn[j] if take else bmn[j]
+            mn[j] = tm[j] if take else mn[j]
+    for i in range(32):
+        b = i * nl
+        for j in range(nl):
+            lf[b + j] = round_clamp(fmul(bis[j], xt[b + j] - bmn[j]), zero, fnmax)
+    for j in range(nl):
+        mn[j] = -mn[j]
