@@ -3,6 +3,7 @@
 The public API is re-exported here lazily, so ``import ggufkit`` (and ``ggufkit --help``) stays fast:
 
 - format I/O: :func:`open_gguf`, :func:`write_gguf`, :class:`Metadata`, :class:`TensorSpec`
+- :func:`edit_metadata` (set-meta); structural validation is :func:`ggufkit.verify.verify`
 - :mod:`ggufkit.quant` (quantize), :mod:`ggufkit.converters` (convert), :mod:`ggufkit.eval` (perplexity)
 """
 
@@ -21,6 +22,7 @@ _LAZY = {
     "Metadata": "ggufkit.format",
     "TensorSpec": "ggufkit.format",
     "TypedValue": "ggufkit.format",
+    "edit_metadata": "ggufkit.metadata_edit",
     "GGUFKitError": "ggufkit.errors",
     "GGUFFormatError": "ggufkit.errors",
 }

@@ -16,7 +16,9 @@ The per-block functions (``*_block``) are plain ``@numba.njit`` functions over o
 only on its own weights (and its imatrix slice), so the thread count cannot change the output.
 On the CPU, Q4_K/Q5_K fit the 8*_CHUNK sub-blocks of a chunk side by side
 (:func:`~ggufkit.quant.kquants_math.make_qkx_quants_lanes`, vectorized across sub-blocks, same roundings)
-and fall back to ``q45k_quantize_block`` for a block with a constant sub-block or extreme weights.
+and fall back to ``q45k_quantize_block`` for a block with a constant sub-block or extreme weights; Q6_K
+fits the 16*_CHUNK sub-blocks the same way (:func:`~ggufkit.quant.kquants_math.make_qx_quants_lanes`,
+no fallback needed) and finishes each block with ``_q6k_finish_block``.
 
 Quantization follows ``ggml_quantize_chunk``: without an imatrix (``qw`` of length 0) the reference
 quantizers ``quantize_row_q{4,5,6}_K_ref``; with one (``qw`` float32[n_per_row]) the weighted
@@ -40,7 +42,9 @@ from ggufkit.quant.kquants_math import (
     make_qkx_quants_lanes,
     make_qp_quants,
     make_qx_quants,
+    make_qx_quants_lanes,
     nearest_int_full,
+    round_clamp,
 )
 
 QK_K = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_K][0]
@@ -362,6 +366,60 @@ def q6k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _q6k_finish_block(x: np.ndarray, out: np.ndarray, L: np.ndarray, scales: np.ndarray, v: np.ndarray) -> None:
+    # CPU only: the tail of q6k_quantize_block (super-scale, final quants, packing) once the 16 sub-block
+    # fits are in ``scales``/``L``. A copy, not a callee of q6k_quantize_block, because CUDA retargets that
+    # function and its fixed list of callees.
+    max_scale = np.float32(0.0)
+    max_abs_scale = np.float32(0.0)
+    for ib in range(16):
+        abs_scale = abs(scales[ib])
+        if abs_scale > max_abs_scale:
+            max_abs_scale = abs_scale
+            max_scale = scales[ib]
+    if max_abs_scale < GROUP_MAX_EPS:
+        for i in range(Q6_K_BYTES):
+            out[i] = 0
+        return
+    iscale = np.float32(-128.0) / max_scale
+    d16 = np.int64(fp32_to_fp16(np.float32(1.0) / iscale))
+    out[208] = d16 & 0xFF
+    out[209] = d16 >> 8
+    for ib in range(16):
+        out[192 + ib] = min(127, nearest_int_full(fmul(iscale, scales[ib]))) & 0xFF  # int8_t store
+    d = fp16_to_fp32(d16)
+    for j in range(16):
+        sc = np.int64(out[192 + j])
+        if sc > 127:
+            sc -= 256
+        dj = fmul(d, np.float32(sc))
+        if dj == np.float32(0.0):
+            continue
+        # nearest_int(x/dj) clamped to [-32, 31]: when every |x/dj| < 2^22 (not NaN), round_clamp gives the
+        # same ints without a branch per element (it vectorizes); otherwise the exact bit-trick path.
+        ok = True
+        for i in range(16):
+            vi = x[16 * j + i] / dj
+            v[i] = vi
+            ok &= abs(vi) < np.float32(4e6)
+        if ok:
+            for i in range(16):
+                L[16 * j + i] = np.int64(round_clamp(v[i], np.float32(-32.0), np.float32(31.0))) + 32
+        else:
+            for i in range(16):
+                L[16 * j + i] = max(-32, min(31, nearest_int_full(v[i]))) + 32
+    for h in range(2):
+        for i in range(32):
+            a = np.int64(L[128 * h + i])
+            b = np.int64(L[128 * h + 32 + i])
+            c = np.int64(L[128 * h + 64 + i])
+            e = np.int64(L[128 * h + 96 + i])
+            out[64 * h + i] = (a & 0xF) | ((c & 0xF) << 4)
+            out[64 * h + 32 + i] = (b & 0xF) | ((e & 0xF) << 4)
+            out[128 + 32 * h + i] = (a >> 4) | ((b >> 4) << 2) | ((c >> 4) << 4) | ((e >> 4) << 6)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
 def q6k_dequantize_block(blk: np.ndarray, y: np.ndarray) -> None:
     """``dequantize_row_q6_K`` for one block: ``(d * sc[e // 16]) * (L - 32)``.
 
@@ -506,12 +564,41 @@ def quantize_rows_q6_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     for c in numba.prange(n_chunks):
         L = np.empty(QK_K, np.uint8)
         scales = np.empty(16, np.float32)
-        buf = np.empty(64, np.float32)
-        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+        # The chunk's 16*nblk sub-blocks are fitted side by side (make_qx_quants_lanes): lane 16*k + j is
+        # sub-block j of the chunk's k-th block, weight i of a lane at i*nl + lane.
+        t0 = c * _CHUNK
+        nblk = min(total, t0 + _CHUNK) - t0
+        nl = 16 * nblk
+        xt = np.empty(16 * nl, np.float32)
+        wt = np.empty(16 * nl, np.float32)
+        wxt = np.empty(16 * nl, np.float32)
+        lf = np.empty(16 * nl, np.float32)
+        st = np.empty((8, nl), np.float32)
+        v = np.empty(16, np.float32)
+        for k in range(nblk):
+            t = t0 + k
             r = t // nb
             b = t - r * nb
-            q6k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw[b * QK_K:(b + 1) * QK_K], use_qw,
-                               out[r, b * Q6_K_BYTES:(b + 1) * Q6_K_BYTES], L, scales, buf)
+            for j in range(16):
+                for i in range(16):
+                    e = 16 * j + i
+                    xi = x[r, b * QK_K + e]
+                    # As make_qx_quants: w is the imatrix (raw) or x^2, and w*x is computed once.
+                    wi = qw[b * QK_K + e] if use_qw else fmul(xi, xi)
+                    xt[i * nl + 16 * k + j] = xi
+                    wt[i * nl + 16 * k + j] = wi
+                    wxt[i * nl + 16 * k + j] = fmul(wi, xi)
+        make_qx_quants_lanes(nl, 32, xt, wt, wxt, st, lf)
+        for k in range(nblk):
+            t = t0 + k
+            r = t // nb
+            b = t - r * nb
+            for j in range(16):
+                scales[j] = st[0, 16 * k + j]
+                for i in range(16):
+                    L[16 * j + i] = np.int64(lf[i * nl + 16 * k + j])
+            _q6k_finish_block(x[r, b * QK_K:(b + 1) * QK_K], out[r, b * Q6_K_BYTES:(b + 1) * Q6_K_BYTES], L,
+                              scales, v)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

@@ -535,3 +535,91 @@ def make_qkx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rm
             lf[b + j] = round_clamp(fmul(bis[j], xt[b + j] - bmn[j]), zero, fnmax)
     for j in range(nl):
         mn[j] = -mn[j]
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def make_qx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, wxt: np.ndarray,
+                         st: np.ndarray, lf: np.ndarray) -> None:
+    """:func:`make_qx_quants` on ``nl`` groups of 16 at once (CPU only), each group one "lane".
+
+    The same technique as :func:`make_qkx_quants_lanes`: the innermost loops run over the lanes and each
+    lane does exactly the scalar function's float32 operations, every sum in index order, so LLVM
+    vectorizes across groups without changing a rounding; the C's branches become per-lane selects.
+    The winning candidate's ``iscale`` is kept and the quants are rounded once more at the end
+    (round_clamp is a pure function of it). An all-zero group (``amax < GROUP_MAX_EPS``) gets what the
+    scalar function returns (scale 0, quants 0) by a select; no group needs the scalar fallback, as the
+    scalar function itself only ever takes round_clamp's fast path.
+
+    Args:
+        nl: number of groups.
+        nmax: 32 for Q6_K.
+        xt: float32[16*nl], weight i of group j at ``i*nl + j``.
+        wt: float32[16*nl] in: the weights of the fit (imatrix, or x^2), same layout.
+        wxt: float32[16*nl] in: ``wt * xt``.
+        st: float32[>=8, >=nl] scratch; on return row 0 holds the scales.
+        lf: float32[16*nl] out: the quants ``L`` (0..2*nmax-1, as floats), same layout.
+    """
+    zero = np.float32(0.0)
+    lo = np.float32(-nmax)
+    hi = np.float32(nmax - 1)
+    fnmax = np.float32(nmax)
+    sc = st[0]
+    amax = st[1]
+    mx = st[2]
+    be = st[3]
+    bis = st[4]
+    sx = st[5]
+    s2 = st[6]
+    isc = st[7]
+    for j in range(nl):
+        amax[j] = zero
+        mx[j] = zero
+    for i in range(16):
+        b = i * nl
+        for j in range(nl):
+            xi = xt[b + j]
+            ax = abs(xi)
+            take = ax > amax[j]
+            amax[j] = ax if take else amax[j]
+            mx[j] = xi if take else mx[j]
+    for j in range(nl):
+        isc[j] = lo / mx[j]
+        sx[j] = zero
+        s2[j] = zero
+    for i in range(16):
+        b = i * nl
+        for j in range(nl):
+            lv = round_clamp(fmul(isc[j], xt[b + j]), lo, hi)
+            sx[j] = fadd(sx[j], fmul(wxt[b + j], lv))
+            s2[j] = fadd(s2[j], fmul(fmul(wt[b + j], lv), lv))
+    for j in range(nl):
+        s = sx[j] / s2[j] if s2[j] != zero else zero
+        sc[j] = s
+        be[j] = fmul(s, sx[j])
+        bis[j] = isc[j]
+    for k in range(18):
+        sv = k - 9 if k < 9 else k - 8  # is = -9..-1, 1..9 in the C's order
+        num = -fadd(fnmax, fmul(np.float32(0.1), np.float32(sv)))
+        for j in range(nl):
+            isc[j] = num / mx[j]
+            sx[j] = zero
+            s2[j] = zero
+        for i in range(16):
+            b = i * nl
+            for j in range(nl):
+                lv = round_clamp(fmul(isc[j], xt[b + j]), lo, hi)
+                sx[j] = fadd(sx[j], fmul(wxt[b + j], lv))
+                s2[j] = fadd(s2[j], fmul(fmul(wt[b + j], lv), lv))
+        for j in range(nl):
+            take = (s2[j] > zero) & (fmul(sx[j], sx[j]) > fmul(be[j], s2[j]))
+            s = sx[j] / s2[j]
+            sc[j] = s if take else sc[j]
+            be[j] = fmul(s, sx[j]) if take else be[j]
+            bis[j] = isc[j] if take else bis[j]
+    for j in range(nl):
+        sc[j] = zero if amax[j] < GROUP_MAX_EPS else sc[j]
+    for i in range(16):
+        b = i * nl
+        for j in range(nl):
+            lv = fadd(round_clamp(fmul(bis[j], xt[b + j]), lo, hi), fnmax)
+            lf[b + j] = zero if amax[j] < GROUP_MAX_EPS else lv
