@@ -102,17 +102,9 @@ def q45k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nmax: int, 
             sw[j] = sumw
             scales[j], mins[j] = make_qkx_quants(32, nmax, xs, w, L[32 * j:32 * j + 32], Laux,
                                                  np.float32(-0.9), np.float32(0.05), 36)
-        d_block = make_qp_quants(8, 63, scales, Ls, sw)
-        m_block = make_qp_quants(8, 63, mins, Lm, sw)
-        for j in range(8):
-            # Q4_K's impl stores Ls as is; Q5_K's clamps with MIN(63, .) (both uint8).
-            Ls[j] = Ls[j] if nmax == 15 else min(63, np.int64(Ls[j]))
-            Lm[j] = Lm[j] if nmax == 15 else min(63, np.int64(Lm[j]))
     else:
         rmin = np.float32(-1.0) if nmax == 15 else np.float32(-0.5)
         nstep = 20 if nmax == 15 else 15
-        max_scale = np.float32(0.0)
-        max_min = np.float32(0.0)
         for j in range(8):
             xs = x[32 * j:32 * j + 32]
             sum_x2 = np.float32(0.0)
@@ -123,85 +115,21 @@ def q45k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nmax: int, 
                 w[i] = fadd(av_x, abs(xs[i]))
             scales[j], mins[j] = make_qkx_quants(32, nmax, xs, w, L[32 * j:32 * j + 32], Laux,
                                                  rmin, np.float32(0.1), nstep)
-            if scales[j] > max_scale:
-                max_scale = scales[j]
-            if mins[j] > max_min:
-                max_min = mins[j]
-        inv_scale = np.float32(63.0) / max_scale if max_scale > np.float32(0.0) else np.float32(0.0)
-        inv_min = np.float32(63.0) / max_min if max_min > np.float32(0.0) else np.float32(0.0)
-        for j in range(8):
-            # uint8_t ls = nearest_int(...); ls = MIN(63, ls): wraps before the clamp.
-            Ls[j] = min(63, nearest_int_full(fmul(inv_scale, scales[j])) & 0xFF)
-            Lm[j] = min(63, nearest_int_full(fmul(inv_min, mins[j])) & 0xFF)
-        d_block = max_scale / np.float32(63.0)
-        m_block = max_min / np.float32(63.0)
-
-    # Pack the 6-bit scales/mins; the C ORs into uint8_t bytes, so every store is modulo 256.
-    s = out[4:16]
-    for j in range(8):
-        ls = np.int64(Ls[j])
-        lm = np.int64(Lm[j])
-        if j < 4:
-            s[j] = ls
-            s[j + 4] = lm
-        else:
-            s[j + 4] = ((ls & 0xF) | ((lm & 0xF) << 4)) & 0xFF
-            s[j - 4] = (np.int64(s[j - 4]) | ((ls >> 4) << 6)) & 0xFF
-            s[j] = (np.int64(s[j]) | ((lm >> 4) << 6)) & 0xFF
-    d16 = _f16_bits_x86(d_block)
-    dmin16 = _f16_bits_x86(m_block)
-    out[0] = d16 & 0xFF
-    out[1] = d16 >> 8
-    out[2] = dmin16 & 0xFF
-    out[3] = dmin16 >> 8
-
-    # Second pass with the f16-rounded super-scales; a sub-block whose scale decodes to 0 keeps the
-    # quants of the fit above.
-    d = fp16_to_fp32(d16)
-    dmin = fp16_to_fp32(dmin16)
-    for j in range(8):
-        sc, m = get_scale_min_k4(j, s)
-        dj = fmul(d, np.float32(sc))
-        if dj == np.float32(0.0):
-            continue
-        dm = fmul(dmin, np.float32(m))
-        for i in range(32):
-            li = nearest_int_full(fadd(x[32 * j + i], dm) / dj)
-            L[32 * j + i] = max(0, min(nmax, li))
-
-    if nmax == 15:
-        for c in range(4):
-            for i in range(32):
-                out[16 + 32 * c + i] = np.int64(L[64 * c + i]) | (np.int64(L[64 * c + 32 + i]) << 4)
-    else:
-        for i in range(32):
-            out[16 + i] = 0
-        for c in range(4):
-            for i in range(32):
-                l1 = np.int64(L[64 * c + i])
-                l2 = np.int64(L[64 * c + 32 + i])
-                h = np.int64(out[16 + i])
-                if l1 > 15:
-                    l1 -= 16
-                    h |= 1 << (2 * c)
-                if l2 > 15:
-                    l2 -= 16
-                    h |= 2 << (2 * c)
-                out[16 + i] = h
-                out[48 + 32 * c + i] = l1 | (l2 << 4)
+    _q45k_finish_block(use_qw, nmax, x, out, L, scales, mins, sw, Ls, Lm)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _q45k_finish_block(use_qw: bool, nmax: int, x: np.ndarray, out: np.ndarray, L: np.ndarray,
                        scales: np.ndarray, mins: np.ndarray, sw: np.ndarray, Ls: np.ndarray,
                        Lm: np.ndarray) -> None:
-    # CPU only: the part of q45k_quantize_block after the 8 make_qkx_quants fits (given in L, scales,
-    # mins, and for the imatrix path sw), kept line for line the same. The CUDA build retargets
-    # q45k_quantize_block as a whole, so that function keeps its own copy.
+    # Everything after the 8 make_qkx_quants fits (given in L, scales, mins, and for the imatrix path sw):
+    # super-scales, packing and the second pass. Shared by the scalar block function (CPU and CUDA) and the
+    # CPU kernel that fits many sub-blocks side by side.
     if use_qw:
         d_block = make_qp_quants(8, 63, scales, Ls, sw)
         m_block = make_qp_quants(8, 63, mins, Lm, sw)
         for j in range(8):
+            # Q4_K's impl stores Ls as is; Q5_K's clamps with MIN(63, .) (both uint8).
             Ls[j] = Ls[j] if nmax == 15 else min(63, np.int64(Ls[j]))
             Lm[j] = Lm[j] if nmax == 15 else min(63, np.int64(Lm[j]))
     else:
@@ -215,6 +143,7 @@ def _q45k_finish_block(use_qw: bool, nmax: int, x: np.ndarray, out: np.ndarray, 
         inv_scale = np.float32(63.0) / max_scale if max_scale > np.float32(0.0) else np.float32(0.0)
         inv_min = np.float32(63.0) / max_min if max_min > np.float32(0.0) else np.float32(0.0)
         for j in range(8):
+            # uint8_t ls = nearest_int(...); ls = MIN(63, ls): wraps before the clamp.
             Ls[j] = min(63, nearest_int_full(fmul(inv_scale, scales[j])) & 0xFF)
             Lm[j] = min(63, nearest_int_full(fmul(inv_min, mins[j])) & 0xFF)
         d_block = max_scale / np.float32(63.0)
@@ -323,53 +252,17 @@ def q6k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
         out: uint8[210], written in full.
         L, scales, buf: scratch (uint8[256], float32[16], float32[64]).
     """
-    max_scale = np.float32(0.0)
-    max_abs_scale = np.float32(0.0)
     for ib in range(16):
-        scale = make_qx_quants(16, 32, x[16 * ib:16 * ib + 16], qw[16 * ib:16 * ib + 16], use_qw,
-                               L[16 * ib:16 * ib + 16], buf)
-        scales[ib] = scale
-        abs_scale = abs(scale)
-        if abs_scale > max_abs_scale:
-            max_abs_scale = abs_scale
-            max_scale = scale
-    if max_abs_scale < GROUP_MAX_EPS:
-        for i in range(Q6_K_BYTES):
-            out[i] = 0
-        return
-    iscale = np.float32(-128.0) / max_scale
-    d16 = np.int64(fp32_to_fp16(np.float32(1.0) / iscale))
-    out[208] = d16 & 0xFF
-    out[209] = d16 >> 8
-    for ib in range(16):
-        out[192 + ib] = min(127, nearest_int_full(fmul(iscale, scales[ib]))) & 0xFF  # int8_t store
-    d = fp16_to_fp32(d16)
-    for j in range(16):
-        sc = np.int64(out[192 + j])
-        if sc > 127:
-            sc -= 256
-        dj = fmul(d, np.float32(sc))
-        if dj == np.float32(0.0):
-            continue
-        for i in range(16):
-            li = nearest_int_full(x[16 * j + i] / dj)
-            L[16 * j + i] = max(-32, min(31, li)) + 32
-    for h in range(2):
-        for i in range(32):
-            a = np.int64(L[128 * h + i])
-            b = np.int64(L[128 * h + 32 + i])
-            c = np.int64(L[128 * h + 64 + i])
-            e = np.int64(L[128 * h + 96 + i])
-            out[64 * h + i] = (a & 0xF) | ((c & 0xF) << 4)
-            out[64 * h + 32 + i] = (b & 0xF) | ((e & 0xF) << 4)
-            out[128 + 32 * h + i] = (a >> 4) | ((b >> 4) << 2) | ((c >> 4) << 4) | ((e >> 4) << 6)
+        scales[ib] = make_qx_quants(16, 32, x[16 * ib:16 * ib + 16], qw[16 * ib:16 * ib + 16], use_qw,
+                                    L[16 * ib:16 * ib + 16], buf)
+    _q6k_finish_block(x, out, L, scales, buf)  # buf is free again after the fits
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _q6k_finish_block(x: np.ndarray, out: np.ndarray, L: np.ndarray, scales: np.ndarray, v: np.ndarray) -> None:
-    # CPU only: the tail of q6k_quantize_block (super-scale, final quants, packing) once the 16 sub-block
-    # fits are in ``scales``/``L``. A copy, not a callee of q6k_quantize_block, because CUDA retargets that
-    # function and its fixed list of callees.
+    # The tail of Q6_K (super-scale, final quants, packing) once the 16 sub-block fits are in ``scales``/``L``;
+    # ``v`` is float32 scratch of at least 16. Shared by the scalar block function (CPU and CUDA) and the CPU
+    # kernel that fits many sub-blocks side by side.
     max_scale = np.float32(0.0)
     max_abs_scale = np.float32(0.0)
     for ib in range(16):
