@@ -225,3 +225,60 @@ quantize_rows_q4_1_cuda, dequantize_rows_q4_1_cuda = _wrappers("q4_1")
 quantize_rows_q5_0_cuda, dequantize_rows_q5_0_cuda = _wrappers("q5_0")
 quantize_rows_q5_1_cuda, dequantize_rows_q5_1_cuda = _wrappers("q5_1")
 quantize_rows_q8_0_cuda, dequantize_rows_q8_0_cuda = _wrappers("q8_0")
+
+
+# --- F16 input widened on the device -------------------------------------------------------------------
+# Uploading the F16 bits and widening them on the GPU moves half the bytes of a float32 upload, and the
+# host-to-device copy, not the kernels, bounds the end-to-end rate. Widening is exact (ggml's
+# GGML_FP16_TO_FP32), so the bytes are the same as for a host-side widening.
+
+_NO_BAD = np.iinfo(np.int64).max
+
+
+@cache
+def _widen_kernel() -> Any:
+    f16_to_f32 = retarget(fp, ("fp16_to_fp32",), _primitives())["fp16_to_fp32"]
+
+    @cuda.jit(cache=False)
+    def k_widen(h, x, bad, n, total):
+        t = cuda.grid(1)
+        if t < total:
+            r = t // n
+            c = t - r * n
+            bits = h[r, c]
+            x[r, c] = f16_to_f32(bits)
+            if (bits & 0x7C00) == 0x7C00:  # inf or NaN: remember the first flat index
+                cuda.atomic.min(bad, 0, t)
+
+    return k_widen
+
+
+def quantize_f16_rows(quantize_device: Callable[..., Any], qtype: Any, h: np.ndarray, qw: np.ndarray,
+                      out: np.ndarray) -> int:
+    """Quantize F16 rows on the GPU: upload the bits, widen on the device, quantize, download the blocks.
+
+    Args:
+        quantize_device: the ``quantize_device(qtype, d_x, d_qw, d_out)`` of the type's CUDA module.
+        qtype: the target GGMLQuantizationType.
+        h: uint16[n_rows, n_per_row] F16 bit patterns.
+        qw: float32[n_per_row] imatrix or float32[0].
+        out: uint8[n_rows, row_bytes], filled unless the input holds inf/NaN.
+
+    Returns:
+        -1, or the flat index of the first inf/NaN (then nothing was quantized).
+    """
+    n_rows, n = h.shape
+    total = n_rows * n
+    if total == 0:
+        return -1
+    d_x = cuda.device_array((n_rows, n), dtype=np.float32)
+    d_bad = cuda.to_device(np.array([_NO_BAD], dtype=np.int64))
+    _widen_kernel()[_grid(total), _THREADS](cuda.to_device(np.ascontiguousarray(h)), d_x, d_bad, n, total)
+    bad = int(d_bad.copy_to_host()[0])
+    if bad != _NO_BAD:
+        return bad
+    d_qw = cuda.to_device(np.ascontiguousarray(qw, dtype=np.float32)) if qw.shape[0] else None
+    d_out = cuda.device_array(out.shape, dtype=np.uint8)
+    quantize_device(qtype, d_x, d_qw, d_out)
+    d_out.copy_to_host(out)
+    return -1

@@ -217,6 +217,8 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
             row = h[r].view(np.float16).astype(np.float32)
             _raise_non_finite(row, r * n_per_row, name)
         return out.reshape(out_shape)
+    if dev == "cuda" and x.dtype == np.float16 and t not in FLOAT_TYPES and rows and n_per_row:
+        return _quantize_f16_on_gpu(t, x.reshape(rows, n_per_row), qw, name).reshape(out_shape)
     with numba_threads(threads):
         x, bad = _to_f32_rows(x.reshape(rows, n_per_row))
     if bad is not None:
@@ -237,6 +239,21 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
         with numba_threads(threads), _parallel_chunksize(_CHUNKSIZE.get(t, 0)):
             kernel(x2, qw, out)
     return out.reshape(out_shape)
+
+
+def _quantize_f16_on_gpu(t: GGMLQuantizationType, x: np.ndarray, qw: np.ndarray, name: str | None) -> np.ndarray:
+    """F16 rows to ``t`` on the GPU, widened there (half the upload of float32; same bytes)."""
+    import importlib
+
+    from ggufkit.quant.cuda_legacy import quantize_f16_rows
+
+    kernels = KERNELS[t]
+    h = np.ascontiguousarray(x).view(np.uint16)
+    out = np.empty((x.shape[0], x.shape[1] // kernels.block_size * kernels.type_size), dtype=np.uint8)
+    bad = quantize_f16_rows(importlib.import_module(kernels.cuda_module).quantize_device, t, h, qw, out)
+    if bad >= 0:
+        _raise_non_finite(h.reshape(-1)[bad:bad + 1].view(np.float16).astype(np.float32), bad, name)
+    return out
 
 
 @contextmanager

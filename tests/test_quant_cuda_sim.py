@@ -24,7 +24,8 @@ import json, sys, warnings
 import numpy as np
 warnings.simplefilter("ignore")  # overflow warnings of the simulated float32 scalars on the edge rows
 np.seterr(all="ignore")
-from ggufkit.quant import KERNELS
+from ggufkit.errors import QuantizationError
+from ggufkit.quant import KERNELS, quantize
 
 results = {}
 rng = np.random.default_rng(0)
@@ -52,6 +53,21 @@ for qtype, k in KERNELS.items():
         gdq(a, yb)
         same = (ya.view(np.uint32) == yb.view(np.uint32)) | (np.isnan(ya) & np.isnan(yb))
         rec["dequantize"] = bool(same.all())
+        # F16 input through the public API: on the GPU it is uploaded as bits and widened there.
+        x16 = (rng.standard_normal((3, n)) * 0.05).astype(np.float16)
+        rec["f16_device"] = all(
+            np.array_equal(quantize(x16, qtype, imatrix=w, device="cpu"),
+                           quantize(x16, qtype, imatrix=w, device="cuda"))
+            for w in (None, qw))
+        x16[1, 3] = np.inf
+        messages = []
+        for device in ("cpu", "cuda"):
+            try:
+                quantize(x16, qtype, device=device, name="t")
+                messages.append(None)
+            except QuantizationError as exc:
+                messages.append(str(exc))
+        rec["f16_non_finite"] = messages[0] is not None and messages[0] == messages[1]
     except Exception as exc:
         rec["error"] = f"{type(exc).__name__}: {exc}"
     results[qtype.name] = rec
@@ -69,7 +85,7 @@ def sim_results() -> dict[str, dict]:
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("path", ["ref", "imatrix", "dequantize"])
+@pytest.mark.parametrize("path", ["ref", "imatrix", "dequantize", "f16_device", "f16_non_finite"])
 @pytest.mark.parametrize("qtype", list(KERNELS), ids=lambda t: t.name)
 def test_cuda_kernel_matches_cpu_kernel_under_simulator(sim_results: dict[str, dict], qtype, path: str) -> None:
     rec = sim_results[qtype.name]
