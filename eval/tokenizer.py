@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -102,6 +102,52 @@ _BYTE_ENC = _byte_encoder()
 _BYTE_TRANSLATE = {b: c for b, c in _BYTE_ENC.items()}
 _BYTE_DEC = {c: b for b, c in _BYTE_ENC.items()}
 
+
+
+def merge_symbols(syms: list[str], priority: Callable[[str, str], float | None]) -> list[str]:
+    """llama.cpp's bigram merge loop, shared by its SPM and BPE sessions.
+
+    Repeatedly merges the adjacent pair with the lowest ``priority`` (ties: the leftmost pair) until no
+    pair has one; ``priority(left, right)`` is None for a pair that cannot merge.
+
+    Args:
+        syms: the initial symbols (characters); modified in place.
+        priority: ranks a pair of adjacent symbols.
+
+    Returns:
+        The final symbols, in order.
+    """
+    n = len(syms)
+    prev = list(range(-1, n - 1))
+    nxt = [*range(1, n), -1]
+    heap: list[tuple[float, int, int, str]] = []
+
+    def push(left: int, right: int) -> None:
+        if left < 0 or right < 0:
+            return
+        rank = priority(syms[left], syms[right])
+        if rank is not None:
+            heapq.heappush(heap, (rank, left, right, syms[left] + syms[right]))
+
+    for i in range(1, n):
+        push(i - 1, i)
+    while heap:
+        _, left, right, merged = heapq.heappop(heap)
+        if not syms[left] or not syms[right] or syms[left] + syms[right] != merged:
+            continue  # stale: one side was merged since this pair was queued
+        syms[left] = merged
+        syms[right] = ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prev[nxt[right]] = left
+        push(prev[left], left)
+        push(left, nxt[left])
+    out: list[str] = []
+    i = 0 if n else -1
+    while i != -1:
+        out.append(syms[i])
+        i = nxt[i]
+    return out
 
 class _MetadataSource(Protocol):
     def get(self, key: str, default: Any = None) -> Any: ...
@@ -438,43 +484,19 @@ class GGUFTokenizer:
     def _spm_merge(self, text: str) -> tuple[int, ...]:
         v = self._vocab
         t2i, scores = v.token_to_id, v.scores
-        syms = list(text)
-        n = len(syms)
-        prev = list(range(-1, n - 1))
-        nxt = [*range(1, n), -1]
-        heap: list[tuple[float, int, int, int]] = []
 
-        def push(left: int, right: int) -> None:
-            if left < 0 or right < 0:
-                return
-            tid = t2i.get(syms[left] + syms[right])
-            if tid is not None:
-                # highest score first, then the leftmost pair (llm_bigram_spm::comparator)
-                heapq.heappush(heap, (-scores[tid], left, right, len(syms[left]) + len(syms[right])))
+        def priority(left: str, right: str) -> float | None:
+            tid = t2i.get(left + right)
+            # highest score first, then the leftmost pair (llm_bigram_spm::comparator)
+            return None if tid is None else -scores[tid]
 
-        for i in range(1, n):
-            push(i - 1, i)
-        while heap:
-            _, left, right, size = heapq.heappop(heap)
-            if not syms[left] or not syms[right] or len(syms[left]) + len(syms[right]) != size:
-                continue  # stale: one side was merged since this pair was queued
-            syms[left] += syms[right]
-            syms[right] = ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prev[nxt[right]] = left
-            push(prev[left], left)
-            push(left, nxt[left])
         out: list[int] = []
-        i = 0 if n else -1
-        while i != -1:
-            sym = syms[i]
+        for sym in merge_symbols(list(text), priority):
             tid = t2i.get(sym)
             if tid is not None:
                 out.append(tid)
             else:
                 out.extend(self._spm_byte(b) for b in sym.encode("utf-8"))
-            i = nxt[i]
         return tuple(out)
 
     def _spm_byte(self, b: int) -> int:
@@ -563,42 +585,13 @@ class GGUFTokenizer:
     def _bpe_merge(self, word: str) -> tuple[int, ...]:
         """llm_tokenizer_bpe_session's merge loop in Python (used when ``tokenizers`` cannot express it)."""
         t2i, ranks = self._vocab.token_to_id, self._ranks
-        syms = list(word)
-        n = len(syms)
-        prev = list(range(-1, n - 1))
-        nxt = [*range(1, n), -1]
-        heap: list[tuple[int, int, int, str]] = []
-
-        def push(left: int, right: int) -> None:
-            if left < 0 or right < 0:
-                return
-            rank = ranks.get((syms[left], syms[right]))
-            if rank is not None:
-                heapq.heappush(heap, (rank, left, right, syms[left] + syms[right]))
-
-        for i in range(1, n):
-            push(i - 1, i)
-        while heap:
-            _, left, right, merged = heapq.heappop(heap)
-            if not syms[left] or not syms[right] or syms[left] + syms[right] != merged:
-                continue  # outdated pair
-            syms[left] = merged
-            syms[right] = ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prev[nxt[right]] = left
-            push(prev[left], left)
-            push(left, nxt[left])
         out: list[int] = []
-        i = 0 if n else -1
-        while i != -1:
-            sym = syms[i]
+        for sym in merge_symbols(list(word), lambda left, right: ranks.get((left, right))):
             tid = t2i.get(sym)
             if tid is not None:
                 out.append(tid)
             else:
                 out.extend(self._unknown(sym))
-            i = nxt[i]
         return tuple(out)
 
 
