@@ -48,106 +48,83 @@ def widen_f16_row(h: np.ndarray, r: int, table: np.ndarray, x: np.ndarray) -> bo
     return flag != 0
 
 
+#: Type codes of :func:`_f16_rows` (each entry point passes a constant, so its branch is resolved per row).
+_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = 0, 1, 2, 3, 4
+
+
 @_jit_par
-def quantize_f16_rows_q4_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
-                           bad_rows: np.ndarray) -> None:
-    """Q4_0 from f16 bits h: uint16[n_rows, n]; table: ``fp.f16_table()``; bad_rows: uint8[n_rows] out."""
+def _f16_rows(code: int, h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+              bad_rows: np.ndarray) -> None:
+    """Widen each row and quantize it with the reference blocks, or the imatrix blocks when qw is given
+    (ggml's quantize_q8_0 ignores the imatrix)."""
     nb = h.shape[1] // QK
+    use_qw = qw.shape[0] > 0 and code != _Q8_0
     for r in prange(h.shape[0]):
         x = np.empty((1, h.shape[1]), np.float32)
         bad_rows[r] = widen_f16_row(h, r, table, x)
         if bad_rows[r]:
             continue
         o = out[r:r + 1]
-        if qw.shape[0] == 0:
+        if not use_qw:
             for b in range(nb):
-                q4_0_ref_block(x, 0, b, o)
-        else:
-            w = np.empty(QK, np.float32)
-            L = np.empty(QK, np.int32)
-            s2 = row_sigma2(x, 0)
-            for b in range(nb):
+                if code == _Q4_0:
+                    q4_0_ref_block(x, 0, b, o)
+                elif code == _Q4_1:
+                    q4_1_ref_block(x, 0, b, o)
+                elif code == _Q5_0:
+                    q5_0_ref_block(x, 0, b, o)
+                elif code == _Q5_1:
+                    q5_1_ref_block(x, 0, b, o)
+                else:
+                    q8_0_ref_block(x, 0, b, o)
+            continue
+        w = np.empty(QK, np.float32)
+        L = np.empty(QK, np.int32)
+        Laux = np.empty(QK, np.int32)
+        s2 = row_sigma2(x, 0)
+        for b in range(nb):
+            # the _0 types pass L twice, as ggml's quantize_row_q4_0_impl has no auxiliary buffer
+            if code == _Q4_0:
                 q4_0_imat_block(x, 0, b, qw, s2, w, L, L, o)
-
-
-@_jit_par
-def quantize_f16_rows_q4_1(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
-                           bad_rows: np.ndarray) -> None:
-    """Q4_1 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
-    nb = h.shape[1] // QK
-    for r in prange(h.shape[0]):
-        x = np.empty((1, h.shape[1]), np.float32)
-        bad_rows[r] = widen_f16_row(h, r, table, x)
-        if bad_rows[r]:
-            continue
-        o = out[r:r + 1]
-        if qw.shape[0] == 0:
-            for b in range(nb):
-                q4_1_ref_block(x, 0, b, o)
-        else:
-            w = np.empty(QK, np.float32)
-            L = np.empty(QK, np.int32)
-            Laux = np.empty(QK, np.int32)
-            s2 = row_sigma2(x, 0)
-            for b in range(nb):
+            elif code == _Q4_1:
                 q4_1_imat_block(x, 0, b, qw, s2, w, L, Laux, o)
-
-
-@_jit_par
-def quantize_f16_rows_q5_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
-                           bad_rows: np.ndarray) -> None:
-    """Q5_0 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
-    nb = h.shape[1] // QK
-    for r in prange(h.shape[0]):
-        x = np.empty((1, h.shape[1]), np.float32)
-        bad_rows[r] = widen_f16_row(h, r, table, x)
-        if bad_rows[r]:
-            continue
-        o = out[r:r + 1]
-        if qw.shape[0] == 0:
-            for b in range(nb):
-                q5_0_ref_block(x, 0, b, o)
-        else:
-            w = np.empty(QK, np.float32)
-            L = np.empty(QK, np.int32)
-            s2 = row_sigma2(x, 0)
-            for b in range(nb):
+            elif code == _Q5_0:
                 q5_0_imat_block(x, 0, b, qw, s2, w, L, L, o)
-
-
-@_jit_par
-def quantize_f16_rows_q5_1(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
-                           bad_rows: np.ndarray) -> None:
-    """Q5_1 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
-    nb = h.shape[1] // QK
-    for r in prange(h.shape[0]):
-        x = np.empty((1, h.shape[1]), np.float32)
-        bad_rows[r] = widen_f16_row(h, r, table, x)
-        if bad_rows[r]:
-            continue
-        o = out[r:r + 1]
-        if qw.shape[0] == 0:
-            for b in range(nb):
-                q5_1_ref_block(x, 0, b, o)
-        else:
-            w = np.empty(QK, np.float32)
-            L = np.empty(QK, np.int32)
-            Laux = np.empty(QK, np.int32)
-            s2 = row_sigma2(x, 0)
-            for b in range(nb):
+            else:
                 q5_1_imat_block(x, 0, b, qw, s2, w, L, Laux, o)
 
 
-@_jit_par
+# One cacheable entry point per type (the registry names them); the contract is in the module docstring.
+@_jit
+def quantize_f16_rows_q4_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+                           bad_rows: np.ndarray) -> None:
+    """Q4_0 from f16 bits h: uint16[n_rows, n]; table: ``fp.f16_table()``; bad_rows: uint8[n_rows] out."""
+    _f16_rows(_Q4_0, h, table, qw, out, bad_rows)
+
+
+@_jit
+def quantize_f16_rows_q4_1(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+                           bad_rows: np.ndarray) -> None:
+    """Q4_1 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
+    _f16_rows(_Q4_1, h, table, qw, out, bad_rows)
+
+
+@_jit
+def quantize_f16_rows_q5_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+                           bad_rows: np.ndarray) -> None:
+    """Q5_0 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
+    _f16_rows(_Q5_0, h, table, qw, out, bad_rows)
+
+
+@_jit
+def quantize_f16_rows_q5_1(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+                           bad_rows: np.ndarray) -> None:
+    """Q5_1 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
+    _f16_rows(_Q5_1, h, table, qw, out, bad_rows)
+
+
+@_jit
 def quantize_f16_rows_q8_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
                            bad_rows: np.ndarray) -> None:
     """Q8_0 from f16 bits (qw ignored, as ggml); arguments as :func:`quantize_f16_rows_q4_0`."""
-    nb = h.shape[1] // QK
-    for r in prange(h.shape[0]):
-        x = np.empty((1, h.shape[1]), np.float32)
-        bad_rows[r] = widen_f16_row(h, r, table, x)
-        if bad_rows[r]:
-            continue
-        o = out[r:r + 1]
-        for b in range(nb):
-            q8_0_ref_block(x, 0, b, o)
+    _f16_rows(_Q8_0, h, table, qw, out, bad_rows)
