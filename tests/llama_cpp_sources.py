@@ -63,5 +63,49 @@ def fetch(root: Path | None = None) -> Path:
     return root
 
 
+#: llama.cpp's own tools, the oracles where llama-cpp-python's bindings cannot serve (an imatrix given to
+#: whole-file quantization, llama-imatrix, llama-perplexity, llama-export-lora).
+TOOLS = ("llama-quantize", "llama-imatrix", "llama-perplexity", "llama-export-lora")
+
+
+def tools_dir() -> Path:
+    """Where :func:`build_tools` puts the tool binaries (``GGUFKIT_LLAMA_CPP_TOOLS`` overrides)."""
+    default = sdist_root().parent / f"llama_cpp_tools-{LLAMA_CPP_PYTHON_VERSION}"
+    return Path(os.environ.get("GGUFKIT_LLAMA_CPP_TOOLS", default)) / "bin"
+
+
+def tool_path(name: str) -> Path:
+    """Path of one built tool (e.g. ``llama-quantize``); fails loudly (not a skip) when it was not built."""
+    path = tools_dir() / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; run `python tests/llama_cpp_sources.py` "
+                                "(the README's test command builds llama.cpp's tools once)")
+    return path
+
+
+def build_tools() -> Path:
+    """Build :data:`TOOLS` from the vendored llama.cpp with cmake (idempotent; ~10 min on 2 cores).
+
+    Static libraries so the binaries stand alone; CPU backend only; default (native) CPU flags, as the
+    llama-cpp-python wheel built on this machine has them, so ggml's quantizers round the same way.
+    """
+    bin_dir = tools_dir()
+    if all((bin_dir / t).is_file() for t in TOOLS):
+        return bin_dir
+    src = llama_cpp_dir()
+    build = bin_dir.parent / "build"
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF",
+                    "-DLLAMA_BUILD_TOOLS=ON"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build), "--config", "Release", "-j", str(os.cpu_count() or 2),
+                    "--target", *TOOLS], check=True, stdout=subprocess.DEVNULL)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for t in TOOLS:
+        os.replace(build / "bin" / t, bin_dir / t)
+    return bin_dir
+
+
 if __name__ == "__main__":
     print(fetch())
+    print(build_tools())
