@@ -10,8 +10,10 @@ keys starting with ``_`` only hold YAML anchors and are not entries.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,9 @@ from ggufkit.constants import (
 )
 from ggufkit.errors import RegistryError
 
-#: The registry shipped with the package (ggufkit/registry.yaml links to the repository's registry.yaml).
-DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "ggufkit" / "registry.yaml"
+#: The registry shipped as package data of ``ggufkit`` (in the source tree ggufkit/registry.yaml links to the
+#: repository's registry.yaml; wheels and sdists carry the file itself), read through importlib.resources.
+DEFAULT_REGISTRY = resources.files("ggufkit").joinpath("registry.yaml")
 
 #: PowerInfer's tensors, which ``gguf`` does not know (reference/powerinfer.md §2.3).
 EXTRA_TENSORS: dict[str, str] = {
@@ -288,10 +291,11 @@ def parse_registry(text: str) -> Registry:
 
 
 @functools.lru_cache(maxsize=4)
-def load_registry(path: Path = DEFAULT_REGISTRY) -> Registry:
+def load_registry(path: str | os.PathLike[str] | None = None) -> Registry:
     """Load (once) and validate ``path``, by default the shipped registry.yaml."""
+    source = DEFAULT_REGISTRY if path is None else Path(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = source.read_text(encoding="utf-8")
     except OSError as exc:
-        raise RegistryError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise RegistryError(f"cannot read {source}: {exc.strerror or exc}") from None
     return parse_registry(text)

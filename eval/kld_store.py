@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from ggufkit.errors import EvaluationError, UsageError
+from ggufkit.sysmem import available_memory_bytes
 
 #: Stored top-K size by default: 1056 bytes per scored position (~160 MB for wikitext-2 at ctx 512).
 DEFAULT_TOP_K = 128
@@ -76,7 +77,7 @@ def choose_kld_mode(requested: str, model_bytes: int, base_bytes: int, work_byte
         requested: ``auto``, ``side-by-side`` or ``stored``.
         model_bytes, base_bytes: tensor data of the two GGUF files (weights stay in their GGUF types).
         work_bytes: activations and logits of one forward pass of each model (an estimate).
-        free_bytes: free device memory (CUDA: ``mem_get_info``; CPU: psutil's available RAM).
+        free_bytes: free device memory (CUDA: ``mem_get_info``; CPU: the available RAM, ggufkit.sysmem).
 
     Returns:
         ``side-by-side`` or ``stored``.
@@ -99,9 +100,7 @@ def free_memory(device: Any) -> int:
         import torch
 
         return int(torch.cuda.mem_get_info(device)[0])
-    import psutil
-
-    return int(psutil.virtual_memory().available)
+    return available_memory_bytes()
 
 
 class BaselineStore:
