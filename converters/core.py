@@ -342,11 +342,11 @@ def encode(arr: np.ndarray, src_dtype: str, ggml_type: GGMLQuantizationType) -> 
     rows = np.asarray(arr).reshape(-1, row_len)
     step = max(1, CHUNK_ELEMENTS // max(row_len, 1))
     if rows.shape[0] <= step:
-        out = _encode_rows(rows, src_dtype, ggml_type)
+        whole = _encode_rows(rows, src_dtype, ggml_type)
         if release is not None:
             release(rows)
-        return out.reshape(*arr.shape[:-1], -1)
-    out = None
+        return whole.reshape(*arr.shape[:-1], -1)
+    out: np.ndarray | None = None
     for start in range(0, rows.shape[0], step):
         part = rows[start:start + step]
         encoded = _encode_rows(part, src_dtype, ggml_type)

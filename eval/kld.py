@@ -100,7 +100,8 @@ class KLDAccumulator:
         same = int((logits.argmax(dim=-1) == base_logits.argmax(dim=-1)).sum())
         p_diff = torch.exp(-nll) - torch.exp(-nll_base)
         del logp, logp_base
-        self.add_values(*(t.cpu().numpy() for t in (kld, nll, nll_base, p_diff)), same)
+        kld_np, nll_np, nll_base_np, p_diff_np = (t.cpu().numpy() for t in (kld, nll, nll_base, p_diff))
+        self.add_values(kld_np, nll_np, nll_base_np, p_diff_np, same)
 
     def add_values(self, kld: np.ndarray, nll: np.ndarray, nll_base: np.ndarray, p_diff: np.ndarray,
                    n_same_top: int, kld_upper: np.ndarray | None = None) -> None:

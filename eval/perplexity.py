@@ -305,6 +305,7 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
             load_seconds += time.perf_counter() - t1
             store.rewind()
 
+        assert model is not None
         stats = RunningStats(kld=KLDAccumulator() if baseline is not None else None)
         chunk_ppl: list[float] = []
         progress.begin(n_chunk, "chunk", "perplexity")

@@ -50,7 +50,7 @@ def _no_nvidia_driver() -> bool:
     if not sys.platform.startswith("linux") or os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         return False
     numba = sys.modules.get("numba")
-    if numba is not None and getattr(numba.config, "ENABLE_CUDASIM", 0):
+    if numba is not None and getattr(numba.config, "ENABLE_CUDASIM", False):
         return False
     return not any(os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg"))
 

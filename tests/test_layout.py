@@ -135,7 +135,9 @@ def test_ruff_is_clean() -> None:
     assert result.returncode == 0, result.stdout[-4000:]
 
 
-def test_mypy_is_clean_on_the_core_package() -> None:
+def test_mypy_is_clean_on_every_package() -> None:
+    files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
+    assert set(files) == set(PACKAGE_DIRS), "mypy must check ggufkit/, converters/, quant/ and eval/"
     result = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], capture_output=True, text=True,
                             cwd=ROOT)
     assert result.returncode == 0, result.stdout[-4000:]
