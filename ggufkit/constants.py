@@ -11,7 +11,7 @@ from typing import Final
 #: Magic of a standard GGUF file (bytes 0..3).
 GGUF_MAGIC: Final = b"GGUF"
 #: PowerInfer's magic: the same layout as GGUF v3; the loader switches to sparse inference on it alone
-#: (PowerInfer ggml.c gguf_init_from_file; reference/powerinfer.md §0).
+#: (PowerInfer ggml.c: gguf_init_from_file).
 POWERINFER_MAGIC: Final = b"PWRI"
 KNOWN_MAGICS: Final = (GGUF_MAGIC, POWERINFER_MAGIC)
 
@@ -24,7 +24,7 @@ MAX_DIMS: Final = 4
 #: ggml's GGML_MAX_NAME: a tensor name must be shorter than this many bytes.
 MAX_TENSOR_NAME_BYTES: Final = 64
 
-# --- PowerInfer (reference/powerinfer.md §2-§4) ---------------------------------------------------
+# --- PowerInfer (its llama.cpp: LLM_ARCH_NAMES, LLM_KV_NAMES, LLM_TENSOR_NAMES) --------------------
 #: Architecture strings that exist only in PowerInfer's loader.
 POWERINFER_ARCH_OPT: Final = "opt"
 POWERINFER_ARCH_BAMBOO: Final = "bamboo"

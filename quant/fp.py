@@ -6,7 +6,6 @@ Everything here mirrors one routine of ggml (reference/quant.md §1):
   round-to-nearest-even, subnormals rounded too, ``|x| >= 65520`` -> inf, sign of zero kept, NaN ->
   ``sign | 0x7E00``.
 * :func:`fp16_to_fp32` - ``GGML_FP16_TO_FP32``, exact.
-* :func:`bf16_from_f32_bits` - ``ggml_fp32_to_bf16_row_ref`` on the raw float32 bits.
 * :func:`nearest_int` - ggml's ``nearest_int`` magic-number trick (round half to even for |v| < 2^22).
 * :func:`roundf` - C ``roundf`` (round half away from zero), returned as an int.
 * :func:`fmul`, :func:`fadd`, :func:`fsub` - one IEEE float32 operation each. Block math calls them
@@ -94,22 +93,6 @@ def fp16_to_fp32(h: np.uint16) -> np.float32:
     if b & 0x8000:
         v = -v
     return np.float32(v)
-
-
-@numba.njit(cache=True, fastmath=False)
-def bf16_from_f32_bits(bits: np.uint32) -> np.uint16:
-    """bf16 bits from raw f32 bits, as ``ggml_fp32_to_bf16_row_ref`` (RNE; NaN -> quiet NaN).
-
-    Args:
-        bits: the IEEE binary32 bit pattern.
-
-    Returns:
-        ``(bits >> 16) | 0x40`` for NaN, else ``(bits + 0x7FFF + ((bits >> 16) & 1)) >> 16``.
-    """
-    u = int(bits) & 0xFFFFFFFF
-    if (u & 0x7FFFFFFF) > 0x7F800000:
-        return np.uint16((u >> 16) | 0x40)
-    return np.uint16(((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)
 
 
 @numba.njit(cache=True, fastmath=False)

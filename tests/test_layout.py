@@ -152,3 +152,60 @@ def test_numba_cuda_is_imported_only_by_the_cuda_kernel_modules() -> None:
                             and (n.module.startswith("numba.cuda") or any(a.name == "cuda" for a in n.names)))]
         if cuda_imports:
             assert path.parent.name == "quant" and path.name.startswith("cuda_"), module
+
+
+def test_no_package_module_shadows_a_standard_library_module() -> None:
+    shadowing = [module for module, path in MODULES if path.stem in sys.stdlib_module_names]
+    assert not shadowing, f"rename (inside the package they hide the standard library's): {shadowing}"
+
+
+def _used_names() -> set[str]:
+    """Every name, attribute and identifier-like string used anywhere in the packages, tests and benchmarks."""
+    used: set[str] = set()
+    for folder in (*PACKAGE_DIRS, "tests", "benchmarks"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Name):
+                    used.add(node.id)
+                elif isinstance(node, ast.Attribute):
+                    used.add(node.attr)
+                elif isinstance(node, ast.alias):
+                    used.add(node.name.rsplit(".", 1)[-1])
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+                    used.add(node.value)
+    return used
+
+
+def test_the_format_layer_has_no_dead_functions() -> None:
+    """Functions, classes and methods of ggufkit/*.py, ggufkit/format/ and quant/fp.py that nothing uses."""
+    paths = [*sorted((ROOT / "ggufkit").glob("*.py")), *sorted((ROOT / "ggufkit" / "format").glob("*.py")),
+             ROOT / "quant" / "fp.py"]
+    used = _used_names()
+    dead = []
+    for path in paths:
+        for node in ast.parse(path.read_text()).body:
+            defs = [node] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else []
+            if isinstance(node, ast.ClassDef):
+                defs += [m for m in node.body if isinstance(m, ast.FunctionDef)]
+            dead += [f"{path.relative_to(ROOT)}: {d.name}" for d in defs
+                     if not d.name.startswith("__") and d.name not in used]
+    assert not dead, "unused (remove them):\n" + "\n".join(dead)
+
+
+#: A citation of notes that are not in this repository; cite upstream (file and function) instead.
+NOTES_CITATION = re.compile(r"reference/|shared/|\breference §|\b(?:convert|quant|powerinfer|perplexity)\.md\b")
+#: Folders still citing the notes until the lead's final sweep (their edits are in flight on other branches).
+#: strict: once a folder is clean this xfail turns into a failure, so the mark is removed with the sweep.
+NOT_YET_SWEPT = pytest.mark.xfail(strict=True, reason="passes after the lead's final citation sweep; then drop this mark")
+
+
+@pytest.mark.parametrize("folder", ["ggufkit", pytest.param("converters", marks=NOT_YET_SWEPT),
+                                    pytest.param("quant", marks=NOT_YET_SWEPT),
+                                    pytest.param("eval", marks=NOT_YET_SWEPT),
+                                    pytest.param("registry.yaml", marks=NOT_YET_SWEPT)])
+def test_package_code_cites_upstream_sources_not_notes_outside_the_repository(folder: str) -> None:
+    target = ROOT / folder
+    paths = [target] if target.is_file() else sorted(target.rglob("*.py"))
+    found = [f"{path.relative_to(ROOT)}:{i}: {line.strip()}" for path in paths
+             for i, line in enumerate(path.read_text().splitlines(), 1) if NOTES_CITATION.search(line)]
+    assert not found, "\n".join(found)

@@ -1,4 +1,4 @@
-"""``ggufkit info``: a thin shell over :func:`ggufkit.inspect.describe`."""
+"""``ggufkit info``: a thin shell over :func:`ggufkit.summary.describe`."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def info(file: str, out: Output) -> None:
       ggufkit info model.gguf --json | jq '.totals'
     """
     from ggufkit.format import open_gguf
-    from ggufkit.inspect import describe
+    from ggufkit.summary import describe
 
     with open_gguf(file) as model:
         out.result(describe(model), _render)

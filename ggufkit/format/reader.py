@@ -6,7 +6,7 @@ alignment and offset is checked against the file size and ggml's limits *before*
 and every violation raises :class:`~ggufkit.errors.GGUFFormatError` naming what is wrong and the byte
 offset. Tensor data is exposed as numpy views of the mmap, never copied.
 
-Layout (little-endian; reference/convert.md §4)::
+Layout (little-endian; ggml/src/gguf.cpp: gguf_init_from_reader, gguf-py/gguf/gguf_reader.py)::
 
     magic[4] ("GGUF" or PowerInfer's "PWRI"), u32 version (2 or 3), u64 n_tensors, u64 n_kv,
     n_kv x KV record, n_tensors x (gguf-string name, u32 n_dims, n_dims x u64 ne, u32 type, u64 offset),
@@ -39,7 +39,7 @@ from ggufkit.constants import (
     SUPPORTED_VERSIONS,
 )
 from ggufkit.errors import GGUFFormatError
-from ggufkit.format.values import SCALAR_DTYPES, VT, encode_string, type_label
+from ggufkit.format.values import SCALAR_DTYPES, VT, type_label
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -316,7 +316,6 @@ class GGUFFile:
             if field.key in self.kv:
                 raise cur.fail(f"duplicate key {field.key!r}", at=field.offset)
             self.kv[field.key] = field
-        self.kv_end = cur.pos
         self.alignment = self._parse_alignment()
 
         remaining = self.file_size - cur.pos
@@ -684,8 +683,3 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFModel:
     from ggufkit.format.shards import open_shard_set
 
     return open_shard_set(Path(path))
-
-
-def kv_record_size(key: str, payload_len: int) -> int:
-    """Bytes of a KV record whose payload has ``payload_len`` bytes."""
-    return len(encode_string(key)) + 4 + payload_len

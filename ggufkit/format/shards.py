@@ -1,6 +1,6 @@
 """gguf-split shard sets: names, keys and opening a set as one model.
 
-llama.cpp's layout (reference/convert.md §4.5): ``NAME-00001-of-0000N.gguf`` ... ; shard 1 holds all
+llama.cpp's layout (src/llama.cpp: llama_split_path, tools/gguf-split): ``NAME-00001-of-0000N.gguf`` ... ; shard 1 holds all
 metadata plus ``split.no`` (u16, 0-based), ``split.count`` (u16) and ``split.tensors.count`` (i32, the
 total); the other shards hold only those three keys and their tensors.
 """

@@ -214,9 +214,6 @@ class Metadata(Mapping[str, EncodableValue]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def encoded(self) -> bytes:
-        return b"".join(encode_kv(k, v) for k, v in self._items.items())
-
 
 def python_value(value: EncodableValue) -> Any:
     """The plain Python value of a typed value (reader fields decode lazily)."""

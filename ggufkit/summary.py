@@ -74,7 +74,3 @@ def describe(model: GGUFModel, *, first_items: int = 8) -> dict[str, Any]:
             for name, s in sorted(by_type.items())
         },
     }
-
-
-def is_string_array(field_type: VT, item_type: VT | None) -> bool:
-    return field_type == VT.ARRAY and item_type == VT.STRING
