@@ -260,7 +260,7 @@ def test_sharded_bin_checkpoint_with_index_is_read_through_weights_only_loads(ll
 
 
 def test_fast_bf16_to_f16_equals_the_float_path_for_every_bit_pattern() -> None:
-    from ggufkit.converters.core import bf16_to_f16
+    from ggufkit.converters.stream import bf16_to_f16
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     with np.errstate(over="ignore"):
@@ -271,10 +271,10 @@ def test_fast_bf16_to_f16_equals_the_float_path_for_every_bit_pattern() -> None:
 @pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0"])
 def test_chunked_conversion_gives_the_same_bytes_as_whole_tensors(llama: Path, tmp_path: Path, outtype: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from ggufkit.converters import core
+    from ggufkit.converters import stream
 
     whole = convert(llama, tmp_path / "whole.gguf", outtype=outtype).outputs[0]
-    monkeypatch.setattr(core, "CHUNK_ELEMENTS", 200)  # a few rows per chunk, ragged last chunk
+    monkeypatch.setattr(stream, "CHUNK_ELEMENTS", 200)  # a few rows per chunk, ragged last chunk
     chunked = convert(llama, tmp_path / "chunked.gguf", outtype=outtype).outputs[0]
     assert whole.read_bytes() == chunked.read_bytes()
 
@@ -307,7 +307,7 @@ def _mapping_rss(path: Path) -> int:
 def test_encoding_a_memmapped_tensor_releases_its_pages_and_keeps_the_bytes(tmp_path: Path, outtype: str) -> None:
     from gguf import GGMLQuantizationType as Q
 
-    from ggufkit.converters.core import encode, to_float32
+    from ggufkit.converters.stream import encode, to_float32
     from ggufkit.quant import quantize
 
     qtype = {"q8_0": Q.Q8_0, "f16": Q.F16, "q4_k": Q.Q4_K}[outtype]
@@ -325,7 +325,7 @@ def test_quantized_encode_allocates_the_output_and_one_chunk_not_a_float32_copy(
 
     from gguf import GGMLQuantizationType as Q
 
-    from ggufkit.converters.core import CHUNK_ELEMENTS, encode
+    from ggufkit.converters.stream import CHUNK_ELEMENTS, encode
 
     arr, _ = _bf16_memmap(tmp_path / "w.bin", (2048, 2048))  # 4M elements: a float32 copy is 16 MiB
     encode(arr[:64], "BF16", Q.Q8_0)  # kernel loaded before measuring
