@@ -227,7 +227,7 @@ def open_source(model: str | Path, vocab_only: bool) -> Source:
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise CheckpointError("config.json has no 'architectures' list naming the model class", path=model_dir)
     entry = load_registry().get(archs[0])
-    check = hooks_for(entry.hf_class).get("check_config")
+    check = hooks_for(entry.hooks).get("check_config")
     if check is not None:
         check(config)
     return Source(model_dir, repo, revision, config, entry, None if vocab_only else Checkpoint(model_dir))
@@ -259,7 +259,7 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
     loaders: dict[str, Callable[[], np.ndarray]] = {}
     ignored: list[str] = []
     raw: list[tuple[str, str, str, tuple[int, ...], str, str | None]] = []  # gguf, source, kind, shape, dtype, tf
-    extra = hooks_for(entry.hf_class).get("extra_tensors")
+    extra = hooks_for(entry.hooks).get("extra_tensors")
     if not vocab_only:
         assert src.checkpoint is not None
         ckpt = src.checkpoint

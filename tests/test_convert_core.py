@@ -53,17 +53,34 @@ def test_broken_registry_is_refused_naming_entry_and_field(old: str, new: str, m
         parse_registry(REGISTRY_TEXT.replace(old, new, 1))
 
 
-def test_yaml_merge_may_override_a_merged_key() -> None:
+def test_base_inheritance_merges_mappings_and_null_removes_a_key() -> None:
     reg = parse_registry(REGISTRY_TEXT)
-    assert reg.entries["Qwen2ForCausalLM"].arch == "qwen2"
-    assert not any(r.transform for r in reg.entries["Qwen2ForCausalLM"].tensors)
-    assert {r.transform for r in reg.entries["LlamaForCausalLM"].tensors} == {None, "permute_q", "permute_k"}
+    llama, qwen2, qwen3 = (reg.entries[n] for n in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"))
+    assert qwen2.arch == "qwen2" and qwen2.hooks is None and llama.hooks == "llama"
+    assert not any(r.transform for r in qwen2.tensors)
+    assert {r.transform for r in llama.tensors} == {None, "permute_q", "permute_k"}
+    assert {h.key for h in llama.hparams} - {h.key for h in qwen2.hparams} == {"vocab_size", "rope.dimension_count"}
+    assert {r.tensor for r in qwen3.tensors} - {r.tensor for r in qwen2.tensors} == {"ATTN_Q_NORM", "ATTN_K_NORM"}
 
 
-def test_every_hook_belongs_to_a_registry_entry() -> None:
-    from ggufkit.converters.hooks import load_hooks
+@pytest.mark.parametrize(("text", "message"), [
+    ("A:\n  base: Nope\n  arch: llama\n", r"entry 'A', field 'base': unknown base entry 'Nope'"),
+    ("A:\n  base: B\nB:\n  base: A\n", r"field 'base': base entries form a cycle"),
+    ("A:\n  base: A\n", r"field 'base': base entries form a cycle"),
+    ("A:\n  base: LlamaForCausalLM\n  hooks: nothere\n", r"entry 'A', field 'hooks': unknown hooks module"),
+])
+def test_broken_inheritance_is_refused(text: str, message: str) -> None:
+    with pytest.raises(RegistryError, match=message):
+        parse_registry(REGISTRY_TEXT + "\n" + text)
 
-    assert set(load_hooks()) <= set(parse_registry(REGISTRY_TEXT).entries)
+
+def test_every_hooks_module_named_in_the_registry_defines_hooks() -> None:
+    from ggufkit.converters.hooks import HOOK_FAMILIES, hooks_for
+
+    named = {e.hooks for e in parse_registry(REGISTRY_TEXT).entries.values()} - {None}
+    assert named == set(HOOK_FAMILIES)
+    for family in named:
+        assert hooks_for(family), family
 
 
 # -- transforms ---------------------------------------------------------------------------------------
