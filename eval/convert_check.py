@@ -107,6 +107,13 @@ def check_conversion(model_dir: str | Path, gguf: str | Path, *, outtype: str, n
 
     if not hasattr(transformers, arch):
         return CheckResult(True, skipped=f"transformers has no class {arch} (it would need remote code)")
+    from ggufkit.eval.arch import ARCH_TRAITS
+    from ggufkit.format import open_gguf
+
+    with open_gguf(gguf) as model:
+        gguf_arch = model.architecture
+    if gguf_arch not in ARCH_TRAITS:
+        return CheckResult(True, skipped=f"cannot evaluate {gguf_arch!r}: the evaluator has no traits for it")
     # transformers' float32 copy plus the evaluator's, with room to spare.
     if 2 * 4 * n_params > 0.6 * _available_memory():
         return CheckResult(True, skipped="the model does not fit in memory twice (transformers and the GGUF)")
@@ -114,7 +121,6 @@ def check_conversion(model_dir: str | Path, gguf: str | Path, *, outtype: str, n
 
     from ggufkit.eval.model import load_model
     from ggufkit.eval.tokenizer import load_tokenizer
-    from ggufkit.format import open_gguf
 
     failures: list[str] = []
     hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
