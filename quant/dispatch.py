@@ -182,6 +182,8 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
     """
     t = _as_type(qtype)
     dev = resolve_device(device)  # before any work: a missing GPU fails fast
+    if dev == "cuda" and t in KERNELS and not KERNELS[t].has_cuda:
+        dev = "cpu"  # a CPU-only type (the grid types); the plan and summary report it
     x = np.asarray(data)
     if x.dtype not in (np.float32, np.float16):
         raise UsageError(f"quantize expects float32 or float16 data, got {x.dtype}")

@@ -26,7 +26,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
 
 from ggufkit import __version__
 from ggufkit.constants import KEY_IMATRIX_SHA256, KEY_QUANT_RECIPE, KEY_TOOL_VERSION
-from ggufkit.errors import QuantizationError, UsageError
+from ggufkit.errors import GGUFKitError, QuantizationError, UsageError
 from ggufkit.format.reader import GGUFModel, TensorInfo
 from ggufkit.format.shards import SPLIT_KEYS
 from ggufkit.format.values import VT, Metadata
@@ -38,12 +38,14 @@ from ggufkit.quant.imatrix import (
     KEY_QUANTIZE_IMATRIX_N_ENTRIES,
     Imatrix,
 )
+from ggufkit.quant.options import KVOverride, filter_imatrix, parse_kv_override, read_tensor_type_file
 from ggufkit.quant.plan import (
     FLOAT_TYPES,
     QUANTIZATION_VERSION,
     PlanEntry,
     QuantOptions,
     QuantPlan,
+    parse_prune_layers,
     parse_tensor_type_option,
     parse_type,
     plan_quantization,
@@ -70,6 +72,7 @@ class QuantReport:
         seconds: wall time of the whole call.
         warnings: things a user should know (imatrix entries missing for quantized tensors, ...).
         imatrix: the imatrix file used, if any.
+        outputs: every file written (one, or the shards with ``keep_split``).
     """
 
     input: Path
@@ -79,9 +82,11 @@ class QuantReport:
     seconds: float
     warnings: tuple[str, ...] = field(default_factory=tuple)
     imatrix: Path | None = None
+    outputs: tuple[Path, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"input": str(self.input), "output": str(self.output) if self.output else None,
+                "outputs": [str(p) for p in self.outputs],
                 "dry_run": self.dry_run, "seconds": round(self.seconds, 3), "warnings": list(self.warnings),
                 "imatrix": str(self.imatrix) if self.imatrix else None,
                 "fallback_summary": self.plan.fallback_summary(), **self.plan.to_dict()}
@@ -94,14 +99,17 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
                   token_embedding_type: str | GGMLQuantizationType | None = None,
                   leave_output_tensor: bool = False, allow_requantize: bool = False, no_fallback: bool = False,
                   threads: int | None = None, device: str = "auto", dry_run: bool = False,
-                  progress: Progress | None = None) -> QuantReport:
+                  progress: Progress | None = None, include_weights: Sequence[str] = (),
+                  exclude_weights: Sequence[str] = (), tensor_type_file: str | Path | None = None,
+                  prune_layers: str | Sequence[int] = (), keep_split: bool = False,
+                  override_kv: Sequence[str] = ()) -> QuantReport:
     """Quantize a GGUF model file as ``llama-quantize [options] INPUT OUTPUT TARGET`` would.
 
     Args:
         input: F32/F16/BF16 GGUF file (or any shard of a gguf-split set).
         output: the file to write (atomically); may be None with ``dry_run``.
-        target: a preset or type name: q4_0 q4_1 q5_0 q5_1 q8_0 q4_k (= q4_k_m) q4_k_s q4_k_m q5_k (= q5_k_m)
-            q5_k_s q5_k_m q6_k f16 bf16 f32 (case-insensitive).
+        target: a ``QUANT_OPTIONS`` name of llama-quantize (``ggufkit.quant.presets.TYPE_CHOICES``,
+            case-insensitive; ``q4_k`` = ``q4_k_m``) or a numeric file type id.
         pure: no mixture rules: every quantizable tensor gets the default type (fallbacks still apply).
         imatrix: a llama-imatrix file (GGUF or legacy ``.dat``) or an already loaded :class:`Imatrix`.
         tensor_types: ``PATTERN=TYPE`` overrides; the first regular expression found in a name wins.
@@ -114,6 +122,12 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
         device: ``auto``, ``cpu`` or ``cuda``. Output bytes do not depend on it.
         dry_run: compute and return the plan, write nothing.
         progress: receives the bytes written.
+        include_weights: use imatrix entries only for tensors whose name contains one of these.
+        exclude_weights: drop imatrix entries for tensors whose name contains one of these.
+        tensor_type_file: more ``PATTERN=TYPE`` overrides, separated by white space, after ``tensor_types``.
+        prune_layers: layers to drop (``"0,3"`` or ints); later layers are renumbered.
+        keep_split: write one output shard per input shard, tensors in the input's order.
+        override_kv: ``KEY=TYPE:VALUE`` (TYPE int, float, bool or str) written into the output.
 
     Returns:
         A :class:`QuantReport` with the plan, totals and warnings.
@@ -134,10 +148,18 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
     if out_path is not None and not dry_run and out_path.exists() and input.exists() \
             and out_path.resolve() == input.resolve():
         raise UsageError(f"input and output are the same file: {input}")
+    if include_weights and exclude_weights:
+        raise UsageError("--include-weights and --exclude-weights cannot be used together")
+    overrides = tuple(parse_kv_override(o) for o in override_kv)
+    tt_all = [*tensor_types, *(read_tensor_type_file(tensor_type_file) if tensor_type_file is not None else ())]
+    tt = tuple(parse_tensor_type_option(o) for o in tt_all)
+    prune = parse_prune_layers(prune_layers) if prune_layers else ()
     im = load_imatrix(imatrix) if isinstance(imatrix, (str, Path)) else imatrix
+    if im is not None and (include_weights or exclude_weights):
+        im = filter_imatrix(im, include_weights, exclude_weights)
     options = QuantOptions(
         pure=pure,
-        tensor_types=tuple(parse_tensor_type_option(o) for o in tensor_types),
+        tensor_types=tt,
         output_tensor_type=None if output_tensor_type is None else parse_type(output_tensor_type,
                                                                                "--output-tensor-type"),
         token_embedding_type=None if token_embedding_type is None else parse_type(token_embedding_type,
@@ -145,35 +167,68 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
         leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize, no_fallback=no_fallback,
         # llama-quantize passes no imatrix at all when the file has no entries left.
         imatrix_sizes=im.sizes() if im is not None and im.entries else None,
+        prune_layers=prune, keep_split=keep_split, dry_run=dry_run,
     )
     with open_gguf(input) as model:
         arch = model.architecture or ""
-        plan = plan_quantization(model.tensors, target, arch=arch, metadata=model.kv, options=options)
-        warnings = tuple(f"no imatrix entry for tensor {e.name!r}: quantized without one (as llama-quantize does)"
-                         for e in plan.entries if e.imatrix == "missing")
+        # llama_model_loader reads the hparams through the overrides
+        hparams = {**model.kv, **{o.key: o.value for o in overrides}}
+        plan = plan_quantization(model.tensors, target, arch=arch, metadata=hparams, options=options)
+        warnings = [f"no imatrix entry for tensor {e.name!r}: quantized without one (as llama-quantize does)"
+                    for e in plan.entries if e.imatrix == "missing" and not e.requires_imatrix]
+        warnings += [f"tensor {e.name!r} ({e.dst_type.name}) needs an importance matrix: a real run refuses it"
+                     for e in plan.imatrix_required()]
+        missing = plan.missing_kernels()
+        dev = _device_or_none(device, dry_run)
+        if plan.cpu_only_types() and dev == "cuda":
+            warnings.append(f"{', '.join(t.name for t in plan.cpu_only_types())} have no CUDA kernel: "
+                            "quantized on the CPU")
+        if missing and not dry_run:
+            raise UsageError(f"no kernel for {', '.join(t.name for t in missing)} in this ggufkit build yet "
+                             "(--dry-run shows the plan)")
         if dry_run:
-            return QuantReport(input, None, plan, True, time.perf_counter() - start, warnings,
+            return QuantReport(input, None, plan, True, time.perf_counter() - start, tuple(warnings),
                                im.path if im is not None else None)
-        if out_path is None:  # unreachable: checked above; keeps the type checker informed
+        if out_path is None or dev is None:  # unreachable: checked above; keeps the type checker informed
             raise UsageError("an output path is required (or use --dry-run)")
-        metadata = _output_metadata(model, plan, im if options.imatrix_sizes is not None else None, options)
+        metadata = _output_metadata(model, plan, im if options.imatrix_sizes is not None else None, options,
+                                    overrides)
         specs = [TensorSpec(e.name, e.dst_type, e.shape) for e in plan.entries]
-        from ggufkit.quant import resolve_device
+        data = _stream(model, plan, im if options.imatrix_sizes is not None else None, threads, dev)
+        shard_of = None
+        if keep_split:
+            shard_of = [e.shard for e in plan.entries]
+            if len(model.files) == 1:  # llama-quantize still names the single output as shard 1 of 1
+                from ggufkit.format.shards import shard_path
 
-        data = _stream(model, plan, im if options.imatrix_sizes is not None else None, threads,
-                       resolve_device(device))
-        write_gguf(out_path, metadata, specs, data, magic=model.magic, progress=progress)
-    return QuantReport(input, out_path, plan, False, time.perf_counter() - start, warnings,
-                       im.path if im is not None else None)
+                out_path = shard_path(out_path, 0, 1)
+        outputs = write_gguf(out_path, metadata, specs, data, magic=model.magic, progress=progress,
+                             shard_of=shard_of)
+    return QuantReport(input, out_path, plan, False, time.perf_counter() - start, tuple(warnings),
+                       im.path if im is not None else None, tuple(outputs))
 
 
-def _output_metadata(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, options: QuantOptions) -> Metadata:
+def _device_or_none(device: str, dry_run: bool) -> str | None:
+    from ggufkit.quant import resolve_device
+
+    try:
+        return resolve_device(device)
+    except GGUFKitError:
+        if dry_run:
+            return None
+        raise
+
+
+def _output_metadata(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, options: QuantOptions,
+                     overrides: Sequence[KVOverride] = ()) -> Metadata:
     meta = Metadata()
     for key, kv in model.kv.items():
         if key not in SPLIT_KEYS:
             meta.put(key, kv)
     meta.append(Keys.General.QUANTIZATION_VERSION, VT.UINT32, QUANTIZATION_VERSION)
     meta.append(Keys.General.FILE_TYPE, VT.UINT32, int(plan.file_type))
+    for o in overrides:  # llama_model_quantize_impl: gguf_set_val_* removes the key and appends it
+        meta.append(o.key, o.vtype, o.value)
     if im is not None:
         # quantize.cpp passes these as KV overrides: strings cut to 127 chars, ints as u32(|N|).
         meta.append(KEY_QUANTIZE_IMATRIX_FILE, VT.STRING, str(im.path)[:_MAX_KV_STR])
@@ -182,6 +237,8 @@ def _output_metadata(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, opti
         meta.append(KEY_QUANTIZE_IMATRIX_N_ENTRIES, VT.UINT32, len(im.entries))
         if im.chunk_count > 0:
             meta.append(KEY_QUANTIZE_IMATRIX_N_CHUNKS, VT.UINT32, im.chunk_count)
+    if plan.block_count is not None:
+        meta.append(f"{model.architecture}.block_count", VT.UINT32, plan.block_count)
     meta.append(KEY_TOOL_VERSION, VT.STRING, __version__)
     meta.append(KEY_QUANT_RECIPE, VT.STRING, _recipe(plan, options))
     if im is not None:
@@ -202,6 +259,10 @@ def _recipe(plan: QuantPlan, options: QuantOptions) -> str:
     parts.extend(f"--tensor-type {p}={t.name.lower()}" for p, t in options.tensor_types)
     if options.imatrix_sizes is not None:
         parts.append("--imatrix")
+    if options.prune_layers:
+        parts.append(f"--prune-layers {','.join(map(str, options.prune_layers))}")
+    if options.keep_split:
+        parts.append("--keep-split")
     return " ".join(parts)
 
 
@@ -256,7 +317,7 @@ def _stream(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, threads: int 
     src = _Source(model)
     try:
         for entry in plan.entries:
-            info = model[entry.name]
+            info = model[entry.src_name or entry.name]
             n_rows = max(info.n_elements // max(info.ne[0], 1), 1)
             if entry.action == "copy":
                 raw = src.rows(info, 0, n_rows)
@@ -308,7 +369,7 @@ def _convert(src: _Source, info: TensorInfo, entry: PlanEntry, im: Imatrix | Non
     n_per_row = info.ne[0]
     n_rows = info.n_elements // n_per_row
     rows_per_expert = info.ne[1] if len(info.ne) >= 2 else 1
-    weights = im.for_tensor(entry.name, entry.shape) if im is not None else None
+    weights = im.for_tensor(entry.src_name or entry.name, entry.shape) if im is not None else None
     row_bytes = entry.nbytes // n_rows
     # Slabs never cross an expert boundary, because each expert has its own imatrix slice.
     step = max(1, min(rows_per_expert, SLAB_ELEMENTS // n_per_row))

@@ -1,22 +1,32 @@
-"""The kernel registry: one entry per quantized GGML type ggufkit can produce.
+"""The table of type traits: one row per GGML type ggufkit can write.
 
-``KERNELS`` is the single source of truth for which block types have kernels, where they live and what
-they are called. The dispatch layer (:mod:`ggufkit.quant.dispatch`), the CLI's ``--type`` choices and the
-tests (parametrised over ``KERNELS``) all read it. Kernel modules are named, not imported, so reading the
-registry costs nothing (``ggufkit --help`` must not import Numba); :meth:`QuantKernels.cpu` and
-:meth:`QuantKernels.cuda` import on first use.
+:data:`TYPES` is the single source of truth for which tensor types ggufkit produces, where their kernels
+live, whether they have a CUDA kernel and whether llama-quantize insists on an importance matrix for them.
+The dispatch layer (:mod:`ggufkit.quant.dispatch`), the planner (:mod:`ggufkit.quant.plan`), the CLI's
+``--help`` and the tests (parametrised over :data:`KERNELS`) all read it. Block size and bytes per block
+come from ``gguf.GGML_QUANT_SIZES`` and are never restated. Kernel modules are named, not imported, so
+reading the table costs nothing (``ggufkit --help`` must not import Numba); :meth:`TypeTraits.cpu` and
+:meth:`TypeTraits.cuda` import on first use.
 
-Kernel contract (every entry, both backends):
+Adding a type is one row of :data:`TYPES` plus its kernel module. Row format::
 
-* ``quantize(x: float32[n_rows, n_per_row], qw: float32[k], out: uint8[n_rows, row_bytes]) -> None``;
+    _row(T.IQ4_NL, "iq_nonlinear")             # CPU ggufkit.quant.iq_nonlinear, CUDA ggufkit.quant.cuda_iq_nonlinear
+    _row(T.IQ2_XXS, "iq2", cuda=False)         # grid type: CPU only (runs on the CPU under --device cuda)
+
+Kernel naming convention (every row, both backends): module ``ggufkit.quant.<family>`` (CUDA:
+``ggufkit.quant.cuda_<family>``) with ``quantize_rows_<t>`` / ``dequantize_rows_<t>`` (CUDA: the same names
+with ``_cuda``), where ``<t>`` is ggml's lower-case type name with K types keeping ``_K`` (``q4_0``,
+``q2_K``, ``iq4_nl``, ``tq1_0``, ``mxfp4``, ``iq2_xxs``):
+
+* ``quantize_rows_<t>(x: float32[n_rows, n_per_row], qw: float32[k], out: uint8[n_rows, row_bytes])``;
   ``k == 0`` means no imatrix (ggml's reference quantizer), ``k == n_per_row`` the weighted variant.
-* ``dequantize(blocks: uint8[n_rows, row_bytes], out: float32[n_rows, n_per_row]) -> None``.
-* optional, CPU only: ``quantize_f16(h: uint16[n_rows, n_per_row], table: float32[65536], qw, out,
-  bad_rows: uint8[n_rows]) -> None``, which widens F16 bits row by row inside the kernel (same bytes as
-  ``quantize`` on the widened values) and flags rows holding inf/NaN.
+* ``dequantize_rows_<t>(blocks: uint8[n_rows, row_bytes], out: float32[n_rows, n_per_row])``.
+* optional, CPU only: ``quantize_f16_rows_<t>(h: uint16[n_rows, n_per_row], table: float32[65536], qw, out,
+  bad_rows: uint8[n_rows])`` in ``ggufkit.quant.<family>_f16``, which widens F16 bits row by row inside the
+  kernel (same bytes as ``quantize`` on the widened values) and flags rows holding inf/NaN.
 
-The float targets F32/F16/BF16 are element-wise conversions, not block kernels; they are listed in
-:data:`FLOAT_TYPES` and handled by :mod:`ggufkit.quant.dispatch` directly.
+The float targets F32/F16/BF16 are element-wise conversions, not block kernels: their rows have no kernel
+module and :mod:`ggufkit.quant.dispatch` converts them directly.
 """
 
 from __future__ import annotations
@@ -30,33 +40,51 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 T = GGMLQuantizationType
 
-#: Element-wise targets: ``ggml_quantize_chunk`` copies F32 and converts with ``ggml_fp32_to_fp16_row`` /
-#: ``ggml_fp32_to_bf16_row_ref``.
-FLOAT_TYPES: frozenset[GGMLQuantizationType] = frozenset({T.F32, T.F16, T.BF16})
+#: Types llama-quantize refuses to produce without importance-matrix data (src/llama-quant.cpp:
+#: tensor_requires_imatrix; Q2_K is added there only inside a Q2_K_S file, see ggufkit.quant.mixture).
+#: Kept for every type, kernel or not, so the planner can refuse a plan before any kernel exists.
+REQUIRES_IMATRIX: frozenset[GGMLQuantizationType] = frozenset(
+    {T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_M, T.IQ1_S})
+
+
+def type_name(t: GGMLQuantizationType) -> str:
+    """ggml's name of a type as kernel function names spell it: ``q4_0``, ``q4_K``, ``iq2_xxs``, ``f16``."""
+    name = t.name.lower()
+    return name[:-2] + "_K" if name.endswith("_k") else name
+
+
+def bits_per_weight(t: GGMLQuantizationType) -> float:
+    """Storage bits per weight of ``t`` (``8 * bytes per block / block size``)."""
+    block, size = GGML_QUANT_SIZES[t]
+    return 8.0 * size / block
 
 
 @dataclass(frozen=True)
-class QuantKernels:
-    """Where one type's kernels live. Sizes are read from ``gguf.GGML_QUANT_SIZES``, never restated.
+class TypeTraits:
+    """One writable GGML type. Sizes are read from ``gguf.GGML_QUANT_SIZES``, never restated.
 
     Attributes:
-        qtype: the GGML type.
-        cpu_module: module of the Numba CPU kernels.
-        cpu_quantize, cpu_dequantize: their function names.
-        cuda_module: module of the Numba CUDA kernels (host wrappers taking numpy arrays).
-        cuda_quantize, cuda_dequantize: their function names.
-        cpu_f16_module, cpu_quantize_f16: the fused F16-input CPU kernel, or "" where there is none.
+        qtype: the GGML type (its ``int`` is the ggml type id).
+        family: kernel module name under ``ggufkit.quant`` ("" for the element-wise float types).
+        has_cuda: a CUDA kernel exists (``ggufkit.quant.cuda_<family>``); without one, ``--device cuda``
+            runs this type on the CPU and says so in the plan and summary.
+        has_f16_kernel: a fused F16-input CPU kernel exists (``ggufkit.quant.<family>_f16``).
     """
 
     qtype: GGMLQuantizationType
-    cpu_module: str
-    cpu_quantize: str
-    cpu_dequantize: str
-    cuda_module: str
-    cuda_quantize: str
-    cuda_dequantize: str
-    cpu_f16_module: str = ""
-    cpu_quantize_f16: str = ""
+    family: str = ""
+    has_cuda: bool = True
+    has_f16_kernel: bool = False
+
+    @property
+    def name(self) -> str:
+        """ggml's type name (``q4_K``)."""
+        return type_name(self.qtype)
+
+    @property
+    def type_id(self) -> int:
+        """ggml's type id (``ggml_type``)."""
+        return int(self.qtype)
 
     @property
     def block_size(self) -> int:
@@ -68,9 +96,49 @@ class QuantKernels:
         """Bytes per block (``GGML_QUANT_SIZES[qtype][1]``)."""
         return GGML_QUANT_SIZES[self.qtype][1]
 
+    @property
+    def bits_per_weight(self) -> float:
+        """Storage bits per weight."""
+        return bits_per_weight(self.qtype)
+
+    @property
+    def needs_imatrix(self) -> bool:
+        """llama-quantize refuses to write this type without an importance matrix (:data:`REQUIRES_IMATRIX`)."""
+        return self.qtype in REQUIRES_IMATRIX
+
+    @property
+    def is_float(self) -> bool:
+        """An element-wise float conversion rather than a block kernel."""
+        return not self.family
+
     def row_bytes(self, n_per_row: int) -> int:
         """Bytes of one row of ``n_per_row`` elements (a multiple of :attr:`block_size`)."""
         return n_per_row // self.block_size * self.type_size
+
+    # Module and function names, derived from the naming convention (see the module docstring).
+    @property
+    def cpu_module(self) -> str:
+        return f"ggufkit.quant.{self.family}"
+
+    @property
+    def cuda_module(self) -> str:
+        return f"ggufkit.quant.cuda_{self.family}" if self.has_cuda else ""
+
+    @property
+    def cpu_quantize(self) -> str:
+        return f"quantize_rows_{self.name}"
+
+    @property
+    def cpu_dequantize(self) -> str:
+        return f"dequantize_rows_{self.name}"
+
+    @property
+    def cuda_quantize(self) -> str:
+        return f"quantize_rows_{self.name}_cuda"
+
+    @property
+    def cuda_dequantize(self) -> str:
+        return f"dequantize_rows_{self.name}_cuda"
 
     def cpu(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """Import and return the CPU ``(quantize, dequantize)`` kernels."""
@@ -79,37 +147,49 @@ class QuantKernels:
 
     def cpu_f16(self) -> Callable[..., Any] | None:
         """Import and return the fused F16-input CPU quantize kernel, or None where the type has none."""
-        if not self.cpu_quantize_f16:
+        if not self.has_f16_kernel:
             return None
-        return getattr(importlib.import_module(self.cpu_f16_module), self.cpu_quantize_f16)
+        return getattr(importlib.import_module(f"{self.cpu_module}_f16"), f"quantize_f16_rows_{self.name}")
 
     def cuda(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        """Import and return the CUDA ``(quantize, dequantize)`` host wrappers (imports ``numba.cuda``)."""
+        """Import and return the CUDA ``(quantize, dequantize)`` host wrappers (imports ``numba.cuda``).
+
+        Raises:
+            LookupError: the type has no CUDA kernel (check :attr:`has_cuda` first).
+        """
+        if not self.has_cuda:
+            raise LookupError(f"{self.qtype.name} has no CUDA kernel")
         module = importlib.import_module(self.cuda_module)
         return getattr(module, self.cuda_quantize), getattr(module, self.cuda_dequantize)
 
 
-def _entry(qtype: GGMLQuantizationType, family: str) -> QuantKernels:
-    # Function names follow ggml's type names: quantize_rows_q4_0, quantize_rows_q4_K, ..._cuda.
-    t = qtype.name.lower() if family == "legacy" else qtype.name[:-2].lower() + "_K"
-    return QuantKernels(
-        qtype=qtype,
-        cpu_module=f"ggufkit.quant.{family}",
-        cpu_quantize=f"quantize_rows_{t}",
-        cpu_dequantize=f"dequantize_rows_{t}",
-        cuda_module=f"ggufkit.quant.cuda_{family}",
-        cuda_quantize=f"quantize_rows_{t}_cuda",
-        cuda_dequantize=f"dequantize_rows_{t}_cuda",
-        cpu_f16_module=f"ggufkit.quant.{family}_f16" if family == "legacy" else "",
-        cpu_quantize_f16=f"quantize_f16_rows_{t}" if family == "legacy" else "",
-    )
+def _row(qtype: GGMLQuantizationType, family: str = "", *, cuda: bool = True, f16_kernel: bool = False
+         ) -> tuple[GGMLQuantizationType, TypeTraits]:
+    return qtype, TypeTraits(qtype, family, has_cuda=cuda and bool(family), has_f16_kernel=f16_kernel)
 
 
-#: Every quantized type with kernels, in ggml type-id order.
-KERNELS: dict[GGMLQuantizationType, QuantKernels] = {
-    **{t: _entry(t, "legacy") for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)},
-    **{t: _entry(t, "kquants") for t in (T.Q4_K, T.Q5_K, T.Q6_K)},
-}
+#: Every type ggufkit can write, one row each (in ggml type-id order within a family).
+TYPES: dict[GGMLQuantizationType, TypeTraits] = dict((
+    # element-wise: ggml_quantize_chunk copies F32 and converts with ggml_fp32_to_fp16_row /
+    # ggml_fp32_to_bf16_row_ref
+    _row(T.F32), _row(T.F16), _row(T.BF16),
+    # ggml-quants.c quantize_row_q4_0_ref ... quantize_row_q8_0_ref and the quantize_q*_0 imatrix variants
+    _row(T.Q4_0, "legacy", f16_kernel=True), _row(T.Q4_1, "legacy", f16_kernel=True),
+    _row(T.Q5_0, "legacy", f16_kernel=True), _row(T.Q5_1, "legacy", f16_kernel=True),
+    _row(T.Q8_0, "legacy", f16_kernel=True),
+    # ggml-quants.c quantize_row_q4_K_ref ... quantize_row_q6_K_ref and quantize_q*_K
+    _row(T.Q4_K, "kquants"), _row(T.Q5_K, "kquants"), _row(T.Q6_K, "kquants"),
+))
+
+#: Element-wise float targets (rows without a kernel module).
+FLOAT_TYPES: frozenset[GGMLQuantizationType] = frozenset(t for t, r in TYPES.items() if r.is_float)
+
+#: Block types with kernels, in ggml type-id order (the rows with a kernel module).
+KERNELS: dict[GGMLQuantizationType, TypeTraits] = {
+    t: r for t, r in sorted(TYPES.items(), key=lambda kv: int(kv[0])) if not r.is_float}
 
 #: Every type :func:`ggufkit.quant.quantize` can produce.
-SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(KERNELS) | FLOAT_TYPES
+SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(TYPES)
+
+#: Former name of :class:`TypeTraits` (one row of the table).
+QuantKernels = TypeTraits

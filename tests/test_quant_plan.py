@@ -232,12 +232,17 @@ def test_order_is_layer_then_bytes():
 
 def test_names_and_types_are_checked():
     assert get_preset("Q4_K").name == "q4_k_m" and get_preset("q5_k").file_type == LlamaFileType.MOSTLY_Q5_K_M
-    with pytest.raises(UsageError, match="unknown quantization type 'q3_k'"):
-        get_preset("q3_k")
+    assert get_preset("Q3_K").name == "q3_k_m" and get_preset("15").name == "q4_k_m"
+    assert get_preset("0").name == "f32" and get_preset("copy").only_copy
+    with pytest.raises(UsageError, match="unknown quantization type 'q3_k_xl'"):
+        get_preset("q3_k_xl")
+    with pytest.raises(UsageError, match="unknown quantization type '99'"):
+        get_preset("99")
     with pytest.raises(UsageError, match="malformed --tensor-type"):
         parse_tensor_type_option("attn_v")
-    with pytest.raises(UsageError, match="invalid --tensor-type type 'iq2_xs'"):
-        parse_tensor_type_option("attn_v=iq2_xs")
+    assert parse_tensor_type_option("attn_v=IQ2_XS") == ("attn_v", QT.IQ2_XS)
+    with pytest.raises(UsageError, match="invalid --tensor-type type 'q8_k'"):
+        parse_tensor_type_option("attn_v=q8_k")
     with pytest.raises(UsageError, match="bad regular expression"):
         parse_tensor_type_option("attn_v(=q8_0")
     assert CLI_TYPE_CHOICES == TYPE_CHOICES
@@ -253,8 +258,9 @@ def test_mixture_rules_need_the_block_count():
 
 def test_plan_json_has_stable_keys(models):
     d = _plan(models["untied"], "q4_k_m").to_dict()
-    assert set(d) == {"target", "file_type", "file_type_name", "default_type", "tensors", "totals"}
+    assert set(d) == {"target", "file_type", "file_type_name", "default_type", "tensors", "totals", "block_count",
+                      "imatrix_required", "missing_kernels", "cpu_only_types"}
     assert set(d["tensors"][0]) == {"name", "shape", "src_type", "dst_type", "action", "reason", "bytes",
-                                    "src_bytes", "bits_per_weight", "fallback", "imatrix"}
+                                    "src_bytes", "bits_per_weight", "fallback", "imatrix", "requires_imatrix"}
     assert d["totals"]["bytes"] == sum(t["bytes"] for t in d["tensors"])
     assert np.isclose(d["totals"]["bits_per_weight"], d["totals"]["bytes"] * 8 / d["totals"]["parameters"], atol=1e-4)

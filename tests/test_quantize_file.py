@@ -225,8 +225,19 @@ def test_cli_errors_are_one_line_exit_2(models, tmp_path):
     res = invoke("quantize", str(models["odd"]), str(out), "--type", "q4_k", "--no-fallback")
     assert res.exit_code == 2 and "--no-fallback forbids it" in res.stderr and "Traceback" not in res.output
     res = invoke("quantize", str(models["small"]), str(out), "--type", "q4_0",
-                 "--tensor-type", "attn_v=iq2_xs")
-    assert res.exit_code == 2 and "invalid --tensor-type type 'iq2_xs'" in res.stderr
+                 "--tensor-type", "attn_v=q8_k")
+    assert res.exit_code == 2 and "invalid --tensor-type type 'q8_k'" in res.stderr
+    # llama-quantize bails out mid-file here; ggufkit refuses in the plan, naming tensor and type
+    res = invoke("quantize", str(models["small"]), str(out), "--type", "q4_0", "--tensor-type", "attn_v=iq2_xs")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert "'blk.0.attn_v.weight'" in res.stderr and "IQ2_XS" in res.stderr and "importance matrix" in res.stderr
+    for bad in (["--override-kv", "general.name=text:x"], ["--override-kv", "llama.block_count=int:x"],
+                ["--prune-layers", "0,7"], ["--prune-layers", "a"], ["--type", "q9_9"],
+                ["--include-weights", "attn", "--exclude-weights", "ffn"]):
+        args = ["--type", "q4_0", *bad] if bad[0] != "--type" else bad
+        res = invoke("quantize", str(models["small"]), str(out), *args)
+        errors = [line for line in res.stderr.splitlines() if "rror" in line]
+        assert res.exit_code == 2 and len(errors) == 1 and "Traceback" not in res.output, (bad, res.output)
     res = invoke("quantize", str(models["small"]), "--type", "q4_0")
     assert res.exit_code == 2 and "OUT.gguf is required" in res.output
     assert not out.exists()

@@ -10,10 +10,29 @@ import click
 from ggufkit.cli._options import common_options, device_option, dry_run_option, threads_option
 from ggufkit.cli._output import Output, human_bytes, table
 
-# Kept literal here so `ggufkit quantize --help` imports no numba; tests/test_quant_plan.py checks that it
-# equals ggufkit.quant.plan.TYPE_CHOICES.
-TYPE_CHOICES = ("q4_0", "q4_1", "q8_0", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k",
-                "q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "f16", "bf16", "f32")
+from ggufkit.quant.presets import TYPE_CHOICES, get_preset, preset_help_lines, type_help_lines
+
+
+class _TargetType(click.ParamType):
+    """A llama-quantize TYPE: a QUANT_OPTIONS name (case-insensitive) or a numeric file type id."""
+
+    name = "TYPE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from ggufkit.errors import UsageError
+
+        try:
+            get_preset(str(value))
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+        return str(value)
+
+
+_EPILOG = "\n".join([
+    "\b", "TYPE (llama-quantize's QUANT_OPTIONS; id, name, bits per weight of the default tensor type; "
+    "'plan only': no kernel in this build yet, --dry-run works):", *(f"  {line}" for line in preset_help_lines()),
+    "", "\b", "Tensor types for --tensor-type, --output-tensor-type, --token-embedding-type:",
+    *(f"  {line}" for line in type_help_lines())])
 
 
 def _plan_table(d: Mapping[str, Any]) -> str:
@@ -33,16 +52,27 @@ def _render(d: Mapping[str, Any]) -> str:
     return "\n".join([f"wrote {d['output']} in {d['seconds']:.1f} s: {summary}", d["fallback_summary"]])
 
 
-@click.command("quantize")
+@click.command("quantize", epilog=_EPILOG)
 @click.argument("input_file", metavar="IN.gguf", type=click.Path(dir_okay=False, path_type=str))
 @click.argument("output_file", metavar="OUT.gguf", required=False, type=click.Path(dir_okay=False, path_type=str))
-@click.option("--type", "target", required=True, type=click.Choice(TYPE_CHOICES, case_sensitive=False),
-              help="Preset or type, as llama-quantize names them (q4_k = q4_k_m, q5_k = q5_k_m).")
+@click.option("--type", "target", required=True, type=_TargetType(),
+              help=f"Preset or type as llama-quantize names them, or its numeric id ({len(TYPE_CHOICES)} names, "
+                   "listed below; q4_k = q4_k_m).")
 @click.option("--pure", is_flag=True, help="No k-quant mixture: every quantizable tensor gets the default type.")
 @click.option("--imatrix", "imatrix", type=click.Path(dir_okay=False, exists=True, path_type=str),
               help="Importance matrix from llama-imatrix (GGUF or legacy .dat).")
 @click.option("--tensor-type", "tensor_types", multiple=True, metavar="PATTERN=TYPE",
               help="Override the type of tensors whose name matches the regular expression (first match wins).")
+@click.option("--tensor-type-file", type=click.Path(dir_okay=False, exists=True, path_type=str),
+              help="More PATTERN=TYPE rules, separated by spaces or newlines (after --tensor-type).")
+@click.option("--include-weights", multiple=True, metavar="NAME",
+              help="Use the imatrix only for tensors whose name contains NAME (repeatable).")
+@click.option("--exclude-weights", multiple=True, metavar="NAME",
+              help="Do not use the imatrix for tensors whose name contains NAME (repeatable).")
+@click.option("--prune-layers", metavar="L0,L1,...", help="Drop these layers; later layers are renumbered.")
+@click.option("--keep-split", is_flag=True, help="Write the output in the same shards as the input.")
+@click.option("--override-kv", multiple=True, metavar="KEY=TYPE:VALUE",
+              help="Set a metadata key in the output (TYPE: int, float, bool, str); repeatable.")
 @click.option("--output-tensor-type", metavar="TYPE", help="Type of output.weight, e.g. q8_0.")
 @click.option("--token-embedding-type", metavar="TYPE", help="Type of token_embd.weight, e.g. q8_0.")
 @click.option("--leave-output-tensor", is_flag=True, help="Copy output.weight unchanged.")
@@ -55,6 +85,8 @@ def _render(d: Mapping[str, Any]) -> str:
 @common_options
 def quantize(input_file: str, output_file: str | None, target: str, pure: bool, imatrix: str | None,
              tensor_types: tuple[str, ...], output_tensor_type: str | None, token_embedding_type: str | None,
+             tensor_type_file: str | None, include_weights: tuple[str, ...], exclude_weights: tuple[str, ...],
+             prune_layers: str | None, keep_split: bool, override_kv: tuple[str, ...],
              leave_output_tensor: bool, allow_requantize: bool, no_fallback: bool, threads: int | None,
              device: str, dry_run: bool, out: Output) -> None:
     """Quantize IN.gguf (F32/F16/BF16) into OUT.gguf exactly as llama-quantize would: same tensor order,
@@ -75,7 +107,9 @@ def quantize(input_file: str, output_file: str | None, target: str, pure: bool, 
         input_file, output_file, target, pure=pure, imatrix=imatrix, tensor_types=tensor_types,
         output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
         leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize, no_fallback=no_fallback,
-        threads=threads, device=device, dry_run=dry_run, progress=out.progress())
+        threads=threads, device=device, dry_run=dry_run, progress=out.progress(),
+        tensor_type_file=tensor_type_file, include_weights=include_weights, exclude_weights=exclude_weights,
+        prune_layers=prune_layers or (), keep_split=keep_split, override_kv=override_kv)
     for warning in report.warnings:
         out.warn(warning)
     out.result(report.to_dict(), _render)

@@ -188,7 +188,7 @@ def _as_bytes(chunk: Any, spec: TensorSpec) -> memoryview:
 def write_gguf(path: str | Path, metadata: Mapping[str, EncodableValue], tensors: Sequence[TensorSpec],
                data: Iterable[Any], *, magic: bytes = GGUF_MAGIC, split_max_size: int | None = None,
                split_max_tensors: int | None = None, slack_bytes: int = DEFAULT_SLACK_BYTES,
-               progress: Progress | None = None) -> list[Path]:
+               progress: Progress | None = None, shard_of: Sequence[int] | None = None) -> list[Path]:
     """Write a GGUF file (or a gguf-split shard set) atomically, streaming tensor data.
 
     Args:
@@ -202,6 +202,8 @@ def write_gguf(path: str | Path, metadata: Mapping[str, EncodableValue], tensors
         split_max_tensors: at most this many tensors per shard.
         slack_bytes: size of the reserved ``ggufkit.slack`` string (0: none).
         progress: receives the number of data bytes written.
+        shard_of: an explicit shard index per tensor (non-decreasing, from 0), instead of the split limits
+            (llama-quantize ``--keep-split``); one shard means one file at ``path``.
 
     Returns:
         The paths written (one, or the shards in order).
@@ -218,7 +220,12 @@ def write_gguf(path: str | Path, metadata: Mapping[str, EncodableValue], tensors
         raise UsageError("split.* keys are managed by the writer; remove them from the metadata")
     alignment = alignment_of(metadata)
     meta = with_slack(metadata, slack_bytes)
-    groups = plan_shards(tensors, alignment, split_max_size, split_max_tensors)
+    if shard_of is not None:
+        if list(shard_of) != sorted(shard_of) or len(shard_of) != len(tensors):
+            raise UsageError("shard_of must give one non-decreasing shard index per tensor")
+        groups = [[i for i, s in enumerate(shard_of) if s == g] for g in range(max(shard_of, default=0) + 1)]
+    else:
+        groups = plan_shards(tensors, alignment, split_max_size, split_max_tensors)
     if len(groups) == 1:
         outputs = [path]
         headers = [(meta, list(tensors))]

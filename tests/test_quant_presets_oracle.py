@@ -1,0 +1,126 @@
+"""Every llama-quantize TYPE plans exactly as llama.cpp's own ``llama-quantize`` chooses, tensor by tensor.
+
+Oracle: the ``llama-quantize`` binary built from the llama.cpp vendored in llama-cpp-python 0.3.36
+(``tests/llama_cpp_sources.py: tool_path``). Its ``--dry-run`` prints every tensor's target type without
+needing kernels, so every preset is compared on every test model, kernels or not: GQA (n_gqa 4 and 2) and
+plain multi-head llama, rows that are whole 256-blocks and rows that are not (288/600, tied embeddings),
+16 layers (the n_layer/16 rules), a Mixtral-style model with 8 experts and 3-D expert tensors, GPT-NeoX
+(fused attn_qkv) and Qwen2 (tied); with and without an importance matrix (which changes IQ3_XXS, IQ4_*,
+Q4_0/Q5_0). Where llama-quantize fails (Q1_0 has no fallback for 288-wide rows), the planner fails too.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from fixtures_quantize import arch_case, imatrix_values, make_gguf, make_llama_gguf, write_imatrix_gguf
+from gguf import GGMLQuantizationType as QT
+from llama_cpp_sources import tool_path
+
+from ggufkit.errors import GGUFKitError
+from ggufkit.format import open_gguf
+from ggufkit.quant.plan import QuantOptions, plan_quantization
+from ggufkit.quant.presets import TYPE_CHOICES
+
+# "[   4/  21] blk.0.attn_k.weight - [ 256, 128, 1, 1], type =    f16, size = 0.06 MiB -> 0.01 MiB (iq2_xxs)"
+_LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s*(\w+), size =.*?(?:\((\w+)\))?\s*$")
+
+
+def dry_run_types(model: Path, target: str, *flags: str) -> list[tuple[str, QT]] | None:
+    """(name, type) of every tensor as ``llama-quantize --dry-run`` plans it, or None when it fails."""
+    res = subprocess.run([str(tool_path("llama-quantize")), "--dry-run", *flags, str(model), target.upper()],
+                         capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        return None
+    out = []
+    for line in (res.stdout + res.stderr).splitlines():
+        m = _LINE.match(line)
+        if m:
+            out.append((m.group(1), QT[(m.group(3) or m.group(2)).upper()]))
+    assert out, res.stderr[-2000:]
+    return out
+
+
+def planned_types(model: Path, target: str, options: QuantOptions) -> list[tuple[str, QT]] | None:
+    with open_gguf(model) as m:
+        try:
+            plan = plan_quantization(m.tensors, target, arch=m.architecture or "", metadata=m.kv, options=options)
+        except GGUFKitError:
+            return None
+    return [(e.name, e.dst_type) for e in plan.entries]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("preset_models")
+    out = {
+        "gqa4": make_llama_gguf(d / "gqa4.gguf", n_embd=256, n_ff=512, n_layer=8, n_head=4, n_head_kv=1,
+                                n_vocab=256),
+        "mha_tied_odd": make_llama_gguf(d / "odd.gguf", n_embd=288, n_ff=600, n_layer=8, n_head=4, n_head_kv=4,
+                                        n_vocab=256, tied=True, seed=2),
+        "gqa2_16": make_llama_gguf(d / "l16.gguf", n_embd=256, n_ff=256, n_layer=16, n_head=4, n_head_kv=2,
+                                   n_vocab=256, seed=3),
+    }
+    for arch_name in ("mixtral", "gptneox", "qwen2"):
+        arch, hp, tensors = arch_case(arch_name, n_layer=8)
+        out[arch_name] = make_gguf(d / f"{arch_name}.gguf", arch, hp, tensors, seed=4)
+    return out
+
+
+@pytest.fixture(scope="module")
+def imatrices(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("preset_imatrix")
+    return {k: write_imatrix_gguf(d / f"{k}.imatrix.gguf", imatrix_values(p)) for k, p in models.items()}
+
+
+MODELS = ["gqa4", "mha_tied_odd", "gqa2_16", "mixtral", "gptneox", "qwen2"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_preset_plans_as_llama_quantize(models, model):
+    mismatches = []
+    for target in TYPE_CHOICES:
+        expected = dry_run_types(models[model], target)
+        ours = planned_types(models[model], target, QuantOptions(dry_run=True))
+        if ours != expected:
+            mismatches.append((target, ours if ours is None or expected is None else
+                               [(a, b) for a, b in zip(ours, expected) if a != b][:4], expected is None))
+    assert not mismatches
+
+
+@pytest.mark.parametrize("model", ["gqa4", "mha_tied_odd", "mixtral"])
+def test_every_preset_with_imatrix_plans_as_llama_quantize(models, imatrices, model):
+    with open_gguf(imatrices[model]) as m:
+        sizes = {t.name[:-len(".in_sum2")]: t.n_elements for t in m.tensors if t.name.endswith(".in_sum2")}
+    mismatches = []
+    for target in TYPE_CHOICES:
+        expected = dry_run_types(models[model], target, "--imatrix", str(imatrices[model]))
+        ours = planned_types(models[model], target, QuantOptions(dry_run=True, imatrix_sizes=sizes))
+        if ours != expected:
+            mismatches.append(target)
+    assert not mismatches
+
+
+@pytest.mark.parametrize("model", ["gqa4", "mha_tied_odd", "mixtral"])
+def test_every_pure_type_plans_as_llama_quantize(models, model):
+    mismatches = [t for t in TYPE_CHOICES if planned_types(models[model], t, QuantOptions(dry_run=True, pure=True))
+                  != dry_run_types(models[model], t, "--pure")]
+    assert not mismatches
+
+
+@pytest.mark.parametrize("flags,options", [
+    (["--tensor-type", "attn_v=iq2_xxs", "--tensor-type", "ffn_down=q2_k"],
+     dict(tensor_types=(("attn_v", QT.IQ2_XXS), ("ffn_down", QT.Q2_K)))),
+    (["--output-tensor-type", "iq4_nl", "--token-embedding-type", "tq2_0"],
+     dict(output_tensor_type=QT.IQ4_NL, token_embedding_type=QT.TQ2_0)),
+    (["--leave-output-tensor"], dict(leave_output_tensor=True)),
+    (["--prune-layers", "1,5"], dict(prune_layers=(1, 5))),
+])
+@pytest.mark.parametrize("target", ["q2_k", "iq3_xs", "q4_k_m", "iq2_m"])
+def test_options_plan_as_llama_quantize(models, flags, options, target):
+    for model in ("gqa4", "mha_tied_odd"):
+        expected = dry_run_types(models[model], target, *flags)
+        assert planned_types(models[model], target, QuantOptions(dry_run=True, **options)) == expected, model

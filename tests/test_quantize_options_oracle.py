@@ -1,0 +1,181 @@
+"""Whole files and option semantics equal llama.cpp's own ``llama-quantize`` binary, byte for byte.
+
+Oracle: ``llama-quantize`` built from the llama.cpp vendored in llama-cpp-python 0.3.36 (it takes an
+imatrix file, which ``llama_model_quantize`` through ctypes cannot). Same input, same flags, same imatrix
+file; compared: tensor order, names, types and bytes, ``general.file_type``, KV order and values (ggufkit's
+own ``ggufkit.*`` provenance keys aside). Presets are those with kernels on this build; the planner of the
+others is checked against ``--dry-run`` in test_quant_presets_oracle.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from fixtures_quantize import imatrix_values, make_llama_gguf, write_imatrix_gguf
+from llama_cpp_sources import tool_path
+
+from ggufkit.errors import QuantizationError, UsageError
+from ggufkit.format import Metadata, TensorSpec, open_gguf, write_gguf
+from ggufkit.quant.pipeline import quantize_file
+from ggufkit.quant.presets import PRESETS
+from ggufkit.quant.registry import TYPES
+
+
+def llama_quantize_bin(inp: Path, out: Path, target: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(tool_path("llama-quantize")), *flags, str(inp), str(out), target.upper(), "2"],
+                          capture_output=True, text=True, check=False)
+
+
+def assert_same_file(ref: Path, ours: Path) -> None:
+    """Same tensors (order, names, types, bytes), same KV pairs in the same order (our ggufkit.* keys aside)."""
+    with open_gguf(ref) as a, open_gguf(ours) as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        for ta, tb in zip(a.tensors, b.tensors):
+            assert bytes(a.raw(ta)) == bytes(b.raw(tb)), f"bytes differ in {ta.name} ({ta.ggml_type.name})"
+        assert list(a.kv) == [k for k in b.kv if not k.startswith("ggufkit.")]
+        for key in a.kv:
+            assert a.kv[key].type == b.kv[key].type, key
+            if not key.startswith("tokenizer."):
+                assert a.get(key) == b.get(key), key
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("opt_models")
+    return {
+        "gqa4": make_llama_gguf(d / "gqa4.gguf", n_embd=256, n_ff=512, n_layer=8, n_head=4, n_head_kv=1,
+                                n_vocab=256),
+        "odd": make_llama_gguf(d / "odd.gguf", n_embd=288, n_ff=600, n_layer=4, n_head=4, n_head_kv=4,
+                               n_vocab=256, tied=True, seed=2),
+    }
+
+
+#: Presets whose every tensor type has a kernel on this build (the others are planned only).
+KERNEL_PRESETS = [n for n, p in PRESETS.items() if p.default_type in TYPES and n != "q4_k"]
+
+
+@pytest.mark.parametrize("model", ["gqa4", "odd"])
+def test_presets_with_kernels_equal_llama_quantize(models, tmp_path, model):
+    for target in KERNEL_PRESETS:
+        ref, ours = tmp_path / f"ref-{target}.gguf", tmp_path / f"ours-{target}.gguf"
+        res = llama_quantize_bin(models[model], ref, target)
+        assert res.returncode == 0, res.stderr[-1500:]
+        quantize_file(models[model], ours, target, threads=2)
+        assert_same_file(ref, ours)
+
+
+@pytest.mark.parametrize("target", ["q4_k_m", "q5_0"])
+def test_include_exclude_weights_and_imatrix_keys_equal_llama_quantize(models, tmp_path, target):
+    src = models["gqa4"]
+    imat = write_imatrix_gguf(tmp_path / "imatrix.gguf", imatrix_values(src), datasets=("wiki.txt",), chunk_count=5)
+    for flags, kw in ((["--include-weights", "ffn_", "--include-weights", "attn_v"],
+                       dict(include_weights=("ffn_", "attn_v"))),
+                      (["--exclude-weights", "blk.1.", "--exclude-weights", "output"],
+                       dict(exclude_weights=("blk.1.", "output")))):
+        ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+        res = llama_quantize_bin(src, ref, target, "--imatrix", str(imat), *flags)
+        assert res.returncode == 0, res.stderr[-1500:]
+        quantize_file(src, ours, target, imatrix=imat, **kw)
+        assert_same_file(ref, ours)
+
+
+def test_tensor_type_rules_and_file_equal_llama_quantize(models, tmp_path):
+    src = models["odd"]
+    rules = tmp_path / "types.txt"
+    rules.write_text("ffn_down=q8_0\n  blk\\.[02]\\.attn_q=Q4_1 \nattn_output=bf16\n")
+    res = llama_quantize_bin(src, tmp_path / "ref.gguf", "q4_k_s", "--tensor-type", "ATTN_K=q6_k",
+                             "--tensor-type-file", str(rules))
+    assert res.returncode == 0, res.stderr[-1500:]
+    quantize_file(src, tmp_path / "ours.gguf", "q4_k_s", tensor_types=("ATTN_K=q6_k",), tensor_type_file=rules)
+    assert_same_file(tmp_path / "ref.gguf", tmp_path / "ours.gguf")
+
+
+@pytest.mark.parametrize("prune", ["0", "2,5", "7", "1,2,3"])
+def test_prune_layers_equal_llama_quantize(models, tmp_path, prune):
+    src = models["gqa4"]
+    imat = write_imatrix_gguf(tmp_path / "imatrix.gguf", imatrix_values(src))
+    res = llama_quantize_bin(src, tmp_path / "ref.gguf", "q4_k_m", "--prune-layers", prune, "--imatrix", str(imat))
+    assert res.returncode == 0, res.stderr[-1500:]
+    quantize_file(src, tmp_path / "ours.gguf", "q4_k_m", prune_layers=prune, imatrix=imat)
+    assert_same_file(tmp_path / "ref.gguf", tmp_path / "ours.gguf")
+
+
+def test_override_kv_equals_llama_quantize(models, tmp_path):
+    src = models["gqa4"]
+    overrides = ["general.name=str:renamed model", "llama.context_length=int:-4096", "custom.flag=bool:true",
+                 "custom.scale=float:0.125", "general.name=str:twice", "llama.rope.freq_base=float:10000.5"]
+    flags = [x for o in overrides for x in ("--override-kv", o)]
+    res = llama_quantize_bin(src, tmp_path / "ref.gguf", "q8_0", *flags)
+    assert res.returncode == 0, res.stderr[-1500:]
+    quantize_file(src, tmp_path / "ours.gguf", "q8_0", override_kv=overrides)
+    assert_same_file(tmp_path / "ref.gguf", tmp_path / "ours.gguf")
+
+
+def test_keep_split_equals_llama_quantize(models, tmp_path):
+    with open_gguf(models["gqa4"]) as m:
+        meta = Metadata(m.kv.items())
+        specs = [TensorSpec(t.name, t.ggml_type, t.shape) for t in m.tensors]
+        shards = write_gguf(tmp_path / "in.gguf", meta, specs, [bytes(m.raw(t)) for t in m.tensors],
+                            split_max_tensors=30, slack_bytes=0)
+    assert len(shards) == 3
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ours").mkdir()
+    res = llama_quantize_bin(shards[0], tmp_path / "ref" / "out.gguf", "q4_k_m", "--keep-split")
+    assert res.returncode == 0, res.stderr[-1500:]
+    report = quantize_file(shards[0], tmp_path / "ours" / "out.gguf", "q4_k_m", keep_split=True)
+    refs = sorted((tmp_path / "ref").iterdir())
+    assert [p.name for p in refs] == [p.name for p in report.outputs] == [
+        f"out-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    for ref, ours in zip(refs, report.outputs):
+        assert_same_file(ref, ours)
+    # one input file: llama-quantize still writes "out-00001-of-00001.gguf"
+    res = llama_quantize_bin(models["odd"], tmp_path / "ref" / "one.gguf", "q8_0", "--keep-split")
+    assert res.returncode == 0
+    report = quantize_file(models["odd"], tmp_path / "ours" / "one.gguf", "q8_0", keep_split=True)
+    assert report.outputs == (tmp_path / "ours" / "one-00001-of-00001.gguf",)
+    assert_same_file(tmp_path / "ref" / "one-00001-of-00001.gguf", report.outputs[0])
+
+
+def _refused_tensor(stderr: str) -> str:
+    m = re.search(r"offending tensor: (\S+)|Missing importance matrix for tensor (\S+)", stderr)
+    assert m, stderr[-1500:]
+    return m.group(1) or m.group(2)
+
+
+def test_missing_imatrix_is_refused_in_the_plan_like_llama_quantize(models, tmp_path):
+    """llama-quantize bails out (mid-file with an imatrix that lacks the entry); ggufkit refuses before
+    writing anything, naming the same tensor."""
+    src = models["gqa4"]
+    res = llama_quantize_bin(src, tmp_path / "ref.gguf", "q4_0", "--tensor-type", "ffn_up=iq2_xxs")
+    assert res.returncode != 0
+    with pytest.raises(QuantizationError, match=re.escape(f"'{_refused_tensor(res.stderr)}'") + ".*IQ2_XXS"):
+        quantize_file(src, tmp_path / "ours.gguf", "q4_0", tensor_types=("ffn_up=iq2_xxs",))
+    entries = imatrix_values(src)
+    del entries["blk.3.ffn_up.weight"]
+    imat = write_imatrix_gguf(tmp_path / "imatrix.gguf", entries)
+    res = llama_quantize_bin(src, tmp_path / "ref.gguf", "q4_0", "--tensor-type", "ffn_up=iq2_xxs",
+                             "--imatrix", str(imat))
+    assert res.returncode != 0 and _refused_tensor(res.stderr) == "blk.3.ffn_up.weight"
+    with pytest.raises(QuantizationError, match=r"'blk\.3\.ffn_up\.weight'.*IQ2_XXS"):
+        quantize_file(src, tmp_path / "ours.gguf", "q4_0", tensor_types=("ffn_up=iq2_xxs",), imatrix=imat)
+    # Q2_K needs one only inside a Q2_K_S file; token_embd and output never do
+    res = llama_quantize_bin(src, tmp_path / "ref.gguf", "q2_k_s")
+    assert res.returncode != 0
+    with pytest.raises(QuantizationError, match=re.escape(f"'{_refused_tensor(res.stderr)}'") + ".*Q2_K"):
+        quantize_file(src, tmp_path / "ours.gguf", "q2_k_s")
+    assert not any(p.name.startswith("ours") for p in tmp_path.iterdir())
+    # a dry run shows the plan and says what a real run would refuse
+    report = quantize_file(src, None, "iq2_xxs", dry_run=True)
+    assert report.plan.imatrix_required() and any("needs an importance matrix" in w for w in report.warnings)
+
+
+def test_a_type_without_kernel_plans_but_does_not_quantize(models, tmp_path):
+    missing = next(p for p in PRESETS.values() if p.default_type not in TYPES and not p.needs_imatrix)
+    report = quantize_file(models["gqa4"], None, missing.name, dry_run=True)
+    assert report.plan.missing_kernels()
+    with pytest.raises(UsageError, match="no kernel for"):
+        quantize_file(models["gqa4"], tmp_path / "out.gguf", missing.name)
+    assert not (tmp_path / "out.gguf").exists()
