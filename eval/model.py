@@ -21,6 +21,7 @@ import hashlib
 import math
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,9 @@ class GGUFCausalLM:
         self.model_sha256 = model_sha256
         self.file = file  # kept open: CPU tensors are zero-copy views of its mmap
         self._rope_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        #: Called with (weight names, float32 input ``[B, T, n]``) before each matmul with those weights;
+        #: ggufkit.eval.imatrix sets it to collect importance matrices. None: no cost.
+        self.observer: Callable[[tuple[str, ...], torch.Tensor], None] | None = None
 
     @property
     def n_vocab(self) -> int:
@@ -164,6 +168,10 @@ class GGUFCausalLM:
         y = F.linear(x.to(w.dtype), w).to(torch.float32)
         return y if b is None else y + b
 
+    def _observe(self, x: torch.Tensor, *names: str) -> None:
+        if self.observer is not None:
+            self.observer(names, x)
+
     def _rope(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``[t, n_rot]`` in transformers' rotate-half layout, computed as transformers does."""
         cached = self._rope_cache.get(t)
@@ -204,10 +212,12 @@ class GGUFCausalLM:
         nq, nkv = hp.n_head * hd, hp.n_head_kv * hd
         qkv_w = self._w(p + "attn_qkv.weight")
         if qkv_w is not None:
+            self._observe(h, p + "attn_qkv.weight")
             qkv = self._linear(h, qkv_w, self._w(p + "attn_qkv.bias"))
             del qkv_w
             q, k, v = qkv.split([nq, nkv, nkv], dim=-1)
         else:
+            self._observe(h, p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
             q = self._linear(h, self._r(p + "attn_q.weight"), self._w(p + "attn_q.bias"))
             k = self._linear(h, self._r(p + "attn_k.weight"), self._w(p + "attn_k.bias"))
             v = self._linear(h, self._r(p + "attn_v.weight"), self._w(p + "attn_v.bias"))
@@ -230,10 +240,12 @@ class GGUFCausalLM:
             gqa = False
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd), enable_gqa=gqa)
         o = o.transpose(1, 2).reshape(bsz, t, hp.n_head * hd)
+        self._observe(o, p + "attn_output.weight")
         return self._linear(o, self._r(p + "attn_output.weight"), self._w(p + "attn_output.bias"))
 
     def _ffn(self, h: torch.Tensor, p: str) -> torch.Tensor:
         hp = self.hparams
+        self._observe(h, p + "ffn_up.weight", p + "ffn_gate.weight")
         up = self._linear(h, self._r(p + "ffn_up.weight"), self._w(p + "ffn_up.bias"))
         gate_w = self._w(p + "ffn_gate.weight")
         if hp.ffn == "gelu":
@@ -257,6 +269,7 @@ class GGUFCausalLM:
             b = self._w(p + "ffn_down_t.bias")
             b = b if b is not None else self._w(p + "ffn_down.bias")
             return y if b is None else y + b
+        self._observe(a, p + "ffn_down.weight")
         return self._linear(a, self._r(p + "ffn_down.weight"), self._w(p + "ffn_down.bias"))
 
     # -- forward -----------------------------------------------------------------------------------
@@ -295,6 +308,7 @@ class GGUFCausalLM:
         head = self.tensors.get("output.weight") if not hp.learned_positions else None
         if head is None:  # tied LM head
             head = self.tensors["token_embd.weight"]
+        self._observe(x, head.name)
         parts = []
         for a in range(0, hp.n_vocab, _VOCAB_CHUNK):
             w = head.row_range(a, min(a + _VOCAB_CHUNK, hp.n_vocab), self.dtype)

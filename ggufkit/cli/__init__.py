@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quantize": ("ggufkit.cli.quantize:quantize", "Quantize a GGUF file (byte-identical to llama-quantize)."),
     "convert": ("ggufkit.cli.convert:convert", "Convert a Hugging Face checkpoint to GGUF."),
     "ppl": ("ggufkit.cli.ppl:ppl", "Measure perplexity (and KL divergence against a baseline)."),
+    "imatrix": ("ggufkit.cli.imatrix:imatrix", "Collect an importance matrix (as llama-imatrix), combine or convert."),
     "demo": ("ggufkit.cli.demo:demo", "Build a tiny model and run the whole pipeline on it."),
 }
 

@@ -1,0 +1,223 @@
+"""``ggufkit imatrix`` against llama.cpp's own ``llama-imatrix`` (built from the vendored sources).
+
+Same model, text, ``--ctx`` and ``--chunks`` on both sides: the same tensor set, keys and counts, and
+``in_sum2`` within float noise; combining and gguf <-> dat conversion give llama-imatrix's bytes; a run
+resumed from a snapshot gives the uninterrupted run's bytes; bad input is one line, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import invoke
+from eval_models import make_hf_model, write_model_gguf
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFValueType as VT
+from llama_cpp_sources import tool_path
+
+from ggufkit.format import Metadata, TensorSpec, write_gguf
+from ggufkit.quant.imatrix_file import read_raw_imatrix
+
+CTX = 64
+CHUNKS = 4
+#: llama.cpp computes attention with an F16 KV cache by default; these flags make it float32 throughout.
+F32_ATTENTION = ["-fa", "off", "-ctk", "f32", "-ctv", "f32"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("imatrix")
+    rng = np.random.default_rng(0)
+    # The synthetic vocabulary has the pieces "▁t0".."▁t60": each word is one token in both tokenizers.
+    (d / "text.txt").write_text(" ".join(f"t{i}" for i in rng.integers(0, 61, 6 * CTX)) + "\n")
+    (d / "short.txt").write_text("t1 t2 t3\n")
+    model = make_hf_model("llama", seed=3)
+    out = {"f32": write_model_gguf(model, "llama", d / "f32.gguf"),
+           "f16": write_model_gguf(model, "llama", d / "f16.gguf", Q.F16),
+           "q8": write_model_gguf(model, "llama", d / "q8.gguf", Q.Q8_0),
+           "tied": write_model_gguf(make_hf_model("qwen2", seed=3), "qwen2", d / "tied.gguf"),
+           "wide": write_model_gguf(make_hf_model("llama", seed=3, hidden_size=128, intermediate_size=256),
+                                    "llama", d / "wide.gguf"),
+           "text": d / "text.txt", "short": d / "short.txt", "dir": d}
+    return out
+
+
+def llama_imatrix(*args: str | Path) -> str:
+    r = subprocess.run([str(tool_path("llama-imatrix")), "-t", "2", *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout + r.stderr
+
+
+def ours(*args: str | Path) -> dict:
+    r = invoke("imatrix", *map(str, args), "--device", "cpu", "--json")
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def relative_l2(a: Path, b: Path) -> dict[str, float]:
+    """Per entry ||sums_a - sums_b|| / ||sums_b||, after checking names, counts and keys are equal."""
+    x, y = read_raw_imatrix(a), read_raw_imatrix(b)
+    assert sorted(x.entries) == sorted(y.entries)
+    assert (x.chunk_count, x.chunk_size, x.datasets) == (y.chunk_count, y.chunk_size, y.datasets)
+    out = {}
+    for name, (sums, counts) in x.entries.items():
+        ref_sums, ref_counts = y.entries[name]
+        assert np.array_equal(counts, ref_counts), name
+        assert sums.shape == ref_sums.shape, name
+        out[name] = float(np.linalg.norm(sums.astype(np.float64) - ref_sums) / np.linalg.norm(ref_sums))
+    return out
+
+
+def run_both(files: dict[str, Path], model: str, name: str, *extra: str, llama_extra: tuple[str, ...] = ()
+             ) -> tuple[Path, Path, dict]:
+    d = files["dir"]
+    ref, mine = d / f"ref-{name}.gguf", d / f"ours-{name}.gguf"
+    common = ["-f", files["text"], "-c", str(CTX), "--chunks", str(CHUNKS), *extra]
+    llama_imatrix("-m", files[model], "-o", ref, *common, *llama_extra)
+    result = ours(files[model], "-o", mine, *common)
+    return mine, ref, result
+
+
+def test_f32_model_matches_llama_imatrix_to_float_accumulation_noise(files: dict[str, Path]) -> None:
+    mine, ref, result = run_both(files, "f32", "f32", "--process-output", llama_extra=tuple(F32_ATTENTION))
+    rel = relative_l2(mine, ref)
+    # Every matmul of both blocks plus the untied head (--process-output); measured worst ~2e-6.
+    assert len(rel) == 2 * 7 + 1 and "output.weight" in rel
+    assert max(rel.values()) <= 1e-4, rel
+    assert result["chunks"] == CHUNKS and result["chunk_count"] == CHUNKS and result["chunk_size"] == CTX
+    assert read_raw_imatrix(mine).entries["blk.0.attn_q.weight"][1].tolist() == [CHUNKS * CTX]
+
+
+def test_f16_and_q8_models_match_llama_imatrix_within_its_activation_rounding(files: dict[str, Path]) -> None:
+    # llama.cpp rounds activations to F16 before F16 matmuls (Q8_0: to 8-bit blocks) and keeps K/V in F16,
+    # ggufkit computes in float32; on this random model that moves the sums by ~1e-3 (F16) and ~1e-2 (Q8_0).
+    rel = relative_l2(*run_both(files, "f16", "f16")[:2])
+    assert len(rel) == 14 and max(rel.values()) <= 5e-3, rel
+    rel = relative_l2(*run_both(files, "q8", "q8")[:2])
+    assert len(rel) == 14 and max(rel.values()) <= 5e-2, rel
+
+
+def test_tied_head_is_never_collected_even_with_process_output(files: dict[str, Path]) -> None:
+    mine, ref, _ = run_both(files, "tied", "tied", "--process-output", "--no-ppl", llama_extra=tuple(F32_ATTENTION))
+    rel = relative_l2(mine, ref)
+    assert "output.weight" not in rel and "token_embd.weight" not in rel and len(rel) == 14
+    assert max(rel.values()) <= 1e-4, rel
+
+
+def test_perplexity_per_chunk_is_printed_like_llama_imatrix(files: dict[str, Path]) -> None:
+    r = invoke("imatrix", str(files["f32"]), "-f", str(files["text"]), "-c", str(CTX), "--chunks", "3", "-o",
+               str(files["dir"] / "ppl.gguf"), "--device", "cpu")
+    assert r.exit_code == 0, r.stderr
+    first, second = r.stdout.splitlines()[:2]
+    assert first.startswith("[1]") and "[3]" in first and second.startswith("Final estimate: PPL = ")
+    log = llama_imatrix("-m", files["f32"], "-f", files["text"], "-c", CTX, "--chunks", 3, "-o",
+                        files["dir"] / "ppl-ref.gguf", *F32_ATTENTION)
+    ref = float(log.split("Final estimate: PPL = ")[1].split()[0])
+    assert float(second.split("= ")[1].split()[0]) == pytest.approx(ref, rel=1e-4)
+
+
+def test_combining_and_converting_give_llama_imatrixs_bytes(files: dict[str, Path]) -> None:
+    d = files["dir"]
+    a, b = run_both(files, "f32", "comb")[:2]  # two files with different values: ours and llama's
+    cases = {"copy": [a], "combined": [a, b], "three": [b, a, b]}
+    for name, inputs in cases.items():
+        for fmt in ("gguf", "dat"):
+            args = [x for p in inputs for x in ("--in-file", p)] + ["--output-format", fmt]
+            llama_imatrix("-m", files["f32"], *args, "-o", d / f"{name}-ref.{fmt}")
+            ours(*args, "-o", d / f"{name}-ours.{fmt}")
+            assert (d / f"{name}-ours.{fmt}").read_bytes() == (d / f"{name}-ref.{fmt}").read_bytes(), (name, fmt)
+    # dat -> gguf, and a dat combined with a gguf (legacy entries are scaled by the chunk size)
+    for name, inputs in {"fromdat": [d / "copy-ref.dat"], "mixed": [d / "copy-ref.dat", a]}.items():
+        args = [x for p in inputs for x in ("--in-file", p)]
+        llama_imatrix("-m", files["f32"], *args, "-o", d / f"{name}-ref.gguf")
+        ours(*args, "-o", d / f"{name}-ours.gguf")
+        assert (d / f"{name}-ours.gguf").read_bytes() == (d / f"{name}-ref.gguf").read_bytes(), name
+
+
+def test_gguf_dat_round_trip_keeps_what_the_legacy_format_can_hold(files: dict[str, Path]) -> None:
+    d = files["dir"]
+    mine = d / "rt.gguf"
+    ours(files["f32"], "-f", files["text"], "-c", CTX, "--chunks", CHUNKS, "-o", mine, "--no-ppl")
+    ours("--in-file", mine, "--output-format", "dat", "-c", CTX, "-o", d / "rt.dat")
+    ours("--in-file", d / "rt.dat", "-c", CTX, "-o", d / "rt2.gguf")
+    # The counts are whole chunks, so mean * ncall * chunk_size gives back the sums up to float rounding.
+    a, b = read_raw_imatrix(mine), read_raw_imatrix(d / "rt2.gguf")
+    for name, (sums, counts) in a.entries.items():
+        assert np.array_equal(counts, b.entries[name][1])
+        np.testing.assert_allclose(b.entries[name][0], sums, rtol=1e-6)
+    ours("--in-file", d / "rt.dat", "--output-format", "dat", "-c", CTX, "-o", d / "rt3.dat")
+    assert (d / "rt3.dat").read_bytes() == (d / "rt.dat").read_bytes()
+
+
+def test_resuming_from_a_snapshot_gives_the_uninterrupted_result(files: dict[str, Path]) -> None:
+    d = files["dir"]
+    full = d / "full.gguf"
+    ours(files["f16"], "-f", files["text"], "-c", CTX, "--chunks", 5, "-o", full, "--save-frequency", 2,
+         "--no-ppl")
+    assert sorted(p.name for p in d.glob("full.gguf.at_*")) == ["full.gguf.at_2", "full.gguf.at_4"]
+    resumed = d / "resumed.gguf"
+    ours(files["f16"], "-f", files["text"], "-c", CTX, "--chunks", 3, "--from-chunk", 2, "--in-file",
+         d / "full.gguf.at_2", "-o", resumed, "--no-ppl")
+    a, b = read_raw_imatrix(full), read_raw_imatrix(resumed)
+    assert a.chunk_count == b.chunk_count == 5
+    for name, (sums, counts) in a.entries.items():
+        assert np.array_equal(sums, b.entries[name][0]) and np.array_equal(counts, b.entries[name][1]), name
+
+
+def test_show_statistics_follows_llama_imatrixs_definitions(files: dict[str, Path]) -> None:
+    # llama-imatrix 0.3.36 --show-statistics prints nothing (its asynchronous log is not flushed before main
+    # returns), so the oracle here is imatrix.cpp's compute_statistics/compute_cossim written out in float64.
+    mine = files["dir"] / "stats.gguf"
+    ours(files["f32"], "-f", files["text"], "-c", CTX, "--chunks", CHUNKS, "-o", mine, "--no-ppl")
+    raw = read_raw_imatrix(mine).entries
+    got = ours("--in-file", mine, "--show-statistics")
+    assert len(got["tensors"]) == 14 and [r["layer"] for r in got["layers"]] == [0, 1]
+    keys = [(t["tensor"], -t["sum"]) for t in got["tensors"]]
+    assert keys == sorted(keys)  # by tensor kind, then by descending sum, as llama-imatrix sorts
+    for t in got["tensors"]:
+        sums, counts = raw[t["name"]]
+        act = sums.astype(np.float64) / counts[0]
+        p = act / act.sum()
+        assert t["sum"] == pytest.approx(act.sum(), rel=1e-5) and t["elements"] == act.size
+        assert (t["min"], t["max"]) == (pytest.approx(act.min(), rel=1e-6), pytest.approx(act.max(), rel=1e-6))
+        assert t["stddev"] == pytest.approx(act.std(), rel=1e-3)
+        assert t["entropy"] == pytest.approx(-(p * np.log2(p)).sum(), rel=1e-5)
+        assert t["zd"] == pytest.approx(((act - act.mean()) / act.std() > 1).mean(), abs=1 / act.size)
+        if t["layer"] == "1":
+            prev = raw[t["name"].replace("blk.1.", "blk.0.")][0].astype(np.float64)
+            cos = sums @ prev / np.linalg.norm(sums) / np.linalg.norm(prev)
+            assert t["cossim"] == pytest.approx(cos, rel=1e-5)
+        else:
+            assert t["cossim"] == 0.0
+    r = invoke("imatrix", "--in-file", str(mine), "--show-statistics")
+    assert r.exit_code == 0 and "Computing weighted average statistics per layer (2 layers)" in r.stdout
+
+
+@pytest.mark.parametrize("case", ["short", "unsupported", "mismatch", "corrupt"])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(files: dict[str, Path], case: str) -> None:
+    d = files["dir"]
+    out = d / f"bad-{case}.gguf"
+    args = [files["f32"], "-f", files["text"], "-c", CTX, "--chunks", 2]
+    if case == "short":
+        args = [files["f32"], "-f", files["short"], "-c", CTX]
+    elif case == "unsupported":  # an architecture the evaluator does not run
+        args[0] = d / "mamba.gguf"
+        meta = Metadata()
+        meta.set("general.architecture", VT.STRING, "mamba")
+        write_gguf(args[0], meta, [TensorSpec("token_embd.weight", Q.F32, (8, 32))], [np.zeros((8, 32), np.float32)])
+    elif case == "mismatch":
+        wide = d / "wide-im.gguf"
+        ours(files["wide"], "-f", files["text"], "-c", CTX, "--chunks", 2, "-o", wide, "--no-ppl")
+        args += ["--in-file", wide]
+    else:
+        bad = d / "corrupt.gguf"
+        bad.write_bytes(b"GGUF" + b"\x03\0\0\0" + b"\xff" * 20)
+        args += ["--in-file", bad]
+    r = invoke("imatrix", *map(str, args), "-o", str(out), "--device", "cpu")
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("ggufkit: error:"), r.stderr
+    assert not out.exists() and not list(d.glob(f".bad-{case}*"))
