@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -148,10 +149,19 @@ def _copy_sources(dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["from-tree", "from-sdist"])
+def wheel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel built from the source tree (pip wheel .), or from an sdist of it (as from PyPI)."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = _copy_sources(tmp / "src")
+    if request.param == "from-sdist":
+        code = "import sys\nfrom setuptools import build_meta\nprint(build_meta.build_sdist(sys.argv[1]))\n"
+        result = subprocess.run([sys.executable, "-c", code, str(tmp / "sdist")], capture_output=True, text=True,
+                                cwd=src)
+        assert result.returncode == 0, result.stderr[-2000:]
+        with tarfile.open(tmp / "sdist" / result.stdout.split()[-1]) as tar:
+            tar.extractall(tmp / "unpacked", filter="data")
+        (src,) = (tmp / "unpacked").iterdir()
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                              "-q", "-w", str(tmp / "dist"), str(src)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
