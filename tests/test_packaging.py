@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -148,11 +149,19 @@ def _copy_sources(dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["from-tree", "from-sdist"])
+def wheel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel built from the source tree (pip wheel .), or from an sdist of it (as from PyPI)."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = _copy_sources(tmp / "src")
-    assert (src / "ggufkit" / "registry.yaml").is_symlink()
+    if request.param == "from-sdist":
+        code = "import sys\nfrom setuptools import build_meta\nprint(build_meta.build_sdist(sys.argv[1]))\n"
+        result = subprocess.run([sys.executable, "-c", code, str(tmp / "sdist")], capture_output=True, text=True,
+                                cwd=src)
+        assert result.returncode == 0, result.stderr[-2000:]
+        with tarfile.open(tmp / "sdist" / result.stdout.split()[-1]) as tar:
+            tar.extractall(tmp / "unpacked", filter="data")
+        (src,) = (tmp / "unpacked").iterdir()
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                              "-q", "-w", str(tmp / "dist"), str(src)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -197,3 +206,17 @@ def test_the_installed_wheel_finds_its_registry_and_sample_text(wheel: Path, tmp
 
     assert result.stdout.splitlines()[0] == f"{len(load_registry().entries)} {len(sample_text())}"
     assert "LlamaForCausalLM" in result.stdout and "GPTNeoXForCausalLM" in result.stdout
+
+
+def test_ci_runs_both_readme_set_up_commands_verbatim_and_the_wheel_check() -> None:
+    readme = (ROOT / "README.md").read_text()
+    setup = readme.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```bash\n(.*?)\n```", setup, re.S)
+    assert len(commands) == 2 and "ggufkit demo" in commands[0] and "pytest" in commands[1]
+    ci = (ROOT / ".ci" / "run").read_text()
+    lines = [line.strip() for line in ci.splitlines()]
+    for command in commands:
+        assert command.strip() in lines, f".ci/run does not run the README's {command!r} verbatim"
+    assert lines.index(commands[0].strip()) < lines.index(commands[1].strip())
+    assert "pip\" wheel --no-deps" in ci and "convert --list" in ci and "-m venv" in ci
+    assert ci.rstrip().splitlines()[-1] == "done"  # nothing runs after the loop whose last stage is pytest
