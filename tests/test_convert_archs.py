@@ -31,6 +31,7 @@ from ggufkit.format import open_gguf
 #: (case id, HF class, checkpoint overrides).
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("mistral", "MistralForCausalLM", {}),
+    ("mixtral", "MixtralForCausalLM", {}),
 ]
 CTX = 32
 #: Keys ggufkit writes and llama.cpp's converter leaves out, each equal to what llama.cpp's loader assumes
@@ -128,3 +129,32 @@ def test_check_passes_and_fails_on_other_weights(case: dict[str, Any], tmp_path:
     broken = convert(other, tmp_path / "other.gguf", outtype="f32").outputs[0]
     bad = check_conversion(case["dir"], broken, outtype="f32", n_params=100_000, device="cpu")
     assert not bad.ok and any(f.startswith("logits differ by") for f in bad.failures)
+
+
+MOE_CASES = ("mixtral",)
+
+
+@pytest.mark.parametrize("name", MOE_CASES)
+def test_moe_f16_and_one_pass_q8_0_with_3d_experts(name: str, tmp_path: Path) -> None:
+    """f16: the router stays F32 and the stacked experts are F16, byte for byte as llama.cpp's converter
+    writes them; q8_0 in one pass equals quantizing the f32 conversion, 3-D expert tensors included."""
+    from ggufkit.quant import quantize_file
+
+    hf_class, overrides = next((c[1], c[2]) for c in CASES if c[0] == name)
+    d = make_checkpoint(tmp_path / name, hf_class, **overrides)
+    theirs = llama_cpp_convert(d, tmp_path / "theirs.gguf", "f16")
+    ours = convert(d, tmp_path / "ours.gguf", outtype="f16").outputs[0]
+    with open_gguf(theirs) as a, open_gguf(ours) as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        assert any(len(t.ne) == 3 for t in a.tensors)
+        for t in a.tensors:
+            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+    f32 = convert(d, tmp_path / "f32.gguf", outtype="f32").outputs[0]
+    quantize_file(f32, tmp_path / "requant.gguf", "q8_0")
+    direct = convert(d, tmp_path / "direct.gguf", outtype="q8_0").outputs[0]
+    with open_gguf(tmp_path / "requant.gguf") as a, open_gguf(direct) as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        assert any(len(t.ne) == 3 and t.ggml_type.name == "Q8_0" for t in b.tensors)
+        for t in a.tensors:
+            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+    assert np.isfinite(llama_cpp_logits(direct)).all()
