@@ -30,6 +30,8 @@ class ArchTraits:
         eps_fallback_key: another epsilon key older converters wrote instead (Qwen 1's LayerNorm key).
         learned_positions: ``position_embd`` read at ``pos + 2`` (OPT), and the head always tied to the
             embedding.
+        moe_norm_topk: a MoE file's top-k expert weights are renormalised to sum to one (llama.cpp's
+            ``norm_w`` argument of build_moe_ffn for this arch).
     """
 
     norm: str = "rms"
@@ -40,12 +42,13 @@ class ArchTraits:
     eps_default: float | None = None
     eps_fallback_key: str | None = None
     learned_positions: bool = False
+    moe_norm_topk: bool = False
 
 
 #: GGUF architecture -> traits. A new LLaMA-like architecture is a row here (and none if it writes ``llama``).
 ARCH_TRAITS: dict[str, ArchTraits] = {
-    # src/models/llama.cpp: RMSNorm, NORM rope, SiLU-gated FFN.
-    "llama": ArchTraits(rope="norm", powerinfer_ffn="relu"),
+    # src/models/llama.cpp: RMSNorm, NORM rope, SiLU-gated FFN; Mixtral's experts renormalised.
+    "llama": ArchTraits(rope="norm", powerinfer_ffn="relu", moe_norm_topk=True),
     # PowerInfer's bamboo graph: relu(gate) * relu(up); no eps key in its files.
     "bamboo": ArchTraits(rope="norm", ffn="relu_sym", eps_default=1e-5),
     "qwen2": ArchTraits(),
@@ -53,6 +56,10 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen": ArchTraits(eps_fallback_key="attention.layer_norm_epsilon"),
     "gptneox": ArchTraits(norm="layer", ffn="gelu", parallel_residual=True),
     "opt": ArchTraits(norm="layer", rope="none", ffn="relu", learned_positions=True),
+    # src/models/qwen2moe.cpp: top-k weights as they are, plus a sigmoid-gated shared expert.
+    "qwen2moe": ArchTraits(),
+    # src/models/qwen3moe.cpp: top-k weights always renormalised; per-head q/k norms as qwen3.
+    "qwen3moe": ArchTraits(moe_norm_topk=True),
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -79,6 +86,9 @@ class HParams:
     ffn: str  # "silu", "gelu", "relu" (relu(gate)*up or relu(up) when ungated), "relu_sym"
     powerinfer: bool
     learned_positions: bool = False
+    n_expert: int = 0
+    n_expert_used: int = 0
+    moe_norm_topk: bool = False
 
 
 def traits_for(arch: str, path: Any = None) -> ArchTraits:
@@ -151,11 +161,16 @@ def read_hparams(model: GGUFModel) -> HParams:
     ffn = tr.powerinfer_ffn if model.is_powerinfer and tr.powerinfer_ffn else tr.ffn
     parallel = False if tr.parallel_residual is None else \
         bool(model.get(f"{a}.use_parallel_residual", tr.parallel_residual))
+    n_expert = key(model, f"{a}.expert_count", int, 0) if f"{a}.expert_count" in model.kv else 0
+    n_expert_used = key(model, f"{a}.expert_used_count", int) if n_expert else 0
+    if n_expert_used > n_expert:
+        raise EvaluationError(f"{n_expert_used} experts used of {n_expert}", path=model.path)
     return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=key(model, f"{a}.block_count", int),
                    n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
                    rope_base=key(model, f"{a}.rope.freq_base", float, 10000.0), rope_scale=rope_scale,
                    rope_mode=tr.rope, norm=tr.norm, eps=eps, parallel_residual=parallel, ffn=ffn,
-                   powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions)
+                   powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions, n_expert=n_expert,
+                   n_expert_used=n_expert_used, moe_norm_topk=tr.moe_norm_topk)
 
 
 def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
@@ -193,6 +208,9 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
         out[b + "attn_output.weight"] = (e, q)
         if b + "attn_output.bias" in names:
             out[b + "attn_output.bias"] = (e,)
+        if hp.n_expert:
+            _moe_shapes(out, hp, b, names)
+            continue
         out[b + "ffn_up.weight"] = (-1, e)
         if b + "ffn_up.bias" in names:
             out[b + "ffn_up.bias"] = (-1,)
@@ -207,3 +225,17 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
         if bias in names:
             out[bias] = (e,)
     return out
+
+
+def _moe_shapes(out: dict[str, tuple[int, ...]], hp: HParams, b: str, names: set[str]) -> None:
+    """Router, stacked experts and the optional shared expert of one MoE block."""
+    e, n = hp.n_embd, hp.n_expert
+    out[b + "ffn_gate_inp.weight"] = (n, e)
+    out[b + "ffn_gate_exps.weight"] = (n, -1, e)
+    out[b + "ffn_up_exps.weight"] = (n, -1, e)
+    out[b + "ffn_down_exps.weight"] = (n, e, -1)
+    if b + "ffn_up_shexp.weight" in names:
+        out[b + "ffn_up_shexp.weight"] = (-1, e)
+        out[b + "ffn_gate_shexp.weight"] = (-1, e)
+        out[b + "ffn_down_shexp.weight"] = (e, -1)
+        out[b + "ffn_gate_inp_shexp.weight"] = (1, e)

@@ -322,10 +322,18 @@ class GGUFCausalLM:
         attn = self._attention(h, p)
         if hp.parallel_residual:
             h2 = self._norm(x, self._r(p + "ffn_norm.weight"), self._w(p + "ffn_norm.bias"))
-            return x + attn + self._ffn(h2, p)
+            return x + attn + self._feed_forward(h2, p)
         x = x + attn
         h2 = self._norm(x, self._r(p + "ffn_norm.weight"), self._w(p + "ffn_norm.bias"))
-        return x + self._ffn(h2, p)
+        return x + self._feed_forward(h2, p)
+
+    def _feed_forward(self, h: torch.Tensor, p: str) -> torch.Tensor:
+        """The block's FFN: dense, or mixture-of-experts when the file has experts."""
+        if self.hparams.n_expert:
+            from ggufkit.eval.moe import moe_ffn
+
+            return moe_ffn(self, h, p)
+        return self._ffn(h, p)
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -31,6 +31,9 @@ from ggufkit.format import open_gguf
 #: (case id, HF class, checkpoint overrides).
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("mistral", "MistralForCausalLM", {}),
+    ("mixtral", "MixtralForCausalLM", {}),
+    ("qwen2moe", "Qwen2MoeForCausalLM", {}),
+    ("qwen3moe", "Qwen3MoeForCausalLM", {}),
 ]
 CTX = 32
 #: Keys ggufkit writes and llama.cpp's converter leaves out, each equal to what llama.cpp's loader assumes
@@ -87,8 +90,9 @@ def test_llama_cpp_logits_match_transformers(case: dict[str, Any]) -> None:
     assert np.abs(got - want).max() < 1e-4
 
 
-def _llama_cpp_ppl(path: Path, tokens: list[int], ctx: int, bos: int) -> tuple[float, int]:
-    """llama.cpp (llama-cpp-python) scoring llama-perplexity's chunks (second half, BOS overwrite)."""
+def _llama_cpp_ppl(path: Path, tokens: list[int], ctx: int, bos: int | None) -> tuple[float, int]:
+    """llama.cpp (llama-cpp-python) scoring llama-perplexity's chunks (second half; the first token
+    overwritten by BOS when the vocabulary adds one)."""
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, logits_all=True, verbose=False,
@@ -97,7 +101,8 @@ def _llama_cpp_ppl(path: Path, tokens: list[int], ctx: int, bos: int) -> tuple[f
     try:
         for k in range(len(tokens) // ctx):
             window = tokens[k * ctx:(k + 1) * ctx]
-            window[0] = bos
+            if bos is not None:
+                window[0] = bos
             llm.reset()
             llm.eval(window)
             logits = np.asarray(llm.scores[:ctx], dtype=np.float64)
@@ -112,10 +117,8 @@ def _llama_cpp_ppl(path: Path, tokens: list[int], ctx: int, bos: int) -> tuple[f
 def test_ggufkit_ppl_equals_llama_cpps(case: dict[str, Any]) -> None:
     rng = np.random.default_rng(5)
     tokens = [int(t) for t in rng.choice(np.asarray(TOKENS), size=3 * CTX + 3)]
-    with open_gguf(case["ours"]) as f:
-        bos = int(f.get("tokenizer.ggml.bos_token_id", 1))
     ours = perplexity(case["ours"], tokens=tokens, ctx=CTX, device="cpu")
-    ppl, n_scored = _llama_cpp_ppl(case["ours"], tokens, CTX, bos)
+    ppl, n_scored = _llama_cpp_ppl(case["ours"], tokens, CTX, ours.bos_id if ours.add_bos else None)
     assert ours.tokens_scored == n_scored
     assert abs(ours.ppl / ppl - 1) < 1e-3, (ours.ppl, ppl)
 
@@ -128,3 +131,49 @@ def test_check_passes_and_fails_on_other_weights(case: dict[str, Any], tmp_path:
     broken = convert(other, tmp_path / "other.gguf", outtype="f32").outputs[0]
     bad = check_conversion(case["dir"], broken, outtype="f32", n_params=100_000, device="cpu")
     assert not bad.ok and any(f.startswith("logits differ by") for f in bad.failures)
+
+
+MOE_CASES = ("mixtral", "qwen2moe", "qwen3moe")
+
+
+@pytest.mark.parametrize("name", MOE_CASES)
+def test_moe_f16_and_one_pass_q8_0_with_3d_experts(name: str, tmp_path: Path) -> None:
+    """f16: the router stays F32 and the stacked experts are F16, byte for byte as llama.cpp's converter
+    writes them; q8_0 in one pass equals quantizing the f32 conversion, 3-D expert tensors included."""
+    from ggufkit.quant import quantize_file
+
+    hf_class, overrides = next((c[1], c[2]) for c in CASES if c[0] == name)
+    d = make_checkpoint(tmp_path / name, hf_class, **overrides)
+    theirs = llama_cpp_convert(d, tmp_path / "theirs.gguf", "f16")
+    ours = convert(d, tmp_path / "ours.gguf", outtype="f16").outputs[0]
+    with open_gguf(theirs) as a, open_gguf(ours) as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        assert any(len(t.ne) == 3 for t in a.tensors)
+        for t in a.tensors:
+            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+    f32 = convert(d, tmp_path / "f32.gguf", outtype="f32").outputs[0]
+    quantize_file(f32, tmp_path / "requant.gguf", "q8_0")
+    direct = convert(d, tmp_path / "direct.gguf", outtype="q8_0").outputs[0]
+    with open_gguf(tmp_path / "requant.gguf") as a, open_gguf(direct) as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        assert any(len(t.ne) == 3 and t.ggml_type.name == "Q8_0" for t in b.tensors)
+        for t in a.tensors:
+            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+    assert np.isfinite(llama_cpp_logits(direct)).all()
+
+
+@pytest.mark.parametrize(("hf_class", "norm_topk_prob", "message"), [
+    ("Qwen3MoeForCausalLM", False, "qwen3_moe: norm_topk_prob is false, but llama.cpp's graph always renormalises"),
+    ("Qwen2MoeForCausalLM", True, "qwen2_moe: norm_topk_prob is true, but llama.cpp's graph never renormalises"),
+])
+def test_qwen_moe_router_llama_cpp_would_compute_differently_is_refused(
+        hf_class: str, norm_topk_prob: bool, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    d = make_checkpoint(tmp_path / "m", hf_class, norm_topk_prob=norm_topk_prob, num_hidden_layers=1)
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "x.gguf").exists()

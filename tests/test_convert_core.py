@@ -27,7 +27,8 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # -- registry ---------------------------------------------------------------------------------------
 def test_shipped_registry_loads_and_every_entry_names_a_known_arch() -> None:
     reg = parse_registry(REGISTRY_TEXT)
-    assert {e.arch for e in reg.entries.values()} == {"llama", "qwen2", "qwen3", "qwen", "gptneox", "opt"}
+    assert {e.arch for e in reg.entries.values()} == {"llama", "qwen2", "qwen3", "qwen", "gptneox", "opt", "qwen2moe",
+                                                     "qwen3moe"}
 
 
 @pytest.mark.parametrize(("old", "new", "message"), [
