@@ -9,7 +9,6 @@ import click
 
 from ggufkit.cli._options import common_options, device_option, dry_run_option, threads_option
 from ggufkit.cli._output import Output, human_bytes, table
-
 from ggufkit.quant.presets import TYPE_CHOICES, get_preset, preset_help_lines, type_help_lines
 
 
