@@ -176,8 +176,10 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
         plan = plan_quantization(model.tensors, target, arch=arch, metadata=hparams, options=options)
         warnings = [f"no imatrix entry for tensor {e.name!r}: quantized without one (as llama-quantize does)"
                     for e in plan.entries if e.imatrix == "missing" and not e.requires_imatrix]
-        warnings += [f"tensor {e.name!r} ({e.dst_type.name}) needs an importance matrix: a real run refuses it"
-                     for e in plan.imatrix_required()]
+        need = plan.imatrix_required()
+        if need:  # one line: a dry run of IQ2_XXS would otherwise print one per tensor
+            warnings.append(f"{len(need)} tensors need an importance matrix, first {need[0].name!r} "
+                            f"({need[0].dst_type.name}): a real run refuses them")
         missing = plan.missing_kernels()
         dev = _device_or_none(device, dry_run)
         if plan.cpu_only_types() and dev == "cuda":

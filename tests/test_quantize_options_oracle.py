@@ -169,7 +169,7 @@ def test_missing_imatrix_is_refused_in_the_plan_like_llama_quantize(models, tmp_
     assert not any(p.name.startswith("ours") for p in tmp_path.iterdir())
     # a dry run shows the plan and says what a real run would refuse
     report = quantize_file(src, None, "iq2_xxs", dry_run=True)
-    assert report.plan.imatrix_required() and any("needs an importance matrix" in w for w in report.warnings)
+    assert report.plan.imatrix_required() and any("need an importance matrix" in w for w in report.warnings)
 
 
 def test_a_type_without_kernel_plans_but_does_not_quantize(models, tmp_path):
