@@ -50,6 +50,7 @@ from ggufkit.quant.plan import (
     parse_type,
     plan_quantization,
 )
+from ggufkit.quant.registry import TYPES
 
 QT = GGMLQuantizationType
 
@@ -394,13 +395,6 @@ def _convert(src: _Source, info: TensorInfo, entry: PlanEntry, im: Imatrix | Non
     return out
 
 
-#: Byte offsets of the f16 scale fields in one block (ggml-quants.c ggml_validate_row_data).
-_F16_FIELDS: dict[GGMLQuantizationType, tuple[int, ...]] = {
-    QT.Q4_0: (0,), QT.Q5_0: (0,), QT.Q8_0: (0,), QT.Q4_1: (0, 2), QT.Q5_1: (0, 2), QT.Q4_K: (0, 2),
-    QT.Q5_K: (0, 2), QT.Q6_K: (208,),
-}
-
-
 def _validate_scales(out: np.ndarray, entry: PlanEntry) -> None:
     """llama-quantize validates its output: a block scale that overflowed f16 (inf/NaN) aborts the run."""
     type_size = GGML_QUANT_SIZES[entry.dst_type][1]
@@ -408,10 +402,10 @@ def _validate_scales(out: np.ndarray, entry: PlanEntry) -> None:
         halves = out.view(np.uint16)
         exp_mask = 0x7C00 if entry.dst_type == QT.F16 else 0x7F80
         bad = bool(((halves & exp_mask) == exp_mask).any())
-    elif entry.dst_type in _F16_FIELDS:
+    elif TYPES[entry.dst_type].scale_offsets:
         blocks = out.reshape(-1, type_size)
         bad = False
-        for off in _F16_FIELDS[entry.dst_type]:
+        for off in TYPES[entry.dst_type].scale_offsets:
             h = blocks[:, off].astype(np.uint16) | (blocks[:, off + 1].astype(np.uint16) << 8)
             bad = bad or bool(((h & 0x7C00) == 0x7C00).any())
     else:
