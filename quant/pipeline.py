@@ -172,8 +172,9 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
     )
     with open_gguf(input) as model:
         arch = model.architecture or ""
-        # llama_model_loader reads the hparams through the overrides
-        hparams = {**model.kv, **{o.key: o.value for o in overrides}}
+        # llama_model_loader reads the hparams the rules use (all integers) through the overrides; an override
+        # of another kind only warns there and the file's value stays.
+        hparams = {**model.kv, **{o.key: o.value for o in overrides if o.vtype == VT.UINT32}}
         plan = plan_quantization(model.tensors, target, arch=arch, metadata=hparams, options=options)
         warnings = [f"no imatrix entry for tensor {e.name!r}: quantized without one (as llama-quantize does)"
                     for e in plan.entries if e.imatrix == "missing" and not e.requires_imatrix]

@@ -165,3 +165,15 @@ def test_help_lists_every_type_with_bits_per_weight_and_imatrix_need(models):
         assert (d["target"], d["file_type"]) == (target, file_type)
     res = invoke("quantize", str(models["gqa4"]), "--type", "q9_9", "--dry-run")
     assert res.exit_code == 2 and "unknown quantization type 'q9_9'" in res.output
+
+
+@pytest.mark.parametrize("override", ["llama.attention.head_count_kv=int:1", "llama.block_count=int:16",
+                                      "llama.attention.head_count_kv=str:1"])
+def test_overridden_hparams_plan_as_llama_quantize(models, override):
+    """--override-kv changes the hparams the rules read (int overrides of integer keys) as in the loader."""
+    from ggufkit.quant.pipeline import quantize_file
+
+    for target in ("q2_k", "q3_k_m", "iq3_xxs"):
+        expected = dry_run_types(models["mha_tied_odd"], target, "--override-kv", override)
+        report = quantize_file(models["mha_tied_odd"], None, target, override_kv=[override], dry_run=True)
+        assert [(e.name, e.dst_type) for e in report.plan.entries] == expected, target
