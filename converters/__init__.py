@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OUTTYPES", "convert", "list_architectures"]
 
-#: --outtype choices (kept in step with ggufkit.converters.core.OUTTYPES by a test).
+#: --outtype choices: the one list (ggufkit.converters.core and the CLI import it).
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, Keys, LlamaFileType
 
 from ggufkit.constants import GGUF_MAGIC, KEY_SLACK, POWERINFER_MAGIC
+from ggufkit.converters import OUTTYPES
 from ggufkit.converters.checkpoint import Checkpoint, read_config, resolve_model
 from ggufkit.converters.hooks import hooks_for
 from ggufkit.converters.hparams import resolve_hparams
@@ -32,8 +33,6 @@ from ggufkit.format.writer import TensorSpec
 
 Q = GGMLQuantizationType
 G = Keys.General
-#: --outtype choices.
-OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
 FLOAT_OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16}
 FLOAT_FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
                     "bf16": LlamaFileType.MOSTLY_BF16}

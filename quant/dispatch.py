@@ -31,12 +31,6 @@ DEVICES = ("auto", "cpu", "cuda")
 #: F16 input with at least this many rows goes to the fused widen-and-quantize CPU kernels, which run
 #: one row per parallel iteration; fewer rows would leave threads idle, so they take the two-pass path.
 _FUSED_MIN_ROWS = 64
-#: prange iterations handed out at a time for the K-quant CPU kernels (chunks of 16 blocks each). Numba's
-#: default static split makes a call wait for its slowest thread, which on a shared machine is the one
-#: whose core is busy elsewhere; with dynamic chunks of 8 the median time of a 2.9M-weight Q4_K call next
-#: to one busy core went from 138 to 106 ms (no change on an idle machine). The legacy kernels, ~40x
-#: cheaper per weight, lose more to the scheduling than they gain. The bytes do not depend on it.
-_CHUNKSIZE = {GGMLQuantizationType.Q4_K: 8, GGMLQuantizationType.Q5_K: 8, GGMLQuantizationType.Q6_K: 8}
 
 
 def _no_nvidia_driver() -> bool:
@@ -238,7 +232,7 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
         kernel(x2, qw, out)
     else:
         kernel = kernels.cpu()[0]
-        with numba_threads(threads), _parallel_chunksize(_CHUNKSIZE.get(t, 0)):
+        with numba_threads(threads), _parallel_chunksize(kernels.chunksize):
             kernel(x2, qw, out)
     return out.reshape(out_shape)
 

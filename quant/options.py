@@ -1,5 +1,6 @@
 """llama-quantize's remaining options, parsed with its semantics (tools/quantize/quantize.cpp).
 
+``--tensor-type PATTERN=TYPE`` (``parse_tensor_type``), ``--prune-layers`` (``parse_layer_prune``),
 ``--override-kv KEY=TYPE:VALUE`` (common/common.cpp ``string_parse_kv_override``), ``--tensor-type-file``
 (``parse_tensor_type_file``: rules separated by white space) and ``--include-weights`` /
 ``--exclude-weights`` (``prepare_imatrix``: substring filters over the imatrix entries). Every bad value
@@ -10,13 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gguf import GGMLQuantizationType
+
 from ggufkit.errors import UsageError
 from ggufkit.format.values import VT
 from ggufkit.quant.imatrix import Imatrix
+from ggufkit.quant.presets import parse_type
 
 #: llama_model_kv_override::key is char[128]; val_str holds 127 characters.
 _MAX_KEY = 127
@@ -101,3 +106,50 @@ def filter_imatrix(im: Imatrix, include: Sequence[str], exclude: Sequence[str]) 
     if include:
         entries = {k: v for k, v in entries.items() if any(s in k for s in include)}
     return dataclasses.replace(im, entries=entries)
+
+
+def parse_tensor_type_option(option: str | tuple[str, str | GGMLQuantizationType]) -> tuple[str, GGMLQuantizationType]:
+    """``PATTERN=TYPE`` (or a ``(pattern, type)`` pair) as llama-quantize's ``--tensor-type`` parses it.
+
+    The pattern is lower-cased (quantize.cpp ``parse_tensor_type``) and must compile as a regular expression.
+
+    Raises:
+        UsageError: malformed option, bad regular expression or unknown type.
+    """
+    type_name: str | GGMLQuantizationType
+    if isinstance(option, str):
+        pattern, sep, type_name = option.partition("=")
+        if not sep:
+            raise UsageError(f"malformed --tensor-type {option!r}: expected PATTERN=TYPE, e.g. attn_v=q8_0")
+    else:
+        pattern, type_name = option
+    if not pattern:
+        raise UsageError(f"--tensor-type {option!r}: missing tensor name pattern")
+    if isinstance(type_name, str) and not type_name:
+        raise UsageError(f"--tensor-type {option!r}: missing quantization type")
+    pattern = pattern.lower()
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"--tensor-type {option!r}: bad regular expression ({exc})") from None
+    return pattern, parse_type(type_name, "--tensor-type type")
+
+
+def parse_prune_layers(spec: str | Sequence[int], n_layer: int | None = None) -> tuple[int, ...]:
+    """``--prune-layers L0,L1,...`` as quantize.cpp's ``parse_layer_prune``: sorted, unique, non-negative;
+    with ``n_layer``, every id must name an existing layer.
+
+    Raises:
+        UsageError: an id that is not a non-negative integer, or not below ``n_layer``.
+    """
+    items = spec.split(",") if isinstance(spec, str) else [str(i) for i in spec]
+    ids = []
+    for item in items:
+        m = re.match(r"\s*\+?(\d+)", item)
+        if m is None:
+            raise UsageError(f"--prune-layers: invalid layer id {item!r} (expected L0,L1,... with L >= 0)")
+        ids.append(int(m.group(1)))
+    out = tuple(sorted(set(ids)))
+    if n_layer is not None and out and out[-1] >= n_layer:
+        raise UsageError(f"--prune-layers: layer {out[-1]} is out of range (the model has {n_layer} layers)")
+    return out

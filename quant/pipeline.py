@@ -50,6 +50,7 @@ from ggufkit.quant.plan import (
     parse_type,
     plan_quantization,
 )
+from ggufkit.quant.registry import TYPES
 
 QT = GGMLQuantizationType
 
@@ -171,13 +172,16 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
     )
     with open_gguf(input) as model:
         arch = model.architecture or ""
-        # llama_model_loader reads the hparams through the overrides
-        hparams = {**model.kv, **{o.key: o.value for o in overrides}}
+        # llama_model_loader reads the hparams the rules use (all integers) through the overrides; an override
+        # of another kind only warns there and the file's value stays.
+        hparams = {**model.kv, **{o.key: o.value for o in overrides if o.vtype == VT.UINT32}}
         plan = plan_quantization(model.tensors, target, arch=arch, metadata=hparams, options=options)
         warnings = [f"no imatrix entry for tensor {e.name!r}: quantized without one (as llama-quantize does)"
                     for e in plan.entries if e.imatrix == "missing" and not e.requires_imatrix]
-        warnings += [f"tensor {e.name!r} ({e.dst_type.name}) needs an importance matrix: a real run refuses it"
-                     for e in plan.imatrix_required()]
+        need = plan.imatrix_required()
+        if need:  # one line: a dry run of IQ2_XXS would otherwise print one per tensor
+            warnings.append(f"{len(need)} tensors need an importance matrix, first {need[0].name!r} "
+                            f"({need[0].dst_type.name}): a real run refuses them")
         missing = plan.missing_kernels()
         dev = _device_or_none(device, dry_run)
         if plan.cpu_only_types() and dev == "cuda":
@@ -392,13 +396,6 @@ def _convert(src: _Source, info: TensorInfo, entry: PlanEntry, im: Imatrix | Non
     return out
 
 
-#: Byte offsets of the f16 scale fields in one block (ggml-quants.c ggml_validate_row_data).
-_F16_FIELDS: dict[GGMLQuantizationType, tuple[int, ...]] = {
-    QT.Q4_0: (0,), QT.Q5_0: (0,), QT.Q8_0: (0,), QT.Q4_1: (0, 2), QT.Q5_1: (0, 2), QT.Q4_K: (0, 2),
-    QT.Q5_K: (0, 2), QT.Q6_K: (208,),
-}
-
-
 def _validate_scales(out: np.ndarray, entry: PlanEntry) -> None:
     """llama-quantize validates its output: a block scale that overflowed f16 (inf/NaN) aborts the run."""
     type_size = GGML_QUANT_SIZES[entry.dst_type][1]
@@ -406,10 +403,10 @@ def _validate_scales(out: np.ndarray, entry: PlanEntry) -> None:
         halves = out.view(np.uint16)
         exp_mask = 0x7C00 if entry.dst_type == QT.F16 else 0x7F80
         bad = bool(((halves & exp_mask) == exp_mask).any())
-    elif entry.dst_type in _F16_FIELDS:
+    elif TYPES[entry.dst_type].scale_offsets:
         blocks = out.reshape(-1, type_size)
         bad = False
-        for off in _F16_FIELDS[entry.dst_type]:
+        for off in TYPES[entry.dst_type].scale_offsets:
             h = blocks[:, off].astype(np.uint16) | (blocks[:, off + 1].astype(np.uint16) << 8)
             bad = bad or bool(((h & 0x7C00) == 0x7C00).any())
     else:

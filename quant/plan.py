@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
-from ggufkit.errors import QuantizationError, UsageError
+from ggufkit.errors import QuantizationError
 from ggufkit.quant.mixture import (
     ATTN_K,
     ATTN_KV_B,
@@ -40,6 +40,7 @@ from ggufkit.quant.mixture import (
     layer_of,
     mixture_type,
 )
+from ggufkit.quant.options import parse_prune_layers, parse_tensor_type_option
 from ggufkit.quant.presets import (
     ALIASES,
     PRESETS,
@@ -54,41 +55,14 @@ from ggufkit.quant.registry import FLOAT_TYPES, REQUIRES_IMATRIX, TYPES
 QT = GGMLQuantizationType
 
 __all__ = ["ALIASES", "PRESETS", "TYPE_CHOICES", "WRITABLE_TYPES", "PlanEntry", "Preset", "QuantOptions",
-           "QuantPlan", "get_preset", "llama_order_key", "parse_tensor_type_option", "parse_type",
-           "plan_quantization", "tensor_category"]
+           "QuantPlan", "get_preset", "llama_order_key", "parse_prune_layers", "parse_tensor_type_option",
+           "parse_type", "plan_quantization", "tensor_category"]
 
 #: Tensor types ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type`` accept.
 WRITABLE_TYPES = TENSOR_TYPES
 
 #: llama.cpp's GGML_QNT_VERSION, written as ``general.quantization_version``.
 QUANTIZATION_VERSION = 2
-
-
-def parse_tensor_type_option(option: str | tuple[str, str | GGMLQuantizationType]) -> tuple[str, GGMLQuantizationType]:
-    """``PATTERN=TYPE`` (or a ``(pattern, type)`` pair) as llama-quantize's ``--tensor-type`` parses it.
-
-    The pattern is lower-cased (quantize.cpp ``parse_tensor_type``) and must compile as a regular expression.
-
-    Raises:
-        UsageError: malformed option, bad regular expression or unknown type.
-    """
-    type_name: str | GGMLQuantizationType
-    if isinstance(option, str):
-        pattern, sep, type_name = option.partition("=")
-        if not sep:
-            raise UsageError(f"malformed --tensor-type {option!r}: expected PATTERN=TYPE, e.g. attn_v=q8_0")
-    else:
-        pattern, type_name = option
-    if not pattern:
-        raise UsageError(f"--tensor-type {option!r}: missing tensor name pattern")
-    if isinstance(type_name, str) and not type_name:
-        raise UsageError(f"--tensor-type {option!r}: missing quantization type")
-    pattern = pattern.lower()
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise UsageError(f"--tensor-type {option!r}: bad regular expression ({exc})") from None
-    return pattern, parse_type(type_name, "--tensor-type type")
 
 
 class TensorSource(Protocol):
@@ -412,26 +386,6 @@ def tensor_nbytes(t: GGMLQuantizationType, shape: Sequence[int]) -> int:
     for d in shape[:-1]:
         rows *= d
     return rows * (shape[-1] // block) * size
-
-
-def parse_prune_layers(spec: str | Sequence[int], n_layer: int | None = None) -> tuple[int, ...]:
-    """``--prune-layers L0,L1,...`` as quantize.cpp's ``parse_layer_prune``: sorted, unique, non-negative;
-    with ``n_layer``, every id must name an existing layer.
-
-    Raises:
-        UsageError: an id that is not a non-negative integer, or not below ``n_layer``.
-    """
-    items = spec.split(",") if isinstance(spec, str) else [str(i) for i in spec]
-    ids = []
-    for item in items:
-        m = re.match(r"\s*\+?(\d+)", item)
-        if m is None:
-            raise UsageError(f"--prune-layers: invalid layer id {item!r} (expected L0,L1,... with L >= 0)")
-        ids.append(int(m.group(1)))
-    out = tuple(sorted(set(ids)))
-    if n_layer is not None and out and out[-1] >= n_layer:
-        raise UsageError(f"--prune-layers: layer {out[-1]} is out of range (the model has {n_layer} layers)")
-    return out
 
 
 _BLK_RE = re.compile(r"blk\.(\d+)\.")

@@ -163,7 +163,7 @@ def preset_help_lines() -> list[str]:
     lines = []
     for p in PRESETS.values():
         ident = "    " if p.only_copy else f"{int(p.file_type):>2}  "
-        bpw = "copy" if p.only_copy else f"{bits_per_weight(p.default_type):5.2f} bpw {type_name(p.default_type)}"
+        bpw = "copy" if p.only_copy else f"{bits_per_weight(p.default_type):6.3f} bpw {type_name(p.default_type)}"
         notes = []
         if p.needs_imatrix:
             notes.append("needs imatrix")
@@ -171,7 +171,7 @@ def preset_help_lines() -> list[str]:
             notes.append("plan only")
         elif not p.only_copy and not TYPES[p.default_type].has_cuda and not TYPES[p.default_type].is_float:
             notes.append("CPU only")
-        lines.append(f"{ident}{p.name.upper():<10}{bpw:<20}{', '.join(notes)}")
+        lines.append(f"{ident}{p.name.upper():<10}{bpw:<21}{', '.join(notes)}".rstrip())
     return lines
 
 

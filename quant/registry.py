@@ -10,8 +10,12 @@ reading the table costs nothing (``ggufkit --help`` must not import Numba); :met
 
 Adding a type is one row of :data:`TYPES` plus its kernel module. Row format::
 
-    _row(T.IQ4_NL, "iq_nonlinear")             # CPU ggufkit.quant.iq_nonlinear, CUDA ggufkit.quant.cuda_iq_nonlinear
-    _row(T.IQ2_XXS, "iq2", cuda=False)         # grid type: CPU only (runs on the CPU under --device cuda)
+    _row(T.IQ4_NL, "iq_nonlinear", scales=(0,))     # CPU ggufkit.quant.iq_nonlinear, CUDA .cuda_iq_nonlinear
+    _row(T.IQ2_XXS, "iq2", cuda=False, scales=(0,)) # grid type: CPU only (runs on the CPU under --device cuda)
+
+``scales``: byte offsets in one block of the f16 scales that ``ggml_validate_row_data`` (ggml-quants.c)
+checks for inf/NaN; ``chunksize``: prange chunk size for the CPU kernel (0: Numba's static split);
+``cuda_family``: a CUDA module other than ``cuda_<family>``.
 
 Kernel naming convention (every row, both backends): module ``ggufkit.quant.<family>`` (CUDA:
 ``ggufkit.quant.cuda_<family>``) with ``quantize_rows_<t>`` / ``dequantize_rows_<t>`` (CUDA: the same names
@@ -69,12 +73,18 @@ class TypeTraits:
         has_cuda: a CUDA kernel exists (``ggufkit.quant.cuda_<family>``); without one, ``--device cuda``
             runs this type on the CPU and says so in the plan and summary.
         has_f16_kernel: a fused F16-input CPU kernel exists (``ggufkit.quant.<family>_f16``).
+        scale_offsets: byte offsets of the f16 scales in one block, checked like ``ggml_validate_row_data``.
+        chunksize: prange iterations handed out at a time by the CPU kernel (0: Numba's default).
+        cuda_family: the CUDA module's name under ``ggufkit.quant`` when it is not ``cuda_<family>``.
     """
 
     qtype: GGMLQuantizationType
     family: str = ""
     has_cuda: bool = True
     has_f16_kernel: bool = False
+    scale_offsets: tuple[int, ...] = ()
+    chunksize: int = 0
+    cuda_family: str = ""
 
     @property
     def name(self) -> str:
@@ -122,7 +132,9 @@ class TypeTraits:
 
     @property
     def cuda_module(self) -> str:
-        return f"ggufkit.quant.cuda_{self.family}" if self.has_cuda else ""
+        if not self.has_cuda:
+            return ""
+        return f"ggufkit.quant.{self.cuda_family or 'cuda_' + self.family}"
 
     @property
     def cpu_quantize(self) -> str:
@@ -163,9 +175,11 @@ class TypeTraits:
         return getattr(module, self.cuda_quantize), getattr(module, self.cuda_dequantize)
 
 
-def _row(qtype: GGMLQuantizationType, family: str = "", *, cuda: bool = True, f16_kernel: bool = False
+def _row(qtype: GGMLQuantizationType, family: str = "", *, cuda: bool = True, f16_kernel: bool = False,
+         scales: tuple[int, ...] = (), chunksize: int = 0, cuda_family: str = ""
          ) -> tuple[GGMLQuantizationType, TypeTraits]:
-    return qtype, TypeTraits(qtype, family, has_cuda=cuda and bool(family), has_f16_kernel=f16_kernel)
+    return qtype, TypeTraits(qtype, family, has_cuda=cuda and bool(family), has_f16_kernel=f16_kernel,
+                             scale_offsets=scales, chunksize=chunksize, cuda_family=cuda_family)
 
 
 #: Every type ggufkit can write, one row each (in ggml type-id order within a family).
@@ -174,11 +188,15 @@ TYPES: dict[GGMLQuantizationType, TypeTraits] = dict((
     # ggml_fp32_to_bf16_row_ref
     _row(T.F32), _row(T.F16), _row(T.BF16),
     # ggml-quants.c quantize_row_q4_0_ref ... quantize_row_q8_0_ref and the quantize_q*_0 imatrix variants
-    _row(T.Q4_0, "legacy", f16_kernel=True), _row(T.Q4_1, "legacy", f16_kernel=True),
-    _row(T.Q5_0, "legacy", f16_kernel=True), _row(T.Q5_1, "legacy", f16_kernel=True),
-    _row(T.Q8_0, "legacy", f16_kernel=True),
-    # ggml-quants.c quantize_row_q4_K_ref ... quantize_row_q6_K_ref and quantize_q*_K
-    _row(T.Q4_K, "kquants"), _row(T.Q5_K, "kquants"), _row(T.Q6_K, "kquants"),
+    _row(T.Q4_0, "legacy", f16_kernel=True, scales=(0,)), _row(T.Q4_1, "legacy", f16_kernel=True, scales=(0, 2)),
+    _row(T.Q5_0, "legacy", f16_kernel=True, scales=(0,)), _row(T.Q5_1, "legacy", f16_kernel=True, scales=(0, 2)),
+    _row(T.Q8_0, "legacy", f16_kernel=True, scales=(0,)),
+    # ggml-quants.c quantize_row_q4_K_ref ... quantize_row_q6_K_ref and quantize_q*_K. chunksize 8: Numba's
+    # static split makes a call wait for its slowest thread, which on a shared machine is the one whose core
+    # is busy elsewhere; dynamic chunks of 8 took a 2.9M-weight Q4_K call next to one busy core from 138 to
+    # 106 ms (no change on an idle machine). The legacy kernels lose more to the scheduling than they gain.
+    _row(T.Q4_K, "kquants", scales=(0, 2), chunksize=8), _row(T.Q5_K, "kquants", scales=(0, 2), chunksize=8),
+    _row(T.Q6_K, "kquants", scales=(208,), chunksize=8),
 ))
 
 #: Element-wise float targets (rows without a kernel module).

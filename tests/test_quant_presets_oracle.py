@@ -11,19 +11,22 @@ Q4_0/Q5_0). Where llama-quantize fails (Q1_0 has no fallback for 288-wide rows),
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from cli_helpers import invoke
 from fixtures_quantize import arch_case, imatrix_values, make_gguf, make_llama_gguf, write_imatrix_gguf
 from gguf import GGMLQuantizationType as QT
-from llama_cpp_sources import tool_path
+from llama_cpp_sources import llama_cpp_dir, tool_path
 
 from ggufkit.errors import GGUFKitError
 from ggufkit.format import open_gguf
 from ggufkit.quant.plan import QuantOptions, plan_quantization
-from ggufkit.quant.presets import TYPE_CHOICES
+from ggufkit.quant.presets import PRESETS, TYPE_CHOICES
+from ggufkit.quant.registry import bits_per_weight
 
 # "[   4/  21] blk.0.attn_k.weight - [ 256, 128, 1, 1], type =    f16, size = 0.06 MiB -> 0.01 MiB (iq2_xxs)"
 _LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s*(\w+), size =.*?(?:\((\w+)\))?\s*$")
@@ -124,3 +127,53 @@ def test_options_plan_as_llama_quantize(models, flags, options, target):
     for model in ("gqa4", "mha_tied_odd"):
         expected = dry_run_types(models[model], target, *flags)
         assert planned_types(models[model], target, QuantOptions(dry_run=True, **options)) == expected, model
+
+
+def test_preset_table_mirrors_quant_options_and_default_types():
+    """PRESETS is QUANT_OPTIONS of tools/quantize/quantize.cpp row for row (names, ftype ids, descriptions,
+    order; Q2_0 left out: gguf 0.19 has no type 42), and each default type is llama_ftype_get_default_type's."""
+    src = llama_cpp_dir()
+    options = re.findall(r'\{\s*"(\w+)",\s*LLAMA_FTYPE_(\w+),\s*"([^"]*)"', (src / "tools/quantize/quantize.cpp").read_text())
+    options = [(n.lower(), f, d.strip()) for n, f, d in options if n != "Q2_0"]
+    assert [(p.name, p.file_type.name, p.desc) for p in PRESETS.values()] == options
+    body = (src / "src/llama-quant.cpp").read_text().split("ggml_type llama_ftype_get_default_type")[1]
+    body = body.split("default: return GGML_TYPE_COUNT")[0]
+    defaults: dict[str, str] = {}
+    pending: list[str] = []
+    for ftype, ret in re.findall(r"case LLAMA_FTYPE_(\w+):\s*(?:return GGML_TYPE_(\w+);)?", body):
+        pending.append(ftype)
+        if ret:
+            defaults.update(dict.fromkeys(pending, ret))
+            pending = []
+    for p in PRESETS.values():
+        assert defaults[p.file_type.name] == p.default_type.name, p.name
+
+
+def test_help_lists_every_type_with_bits_per_weight_and_imatrix_need(models):
+    res = invoke("quantize", "--help")
+    assert res.exit_code == 0
+    for p in PRESETS.values():
+        line = next(x for x in res.output.splitlines() if re.match(rf"\s+(\d+\s+)?{p.name.upper()}\s", x))
+        assert ("needs imatrix" in line) == p.needs_imatrix, line
+        assert p.only_copy or f"{bits_per_weight(p.default_type):.3f} bpw" in line, line
+    # numeric ids and any case work as in llama-quantize: 15 is Q4_K (= Q4_K_M), 0 is F32
+    for value, target, file_type in (("15", "q4_k_m", 15), ("Q4_k", "q4_k_m", 15), ("iq2_xxs", "iq2_xxs", 19),
+                                     ("0", "f32", 0), ("Q3_K", "q3_k_m", 12)):
+        res = invoke("quantize", str(models["gqa4"]), "--type", value, "--dry-run", "--json")
+        assert res.exit_code == 0, res.output
+        d = json.loads(res.stdout)
+        assert (d["target"], d["file_type"]) == (target, file_type)
+    res = invoke("quantize", str(models["gqa4"]), "--type", "q9_9", "--dry-run")
+    assert res.exit_code == 2 and "unknown quantization type 'q9_9'" in res.output
+
+
+@pytest.mark.parametrize("override", ["llama.attention.head_count_kv=int:1", "llama.block_count=int:16",
+                                      "llama.attention.head_count_kv=str:1"])
+def test_overridden_hparams_plan_as_llama_quantize(models, override):
+    """--override-kv changes the hparams the rules read (int overrides of integer keys) as in the loader."""
+    from ggufkit.quant.pipeline import quantize_file
+
+    for target in ("q2_k", "q3_k_m", "iq3_xxs"):
+        expected = dry_run_types(models["mha_tied_odd"], target, "--override-kv", override)
+        report = quantize_file(models["mha_tied_odd"], None, target, override_kv=[override], dry_run=True)
+        assert [(e.name, e.dst_type) for e in report.plan.entries] == expected, target

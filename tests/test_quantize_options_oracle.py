@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures_quantize import imatrix_values, make_llama_gguf, write_imatrix_gguf
+from fixtures_quantize import arch_case, imatrix_values, make_gguf, make_llama_gguf, write_imatrix_gguf
 from llama_cpp_sources import tool_path
 
 from ggufkit.errors import QuantizationError, UsageError
@@ -46,10 +46,11 @@ def assert_same_file(ref: Path, ours: Path) -> None:
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("opt_models")
     return {
-        "gqa4": make_llama_gguf(d / "gqa4.gguf", n_embd=256, n_ff=512, n_layer=8, n_head=4, n_head_kv=1,
+        "gqa4": make_llama_gguf(d / "gqa4.gguf", n_embd=256, n_ff=256, n_layer=8, n_head=4, n_head_kv=1,
                                 n_vocab=256),
         "odd": make_llama_gguf(d / "odd.gguf", n_embd=288, n_ff=600, n_layer=4, n_head=4, n_head_kv=4,
                                n_vocab=256, tied=True, seed=2),
+        "moe": make_gguf(d / "moe.gguf", *arch_case("mixtral", n_layer=2, n_exp=8), seed=6),
     }
 
 
@@ -57,13 +58,24 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 KERNEL_PRESETS = [n for n, p in PRESETS.items() if p.default_type in TYPES and n != "q4_k"]
 
 
-@pytest.mark.parametrize("model", ["gqa4", "odd"])
+@pytest.mark.parametrize("model", ["gqa4", "odd", "moe"])
 def test_presets_with_kernels_equal_llama_quantize(models, tmp_path, model):
     for target in KERNEL_PRESETS:
         ref, ours = tmp_path / f"ref-{target}.gguf", tmp_path / f"ours-{target}.gguf"
         res = llama_quantize_bin(models[model], ref, target)
         assert res.returncode == 0, res.stderr[-1500:]
         quantize_file(models[model], ours, target, threads=2)
+        assert_same_file(ref, ours)
+
+
+@pytest.mark.parametrize("model", ["odd", "moe"])
+def test_every_pure_type_with_kernels_equals_llama_quantize(models, tmp_path, model):
+    for qtype in TYPES:
+        target = qtype.name.lower()
+        ref, ours = tmp_path / f"ref-{target}.gguf", tmp_path / f"ours-{target}.gguf"
+        res = llama_quantize_bin(models[model], ref, target, "--pure")
+        assert res.returncode == 0, res.stderr[-1500:]
+        quantize_file(models[model], ours, target, pure=True)
         assert_same_file(ref, ours)
 
 
@@ -169,7 +181,7 @@ def test_missing_imatrix_is_refused_in_the_plan_like_llama_quantize(models, tmp_
     assert not any(p.name.startswith("ours") for p in tmp_path.iterdir())
     # a dry run shows the plan and says what a real run would refuse
     report = quantize_file(src, None, "iq2_xxs", dry_run=True)
-    assert report.plan.imatrix_required() and any("needs an importance matrix" in w for w in report.warnings)
+    assert report.plan.imatrix_required() and any("need an importance matrix" in w for w in report.warnings)
 
 
 def test_a_type_without_kernel_plans_but_does_not_quantize(models, tmp_path):

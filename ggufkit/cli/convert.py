@@ -10,10 +10,8 @@ import click
 
 from ggufkit.cli._options import SizeParam, common_options, dry_run_option
 from ggufkit.cli._output import Output, human_bytes, table
+from ggufkit.converters import OUTTYPES
 from ggufkit.errors import EXIT_CHECK_FAILED
-
-# Literal so `--help` imports nothing heavy; tests/test_convert_cli.py checks it equals converters.OUTTYPES.
-OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
 
 
 def _render(d: Mapping[str, Any]) -> str:

@@ -9,7 +9,6 @@ import click
 
 from ggufkit.cli._options import common_options, device_option, dry_run_option, threads_option
 from ggufkit.cli._output import Output, human_bytes, table
-
 from ggufkit.quant.presets import TYPE_CHOICES, get_preset, preset_help_lines, type_help_lines
 
 
@@ -47,9 +46,18 @@ def _render(d: Mapping[str, Any]) -> str:
     summary = (f"{d['target'].upper()} (file_type {d['file_type']}): {t['tensors']} tensors, "
                f"{human_bytes(t['src_bytes'])} -> {human_bytes(t['bytes'])}, {t['bits_per_weight']:.4f} bits/weight "
                f"[{types}]")
+    notes = []
+    if d["cpu_only_types"]:
+        notes.append(f"CPU only (no CUDA kernel; on the CPU under --device cuda): {', '.join(d['cpu_only_types'])}")
+    if d["missing_kernels"]:
+        notes.append(f"plan only: no kernel in this build for {', '.join(d['missing_kernels'])}")
+    if d["imatrix_required"]:
+        notes.append(f"needs an importance matrix (a real run refuses): {len(d['imatrix_required'])} tensors, "
+                     f"first {d['imatrix_required'][0]}")
     if d["dry_run"]:
-        return "\n".join([_plan_table(d), "", summary, d["fallback_summary"], "dry run: nothing written"])
-    return "\n".join([f"wrote {d['output']} in {d['seconds']:.1f} s: {summary}", d["fallback_summary"]])
+        return "\n".join([_plan_table(d), "", summary, d["fallback_summary"], *notes, "dry run: nothing written"])
+    written = ", ".join(d["outputs"]) if len(d["outputs"]) > 1 else d["output"]
+    return "\n".join([f"wrote {written} in {d['seconds']:.1f} s: {summary}", d["fallback_summary"], *notes])
 
 
 @click.command("quantize", epilog=_EPILOG)

@@ -1,0 +1,48 @@
+"""The table of type traits is consistent: every row's kernels exist under the naming convention, sizes come
+from gguf, scale offsets fit the block, and everything derived from it (CLI choices, plan, help) agrees."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
+
+from ggufkit.quant.presets import PRESETS, TENSOR_TYPES, has_kernel
+from ggufkit.quant.registry import FLOAT_TYPES, KERNELS, REQUIRES_IMATRIX, TYPES, type_name
+
+
+def test_float_rows_and_kernel_rows_partition_the_table():
+    assert {QT.F32, QT.F16, QT.BF16} == FLOAT_TYPES
+    assert set(KERNELS) | FLOAT_TYPES == set(TYPES) and not set(KERNELS) & FLOAT_TYPES
+    assert list(KERNELS) == sorted(KERNELS, key=int)
+    assert set(TYPES) <= set(TENSOR_TYPES.values())
+
+
+@pytest.mark.parametrize("qtype", list(KERNELS), ids=lambda t: t.name)
+def test_every_row_names_existing_kernels(qtype):
+    row = TYPES[qtype]
+    assert (row.block_size, row.type_size) == GGML_QUANT_SIZES[qtype] and row.type_id == int(qtype)
+    assert row.cpu_quantize == f"quantize_rows_{type_name(qtype)}"
+    quantize, dequantize = row.cpu()
+    assert callable(quantize) and callable(dequantize)
+    assert (row.cpu_f16() is not None) == row.has_f16_kernel
+    if row.has_cuda:  # named, not imported here (numba.cuda is tested under the simulator)
+        spec = importlib.util.find_spec(row.cuda_module)
+        assert spec is not None and spec.origin is not None
+        with open(spec.origin) as f:
+            source = f.read()
+        assert row.cuda_quantize in source and row.cuda_dequantize in source
+    assert all(0 <= off <= row.type_size - 2 for off in row.scale_offsets)
+    assert row.needs_imatrix == (qtype in REQUIRES_IMATRIX)
+
+
+def test_k_types_keep_their_capital_k():
+    assert type_name(QT.Q2_K) == "q2_K" and type_name(QT.IQ2_XXS) == "iq2_xxs" and type_name(QT.TQ1_0) == "tq1_0"
+
+
+def test_every_preset_default_type_is_a_tensor_type():
+    for p in PRESETS.values():
+        assert p.default_type in TENSOR_TYPES.values()
+        assert has_kernel(p.default_type) == (p.default_type in TYPES)
