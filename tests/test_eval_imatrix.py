@@ -221,3 +221,34 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(files: dict[str, Path]
     assert r.exit_code == 2, (r.stdout, r.stderr)
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("ggufkit: error:"), r.stderr
     assert not out.exists() and not list(d.glob(f".bad-{case}*"))
+
+
+def test_quantize_with_our_imatrix_or_llama_imatrixs_is_interchangeable(files: dict[str, Path]) -> None:
+    from ggufkit.format import open_gguf
+    from ggufkit.quant.imatrix import load_imatrix
+    from ggufkit.quant.pipeline import quantize_file
+
+    d = files["dir"]
+    mine, ref, _ = run_both(files, "wide", "wide", "--no-ppl", llama_extra=tuple(F32_ATTENTION))
+    outs = {}
+    for tag, im in (("mine", mine), ("ref", ref)):
+        outs[tag] = d / f"wide-q4_0-{tag}.gguf"
+        quantize_file(files["wide"], outs[tag], "q4_0", imatrix=im, threads=1, device="cpu")
+    a_im, b_im = load_imatrix(mine).entries, load_imatrix(ref).entries
+    same = differ = 0
+    with open_gguf(outs["mine"]) as a, open_gguf(outs["ref"]) as b:
+        for t in a.tensors:
+            identical_input = t.name not in a_im or np.array_equal(a_im[t.name], b_im[t.name])
+            if identical_input:
+                assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+                same += 1
+            else:
+                differ += 1
+    assert same >= 4 and differ > 0  # token_embd, norms (no imatrix) and any bit-equal entry
+    # llama-quantize takes our file too, and llama.cpp loads the result.
+    q = d / "wide-q4_0-llama.gguf"
+    r = subprocess.run([str(tool_path("llama-quantize")), "--imatrix", str(mine), str(files["wide"]), str(q), "q4_0",
+                        "1"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-1500:]
+    log = llama_imatrix("-m", q, "-f", files["text"], "-c", CTX, "--chunks", 2, "-o", d / "wide-q-im.gguf")
+    assert "Final estimate: PPL" in log
