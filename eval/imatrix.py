@@ -81,8 +81,8 @@ class ImatrixResult:
 class ImatrixCollector:
     """The model's observer (``GGUFCausalLM.observer``): per-chunk sums added to float32 accumulators.
 
-    ``collector(names, x)`` takes the float32 input ``[B, T, n]`` of the dense matmuls with the weights
-    ``names`` (B chunks of T tokens); :meth:`routed` takes a MoE expert matmul's input and routing.
+    Implements :class:`ggufkit.eval.model.ActivationObserver`: :meth:`dense` takes the input of dense matmuls,
+    :meth:`routed` a MoE expert matmul's input and routing.
 
     Args:
         shapes: numpy-order shape of every tensor of the model (3-D: ``[n_expert, rows, n_per_row]``).
@@ -124,7 +124,8 @@ class ImatrixCollector:
     def _collects(self, name: str) -> bool:
         return name.startswith("blk.") or (self.process_output and name == "output.weight")
 
-    def __call__(self, names: tuple[str, ...], x: Any) -> None:
+    def dense(self, names: tuple[str, ...], x: Any) -> None:
+        """Dense matmuls: ``x`` float32 ``[B, T, n]`` (B chunks of T tokens) times each weight in ``names``."""
         names = tuple(n for n in names if n in self.wanted)
         if not names:
             return

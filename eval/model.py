@@ -21,10 +21,9 @@ import hashlib
 import math
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +67,16 @@ class HParams:
     parallel_residual: bool
     ffn: str  # "silu", "gelu", "relu" (relu(gate)*up or relu(up) when ungated), "relu_sym"
     powerinfer: bool
+
+
+class ActivationObserver(Protocol):
+    """What :attr:`GGUFCausalLM.observer` is called with during a forward pass."""
+
+    def dense(self, names: tuple[str, ...], x: torch.Tensor) -> None:
+        """``x`` float32 ``[B, T, n]`` is about to be multiplied by each weight in ``names``."""
+
+    def routed(self, name: str, x: torch.Tensor, ids: torch.Tensor) -> None:
+        """MoE: token t's slot j (input ``x[b, t, j or 0]``) goes to expert ``ids[b, t, j]`` of ``name``."""
 
 
 class QTensor:
@@ -276,9 +285,9 @@ class GGUFCausalLM:
         self.model_sha256 = model_sha256
         self.file = file  # kept open: CPU tensors are zero-copy views of its mmap
         self._rope_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        #: Called with (weight names, float32 input ``[B, T, n]``) before each matmul with those weights;
-        #: ggufkit.eval.imatrix sets it to collect importance matrices. None: no cost.
-        self.observer: Callable[[tuple[str, ...], torch.Tensor], None] | None = None
+        #: Sees the input of every weight matmul (ggufkit.eval.imatrix collects importance matrices with
+        #: it); None: no cost.
+        self.observer: ActivationObserver | None = None
 
     @property
     def n_vocab(self) -> int:
@@ -325,8 +334,14 @@ class GGUFCausalLM:
         return y if b is None else y + b
 
     def _observe(self, x: torch.Tensor, *names: str) -> None:
+        """Report ``x`` (float32 ``[B, T, n]``), the input of the matmuls with the weights ``names``."""
         if self.observer is not None:
-            self.observer(names, x)
+            self.observer.dense(names, x)
+
+    def _observe_routed(self, name: str, x: torch.Tensor, ids: torch.Tensor) -> None:
+        """Report an expert matmul: input ``[B, T, k or 1, n]``, chosen experts ``ids`` ``[B, T, k]``."""
+        if self.observer is not None:
+            self.observer.routed(name, x, ids)
 
     def _rope(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``[t, n_rot]`` in transformers' rotate-half layout, computed as transformers does."""
