@@ -8,6 +8,7 @@ Public API (torch is imported only when one of these is called)::
     print(result.ppl, result.ppl_error, result.chunks)
     result = kl_divergence("model-q4_k_m.gguf", "model-f16.gguf")
     print(result.kld["mean_kld"])
+    result = collect_imatrix("model-f16.gguf", text=open("calib.txt").read(), output="imatrix.gguf")
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 # Imported eagerly (numpy only; torch loads inside the call): a lazy wrapper named ``perplexity`` would be
 # replaced by the submodule ``ggufkit.eval.perplexity`` as soon as anything imported that submodule.
+from ggufkit.eval.imatrix import ImatrixResult, collect_imatrix, combine_imatrix
 from ggufkit.eval.perplexity import PerplexityResult, perplexity
 
 if TYPE_CHECKING:
     from ggufkit.eval.model import GGUFCausalLM
 
-__all__ = ["PerplexityResult", "kl_divergence", "load_model", "perplexity"]
+__all__ = ["ImatrixResult", "PerplexityResult", "collect_imatrix", "combine_imatrix", "kl_divergence", "load_model",
+           "perplexity"]
 
 
 def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str = "auto") -> GGUFCausalLM:

@@ -11,7 +11,7 @@ BOS, ``--from-chunk`` drops leading chunks, at least ``2*ctx`` tokens, BOS overw
 token), every position of every chunk is collected, and the running perplexity of the second halves is
 reported per chunk unless ``compute_ppl`` is off.
 
-Each chunk's sums are formed in float64 and added to the float32 accumulators chunk by chunk, and chunks are
+Each chunk's sums are formed on their own and added to the float32 accumulators chunk by chunk, and chunks are
 batched at fixed chunk numbers (multiples of the batch), so a run resumed from a GGUF snapshot
 (``in_files=[snapshot], from_chunk=k``) gives the same bytes as one uninterrupted run.
 """
@@ -78,10 +78,24 @@ class ImatrixResult:
         return asdict(self)
 
 
-class _Collector:
-    """The model's observer: per-chunk float64 sums added to float32 accumulators (torch, on the device)."""
+class ImatrixCollector:
+    """The model's observer (``GGUFCausalLM.observer``): per-chunk sums added to float32 accumulators.
 
-    def __init__(self, model: Any, acc: ImatrixAccumulator, process_output: bool) -> None:
+    Implements :class:`ggufkit.eval.model.ActivationObserver`: :meth:`dense` takes the input of dense matmuls,
+    :meth:`routed` a MoE expert matmul's input and routing.
+
+    Args:
+        shapes: numpy-order shape of every tensor of the model (3-D: ``[n_expert, rows, n_per_row]``).
+        device: where the activations arrive (the sums stay there).
+        acc: the accumulator to fill (it may hold loaded files; they must match ``shapes``).
+        process_output: also collect ``output.weight``.
+
+    Raises:
+        QuantizationError: an entry of ``acc`` is no weight collected here or has another size.
+    """
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], device: Any, acc: ImatrixAccumulator,
+                 process_output: bool) -> None:
         import torch
 
         self.torch = torch
@@ -89,8 +103,8 @@ class _Collector:
         self.process_output = process_output
         self.sums: dict[str, Any] = {}  # name -> float32 [n_mat, n] on the device
         self.tokens: dict[str, int] = {}  # name -> tokens added by this run (dense)
-        self.shapes = {name: t.shape for name, t in model.tensors.items()}
-        self.device = model.device
+        self.shapes = shapes
+        self.device = device
         self.wanted = {n for n, s in self.shapes.items() if len(s) >= 2 and self._collects(n)}
         for name in list(acc.sums):  # loaded files: every entry must be a weight of this model, of its size
             if name not in self.wanted:
@@ -110,13 +124,15 @@ class _Collector:
     def _collects(self, name: str) -> bool:
         return name.startswith("blk.") or (self.process_output and name == "output.weight")
 
-    def __call__(self, names: tuple[str, ...], x: Any) -> None:
+    def dense(self, names: tuple[str, ...], x: Any) -> None:
+        """Dense matmuls: ``x`` float32 ``[B, T, n]`` (B chunks of T tokens) times each weight in ``names``."""
         names = tuple(n for n in names if n in self.wanted)
         if not names:
             return
         torch = self.torch
-        # [B, T, n]: one float64 sum of squares per chunk, added to the float32 sums in chunk order.
-        sq = x.to(torch.float64).square().sum(dim=1).to(torch.float32)
+        # [B, T, n]: one sum of squares per chunk (torch's float32 reduction, blocked, so no less accurate than
+        # llama-imatrix's sequential float32 sum), added to the float32 sums in chunk order.
+        sq = x.to(torch.float32).square().sum(dim=1)
         for name in names:
             acc = self._entry(name)
             if acc.shape[-1] != sq.shape[-1]:
@@ -264,7 +280,8 @@ def collect_imatrix(model_path: str | os.PathLike[str], *, text: str | None = No
                                   f"{len(ids)} tokens (use a longer text or a smaller --ctx)")
         n_chunk = check_chunking(len(ids), ctx, chunks)
         batch = batch or max(1, 2048 // ctx)
-        collector = _Collector(model, acc, process_output)
+        collector = ImatrixCollector({n: t.shape for n, t in model.tensors.items()}, model.device, acc,
+                                     process_output)
         head_collected = process_output and "output.weight" in collector.wanted
         model.observer = collector
         load_seconds = time.perf_counter() - t_load

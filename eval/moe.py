@@ -22,6 +22,7 @@ def moe_ffn(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
     hp = model.hparams
     shape = h.shape
     x = h.reshape(-1, shape[-1])
+    model._observe(h, p + "ffn_gate_inp.weight")
     router = model._linear(x, model._r(p + "ffn_gate_inp.weight"))
     probs = torch.softmax(router, dim=-1)
     weights, selected = torch.topk(probs, hp.n_expert_used, dim=-1)
@@ -31,18 +32,31 @@ def moe_ffn(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
     up = model.tensors[p + "ffn_up_exps.weight"]
     down = model.tensors[p + "ffn_down_exps.weight"]
     out = torch.zeros_like(x)
+    ids = selected.reshape(*shape[:-1], hp.n_expert_used)
+    model._observe_routed(p + "ffn_gate_exps.weight", h.unsqueeze(2), ids)
+    model._observe_routed(p + "ffn_up_exps.weight", h.unsqueeze(2), ids)
+    # ffn_down_exps' input differs per (token, slot): collected only when an observer wants it.
+    acts = x.new_zeros((x.shape[0], hp.n_expert_used, down.shape[2])) if model.observer is not None else None
     for e in torch.unique(selected).tolist():
         rows, slot = torch.nonzero(selected == e, as_tuple=True)
         xe = x[rows]
         g = model._linear(xe, _expert(gate, e, model.dtype))
         u = model._linear(xe, _expert(up, e, model.dtype))
-        y = model._linear(F.silu(g) * u, _expert(down, e, model.dtype))
+        a = F.silu(g) * u
+        if acts is not None:
+            acts[rows, slot] = a
+        y = model._linear(a, _expert(down, e, model.dtype))
         out.index_add_(0, rows, y * weights[rows, slot, None])
+    if acts is not None:
+        model._observe_routed(p + "ffn_down_exps.weight", acts.reshape(*shape[:-1], hp.n_expert_used, -1), ids)
     shared_up = model._w(p + "ffn_up_shexp.weight")
     if shared_up is not None:
+        model._observe(h, p + "ffn_up_shexp.weight", p + "ffn_gate_shexp.weight")
         su = model._linear(x, shared_up)
         sg = model._linear(x, model._r(p + "ffn_gate_shexp.weight"))
-        y = model._linear(F.silu(sg) * su, model._r(p + "ffn_down_shexp.weight"))
+        a = F.silu(sg) * su
+        model._observe(a.reshape(*shape[:-1], -1), p + "ffn_down_shexp.weight")
+        y = model._linear(a, model._r(p + "ffn_down_shexp.weight"))
         gate_inp = model._r(p + "ffn_gate_inp_shexp.weight").reshape(1, -1)
         out = out + y * torch.sigmoid(model._linear(x, gate_inp))
     return out.reshape(shape)

@@ -221,3 +221,78 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(files: dict[str, Path]
     assert r.exit_code == 2, (r.stdout, r.stderr)
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("ggufkit: error:"), r.stderr
     assert not out.exists() and not list(d.glob(f".bad-{case}*"))
+
+
+def test_quantize_with_our_imatrix_or_llama_imatrixs_is_interchangeable(files: dict[str, Path]) -> None:
+    from ggufkit.format import open_gguf
+    from ggufkit.quant.imatrix import load_imatrix
+    from ggufkit.quant.pipeline import quantize_file
+
+    d = files["dir"]
+    mine, ref, _ = run_both(files, "wide", "wide", "--no-ppl", llama_extra=tuple(F32_ATTENTION))
+    outs = {}
+    for tag, im in (("mine", mine), ("ref", ref)):
+        outs[tag] = d / f"wide-q4_0-{tag}.gguf"
+        quantize_file(files["wide"], outs[tag], "q4_0", imatrix=im, threads=1, device="cpu")
+    a_im, b_im = load_imatrix(mine).entries, load_imatrix(ref).entries
+    same = differ = 0
+    with open_gguf(outs["mine"]) as a, open_gguf(outs["ref"]) as b:
+        for t in a.tensors:
+            identical_input = t.name not in a_im or np.array_equal(a_im[t.name], b_im[t.name])
+            if identical_input:
+                assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+                same += 1
+            else:
+                differ += 1
+    assert same >= 4 and differ > 0  # token_embd, norms (no imatrix) and any bit-equal entry
+    # llama-quantize takes our file too, and llama.cpp loads the result.
+    q = d / "wide-q4_0-llama.gguf"
+    r = subprocess.run([str(tool_path("llama-quantize")), "--imatrix", str(mine), str(files["wide"]), str(q), "q4_0",
+                        "1"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-1500:]
+    log = llama_imatrix("-m", q, "-f", files["text"], "-c", CTX, "--chunks", 2, "-o", d / "wide-q-im.gguf")
+    assert "Final estimate: PPL" in log
+
+
+def test_moe_experts_are_summed_and_counted_per_routed_token(files: dict[str, Path]) -> None:
+    # The evaluator runs no MoE architecture on this branch: the routed path is checked against
+    # imatrix.cpp's GGML_OP_MUL_MAT_ID loop written out (per slot, per token: counts[ex]++, acc[ex] += x*x).
+    import torch
+
+    from ggufkit.eval.imatrix import ImatrixCollector
+    from ggufkit.quant.imatrix_file import ImatrixAccumulator
+
+    n_exp, k, n, t = 4, 2, 8, 32
+    shapes = {"blk.0.ffn_up_exps.weight": (n_exp, 16, n), "blk.0.ffn_down_exps.weight": (n_exp, n, 16)}
+    acc = ImatrixAccumulator(chunk_size=t)
+    col = ImatrixCollector(shapes, torch.device("cpu"), acc, process_output=False)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randperm(n_exp - 1, generator=gen)[:k] for _ in range(2 * t)]).reshape(2, t, k)
+    x_up = torch.randn(2, t, 1, n, generator=gen)  # one input shared by the k slots (src1 ne[1] = 1)
+    x_down = torch.randn(2, t, k, 16, generator=gen)  # one input per slot
+    col.routed("blk.0.ffn_up_exps.weight", x_up, ids)
+    col.routed("blk.0.ffn_down_exps.weight", x_down, ids)
+    col.store()
+    for name, x in (("blk.0.ffn_up_exps.weight", x_up), ("blk.0.ffn_down_exps.weight", x_down)):
+        want = np.zeros((n_exp, x.shape[-1]), np.float64)
+        counts = np.zeros(n_exp, np.int64)
+        for b in range(2):
+            for slot in range(k):
+                for row in range(t):
+                    ex = int(ids[b, row, slot])
+                    counts[ex] += 1
+                    want[ex] += x[b, row, slot % x.shape[2]].double().numpy() ** 2
+        assert acc.counts[name].tolist() == counts.tolist() and counts[n_exp - 1] == 0
+        np.testing.assert_allclose(acc.sums[name], want, rtol=1e-6)
+    assert acc.chunk_count == max(counts) // t
+    # Per-expert entries (one expert never routed to) in llama-imatrix's files: combining and converting
+    # them with llama-imatrix gives the bytes ggufkit writes.
+    d = files["dir"]
+    acc.write_gguf(d / "moe.gguf", "calib.txt")
+    entries = read_raw_imatrix(d / "moe.gguf").entries
+    assert entries["blk.0.ffn_up_exps.weight"][0].shape == (n_exp * n,)
+    for fmt in ("gguf", "dat"):
+        args = ["--in-file", d / "moe.gguf", "--in-file", d / "moe.gguf", "-c", t, "--output-format", fmt]
+        llama_imatrix("-m", files["f32"], *args, "-o", d / f"moe-ref.{fmt}")
+        ours(*args, "-o", d / f"moe-ours.{fmt}")
+        assert (d / f"moe-ours.{fmt}").read_bytes() == (d / f"moe-ref.{fmt}").read_bytes(), fmt

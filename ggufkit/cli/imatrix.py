@@ -102,8 +102,11 @@ def imatrix(model: str | None, text_file: str | None, output: str, output_format
         return
     if text_file is None:
         raise UsageError("give the calibration text with -f/--file")
+    from ggufkit.cli._malloc import keep_freed_memory
     from ggufkit.eval.imatrix import collect_imatrix
     from ggufkit.eval.perplexity import read_text_file
+
+    keep_freed_memory()
 
     def on_chunk(i: int, ppl: float | None) -> None:
         if ppl is not None:

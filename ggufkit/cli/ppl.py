@@ -113,8 +113,11 @@ def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, ch
       ggufkit ppl model-q4_k_m.gguf -f wiki.test.raw --chunks 20
       ggufkit ppl model-q4_k_m.gguf --baseline model-f16.gguf --max-kld 0.05 --json
     """
+    from ggufkit.cli._malloc import keep_freed_memory
     from ggufkit.errors import CheckFailedError, UsageError
     from ggufkit.eval.perplexity import check_gates, perplexity, read_text_file, read_tokens_file
+
+    keep_freed_memory()
 
     if text_file is not None and tokens_file is not None:
         raise UsageError("give either -f/--file or --tokens, not both")
