@@ -31,10 +31,15 @@ def _render(d: Mapping[str, Any]) -> str:
         return "\n".join([table(rows, ["source", "gguf", "shape", "type", "transform", "reason"]), "",
                           "hparams:", hp, "", summary, f"would write {d['output']}; dry run: nothing written"])
     line = f"wrote {', '.join(d['outputs'])} in {d['seconds']:.1f} s: {summary}"
-    c = d.get("check")
-    if c and not c["skipped"]:
-        line += (f"\ncheck {'passed' if c['ok'] else 'FAILED'}: {c['tokens_compared']} tokens compared, logits within "
-                 f"{c['rel_diff']:.3%} of the largest, top-1 agreement {c['top1_agreement']:.1%}")
+    c = d.get("check_details")
+    if d["check"] == "skipped":
+        line += f"\ncheck skipped: {d['check_reason']}"
+    elif c and c["rel_diff"] is not None:
+        line += (f"\ncheck {'passed' if d['check'] == 'passed' else 'FAILED'}: {c['tokens_compared']} tokens "
+                 f"compared, logits within {c['rel_diff']:.3%} of the largest (allowed {c['tolerance'][0]:.2%}), "
+                 f"top-1 agreement {c['top1_agreement']:.1%}")
+    elif d["check"] == "failed":
+        line += "\ncheck FAILED"
     return line
 
 
@@ -52,8 +57,9 @@ def _render(d: Mapping[str, Any]) -> str:
               help="JSON file of general.* keys to set (name, author, license.name, ...).")
 @click.option("--pre-tokenizer", help="Force tokenizer.ggml.pre (a name llama.cpp knows) for BPE vocabularies.")
 @click.option("--check/--no-check", default=True, show_default=True,
-              help="After writing, compare tokens and logits with transformers' model (exit 1 beyond the "
-              "outtype's tolerance; skipped when transformers cannot load the checkpoint or memory is short).")
+              help="After writing, compare tokens and logits with transformers' model running the same rounded "
+              "weights (exit 1 on disagreement; skipped, and said so, without PyTorch, when transformers or the "
+              "evaluator cannot run the model, or when memory is short).")
 @click.option("--list", "list_archs", is_flag=True, help="List the supported Hugging Face model classes.")
 @dry_run_option
 @common_options
@@ -83,18 +89,25 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
                  dry_run=dry_run, progress=out.progress())
     for warning in report.warnings:
         out.warn(warning)
-    if check and report.outputs and report.plan.entries:
-        from ggufkit.eval.convert_check import check_conversion
-
-        result = check_conversion(report.model_dir, report.outputs[0], outtype=report.plan.outtype,
-                                  n_params=report.plan.n_params)
-        report.check = result.as_dict()
-        if result.skipped:
-            out.warn(f"--check skipped: {result.skipped}")
+    if check and report.outputs:
+        report.check = _check(report)
     data = report.as_dict()
-    data["ok"] = report.check is None or report.check["ok"]
+    # "check": passed, failed, skipped (with check_reason) or off; a skipped check is never a pass.
+    data["check"] = report.check["status"] if report.check else "off"
+    data["check_reason"] = report.check["reason"] if report.check else None
+    data["check_details"] = report.check
+    data["ok"] = data["check"] != "failed"
     out.result(data, _render)
     if not data["ok"]:
         # The output is kept; the check's verdict is the exit code.
+        assert report.check is not None
         click.echo(f"ggufkit: error: check failed (output kept): {'; '.join(report.check['failures'])}", err=True)
         raise click.exceptions.Exit(EXIT_CHECK_FAILED)
+
+
+def _check(report: Any) -> dict[str, Any]:
+    from ggufkit.eval.convert_check import SKIPPED, CheckResult, check_conversion
+
+    if not report.plan.entries:
+        return CheckResult(SKIPPED, reason="a vocabulary-only file has no weights to compare").as_dict()
+    return check_conversion(report.model_dir, report.outputs[0], report.plan).as_dict()
