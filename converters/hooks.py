@@ -1,11 +1,12 @@
-"""Per-class hooks for what registry.yaml cannot say, registered with ``@hook("HFClassName", "<kind>")``.
+"""Hooks for what registry.yaml cannot say, one module per family, named by an entry's ``hooks:`` field.
 
-Kinds:
-    ``check_config(config) -> None``: refuse configs the target runtime cannot run (raise a GGUFKitError).
+A hooks module ``ggufkit.converters.<family>`` defines any of these module-level functions:
+    ``check_config(config) -> None``: refuse configs the target runtime cannot run (raise a GGUFKitError), or
+    return warnings (a list of strings) where llama.cpp computes something harmlessly different.
     ``extra_tensors(config) -> list[(gguf_name, float32 array)]``: tensors computed from the config, written
     before the checkpoint's tensors (as llama.cpp's ``generate_extra_tensors``).
-
-Hooks live in ``converters/<family>.py``; :func:`hooks_for` imports those modules on first use.
+    ``rewrite_tensors(tensors, config) -> list[PlannedTensor]``: merge, split or rewrite planned tensors
+    (see :mod:`ggufkit.converters.rewrite`) after the registry's mapping, before output types are chosen.
 """
 
 from __future__ import annotations
@@ -14,34 +15,21 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-#: hf_class -> kind -> function
-HOOKS: dict[str, dict[str, Callable[..., Any]]] = {}
-HOOK_KINDS = ("check_config", "extra_tensors")
-#: Modules that register hooks (one per family).
-HOOK_MODULES = ("ggufkit.converters.llama", "ggufkit.converters.opt")
+HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors")
+#: Families with a hooks module (registry.yaml ``hooks:`` values).
+HOOK_FAMILIES = frozenset({"llama", "opt"})
 
 
-def hook(hf_class: str, kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the decorated function as ``hf_class``'s ``kind`` hook (at most one per class and kind)."""
-    if kind not in HOOK_KINDS:
-        raise ValueError(f"unknown hook kind {kind!r}")
-
-    def register(func: Callable[..., Any]) -> Callable[..., Any]:
-        kinds = HOOKS.setdefault(hf_class, {})
-        if kind in kinds and kinds[kind] is not func:
-            raise ValueError(f"{hf_class} already has a {kind} hook")
-        kinds[kind] = func
-        return func
-
-    return register
+def hooks_module(family: str) -> Any:
+    """The hooks module of ``family``."""
+    if family not in HOOK_FAMILIES:
+        raise ValueError(f"unknown hooks module {family!r}")
+    return importlib.import_module(f"ggufkit.converters.{family}")
 
 
-def load_hooks() -> dict[str, dict[str, Callable[..., Any]]]:
-    for name in HOOK_MODULES:
-        importlib.import_module(name)
-    return HOOKS
-
-
-def hooks_for(hf_class: str) -> dict[str, Callable[..., Any]]:
-    """The hooks registered for ``hf_class`` (possibly none)."""
-    return load_hooks().get(hf_class, {})
+def hooks_for(family: str | None) -> dict[str, Callable[..., Any]]:
+    """The hooks ``family``'s module defines (none for None)."""
+    if family is None:
+        return {}
+    module = hooks_module(family)
+    return {kind: getattr(module, kind) for kind in HOOK_KINDS if callable(getattr(module, kind, None))}

@@ -8,12 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from ggufkit.converters.hooks import hook
 from ggufkit.converters.hparams import DERIVE, first_of, rope_scaling
 
 
-@hook("LlamaForCausalLM", "extra_tensors")
-def llama3_rope_freqs(config: Mapping[str, Any]) -> list[tuple[str, np.ndarray]]:
+def extra_tensors(config: Mapping[str, Any]) -> list[tuple[str, np.ndarray]]:
     """``rope_freqs.weight`` for ``rope_type == "llama3"``: one correction factor per inverse frequency
     (reference/convert.md §2.4; llama.cpp writes no rope.scaling key for it)."""
     scaling = rope_scaling(config)

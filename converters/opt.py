@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ggufkit.converters.hooks import hook
 from ggufkit.errors import UnsupportedArchitectureError
 
 
-@hook("OPTForCausalLM", "check_config")
-def check_opt_config(config: Mapping[str, Any]) -> None:
+def check_config(config: Mapping[str, Any]) -> None:
     """Pre-LN, ReLU, biases, no project_in/out: the OPT-1.3B+ shape that PowerInfer's build_opt assumes."""
     problems = []
     hidden = config.get("hidden_size")

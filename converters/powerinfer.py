@@ -116,3 +116,13 @@ def load_predictor(directory: Path, *, n_layer: int, n_embd: int, n_ff: int) -> 
                 raise CheckpointError(f"sparse_threshold must be a number, got {value!r}", path=config_path)
             threshold = float(value)
     return Predictor(directory, tuple(found[i] for i in range(n_layer)), tuple(ranks), n_embd, n_ff, threshold)
+
+
+def predictor_threshold(predictor: Path) -> float | None:
+    """``sparse_threshold`` from the predictor directory's config.json, if any."""
+    path = Path(predictor) / "config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text(encoding="utf-8")).get("sparse_threshold")
+    return None if value is None else float(value)
+

@@ -5,6 +5,10 @@ load: an unknown field, a wrong type, a GGUF architecture, tensor or key unknown
 (and to PowerInfer's additions in :mod:`ggufkit.constants`), an unknown transform or derive rule, or a
 duplicate YAML key is a :class:`~ggufkit.errors.RegistryError` naming the entry and the field. Top-level
 keys starting with ``_`` only hold YAML anchors and are not entries.
+
+``base: OtherClass`` makes an entry inherit another's fields: the mappings (``hparams``, ``tensors``,
+``transforms``) merge key by key (a ``null`` value removes an inherited key), other fields replace the base's.
+``hooks: family`` names the module ``ggufkit.converters.<family>`` with what YAML cannot say.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ OUTPUT_MODES = frozenset({"optional", "required", "drop"})
 VALUE_TYPES = frozenset({"u32", "i32", "f32", "bool", "str"})
 
 _ENTRY_FIELDS = {"arch", "vocab", "hparams", "rope_scaling", "tensors", "transforms", "ignore", "output",
-                 "strip_prefix", "powerinfer"}
+                 "strip_prefix", "powerinfer", "hooks"}
+#: Fields that merge key by key with the base entry's (the others replace it).
+_MERGED_FIELDS = ("hparams", "tensors", "transforms")
 _HPARAM_FIELDS = {"from", "default", "required", "type", "derive"}
 
 
@@ -112,6 +118,7 @@ class ArchEntry:
     output: str = "optional"
     strip_prefix: str = ""
     powerinfer: bool = False
+    hooks: str | None = None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -197,7 +204,18 @@ class _EntryParser:
             output=output,
             strip_prefix=self.typed("strip_prefix", raw.get("strip_prefix", ""), str, "a string"),
             powerinfer=self.typed("powerinfer", raw.get("powerinfer", False), bool, "true or false"),
+            hooks=self.hooks(raw.get("hooks")),
         )
+
+    def hooks(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        from ggufkit.converters.hooks import HOOK_FAMILIES
+
+        self.typed("hooks", value, str, "a hooks module name")
+        if value not in HOOK_FAMILIES:
+            raise self.fail("hooks", f"unknown hooks module {value!r} (known: {', '.join(sorted(HOOK_FAMILIES))})")
+        return str(value)
 
     def hparams(self, raw: Any) -> tuple[HParam, ...]:
         self.typed("hparams", raw, dict, "a mapping of GGUF key -> config fields")
@@ -282,9 +300,40 @@ def parse_registry(text: str) -> Registry:
         raise RegistryError(f"not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(raw, dict):
         raise RegistryError("expected a mapping of HF class name -> entry")
-    entries = {name: _EntryParser(name, value).parse() for name, value in raw.items()
-               if not (isinstance(name, str) and name.startswith("_"))}
+    names = [name for name in raw if not (isinstance(name, str) and name.startswith("_"))]
+    resolved: dict[Any, Any] = {}
+    entries = {name: _EntryParser(name, _inherit(raw, name, resolved, ())).parse() for name in names}
     return Registry(entries)
+
+
+def _inherit(raw: dict[Any, Any], name: Any, resolved: dict[Any, Any], chain: tuple[Any, ...]) -> Any:
+    """Entry ``name``'s fields with its ``base`` chain applied (memoised in ``resolved``)."""
+    if name in resolved:
+        return resolved[name]
+    fields = raw[name]
+    if not isinstance(fields, dict) or "base" not in fields:
+        resolved[name] = fields
+        return fields
+    base = fields["base"]
+    if not isinstance(base, str) or base.startswith("_") or base not in raw:
+        raise RegistryError(f"unknown base entry {base!r}", entry=str(name), field="base")
+    if base in (*chain, name):
+        raise RegistryError(f"base entries form a cycle: {' -> '.join(map(str, (*chain, name, base)))}",
+                            entry=str(name), field="base")
+    parent = _inherit(raw, base, resolved, (*chain, name))
+    if not isinstance(parent, dict):
+        raise RegistryError(f"base entry {base!r} is not a mapping of fields", entry=str(name), field="base")
+    merged = dict(parent)
+    for field, value in fields.items():
+        if field == "base":
+            continue
+        if field in _MERGED_FIELDS and isinstance(value, dict) and isinstance(parent.get(field), dict):
+            combined = {**parent[field], **value}
+            merged[field] = {k: v for k, v in combined.items() if v is not None}
+        else:
+            merged[field] = value
+    resolved[name] = merged
+    return merged
 
 
 @functools.lru_cache(maxsize=4)

@@ -21,7 +21,6 @@ import hashlib
 import math
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,44 +28,19 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
-from ggufkit.errors import (
-    DeviceUnavailableError,
-    EvaluationError,
-    MetadataKeyNotFoundError,
-    MetadataValueError,
-)
+from ggufkit.errors import DeviceUnavailableError, EvaluationError
+from ggufkit.eval.arch import SUPPORTED_ARCHS, HParams, expected_shapes, read_hparams
 from ggufkit.eval.dequant import DEQUANTIZERS, dequantize
 from ggufkit.format.reader import GGUFModel, TensorInfo, open_gguf
 
-#: Architectures the evaluator runs.
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen", "gptneox", "opt", "bamboo")
+__all__ = ["DTYPES", "SUPPORTED_ARCHS", "GGUFCausalLM", "HParams", "QTensor", "load_model", "read_hparams",
+           "resolve_device", "resolve_dtype"]
+
 #: ``--dtype`` choices and the torch type each computes matmuls in.
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 #: Output-projection rows dequantized at a time, so a 150k vocabulary never needs a whole float copy.
 _VOCAB_CHUNK = 32768
 _EMB_OPT_POS_OFFSET = 2  # OPT's learned position table starts at row 2 (HF OPTLearnedPositionalEmbedding)
-
-
-@dataclass(frozen=True)
-class HParams:
-    """What the forward pass needs, read from ``<arch>.*`` keys and tensor shapes."""
-
-    arch: str
-    n_vocab: int
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_rot: int
-    rope_base: float
-    rope_scale: float
-    rope_mode: str  # "norm" (adjacent pairs), "neox" (split halves) or "none"
-    norm: str  # "rms" or "layer"
-    eps: float
-    parallel_residual: bool
-    ffn: str  # "silu", "gelu", "relu" (relu(gate)*up or relu(up) when ungated), "relu_sym"
-    powerinfer: bool
 
 
 class QTensor:
@@ -127,136 +101,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if device.type == "cpu" and dtype != "f32":
         raise EvaluationError(f"--dtype {dtype} needs a GPU; the CPU path computes in f32")
     return DTYPES[dtype]
-
-
-def _key(model: GGUFModel, key: str, kind: type, default: Any = None) -> Any:
-    field = model.kv.get(key)
-    if field is None:
-        if default is None:
-            raise MetadataKeyNotFoundError(key, path=model.path, hint="the evaluator needs it")
-        return default
-    value = field.value
-    if (kind is int and isinstance(value, bool)) or not isinstance(value, (int, float, bool)):
-        raise MetadataValueError(f"expected a {kind.__name__}, got {field.type_label}", key=key, path=model.path)
-    if kind is int and (not float(value).is_integer() or value <= 0):
-        raise MetadataValueError(f"expected a positive integer, got {value}", key=key, path=model.path)
-    return kind(value)
-
-
-def read_hparams(model: GGUFModel) -> HParams:
-    """Hyperparameters from the GGUF keys (and the vocabulary size from ``token_embd``).
-
-    Raises:
-        EvaluationError: unsupported architecture or rope scaling.
-        MetadataKeyNotFoundError, MetadataValueError: a needed key is missing or malformed.
-    """
-    arch = model.architecture
-    if arch not in SUPPORTED_ARCHS:
-        raise EvaluationError(f"architecture {arch!r} is not supported by the evaluator "
-                              f"(supported: {', '.join(SUPPORTED_ARCHS)})", path=model.path)
-    a = arch
-    embd = model["token_embd.weight"]
-    if embd.n_dims != 2:
-        raise EvaluationError(f"token_embd.weight has {embd.n_dims} dimensions, expected 2", path=model.path)
-    n_embd = _key(model, f"{a}.embedding_length", int, embd.ne[0])
-    n_head = _key(model, f"{a}.attention.head_count", int)
-    if n_embd % n_head:
-        raise EvaluationError(f"embedding length {n_embd} is not a multiple of the head count {n_head}",
-                              path=model.path)
-    head_dim = _key(model, f"{a}.attention.key_length", int, n_embd // n_head)
-    n_head_kv = _key(model, f"{a}.attention.head_count_kv", int, n_head)
-    if n_head % n_head_kv:
-        raise EvaluationError(f"head count {n_head} is not a multiple of the KV head count {n_head_kv}",
-                              path=model.path)
-    n_rot = _key(model, f"{a}.rope.dimension_count", int, head_dim)
-    if n_rot > head_dim or n_rot % 2:
-        raise EvaluationError(f"rope dimension count {n_rot} does not fit the head size {head_dim}", path=model.path)
-    scaling = model.get(f"{a}.rope.scaling.type", "none")
-    rope_scale = 1.0
-    if scaling == "linear":
-        rope_scale = _key(model, f"{a}.rope.scaling.factor", float, 1.0)
-    elif f"{a}.rope.scale_linear" in model.kv:
-        rope_scale = _key(model, f"{a}.rope.scale_linear", float)
-    elif scaling not in ("none", ""):
-        raise EvaluationError(f"rope scaling {scaling!r} is not supported by the evaluator", path=model.path)
-    if a in ("llama", "bamboo"):
-        rope_mode = "norm"
-    elif a == "opt":
-        rope_mode = "none"
-    else:
-        rope_mode = "neox"
-    layer_norm = a in ("gptneox", "opt")
-    if layer_norm:
-        eps = _key(model, f"{a}.attention.layer_norm_epsilon", float, 1e-5)
-    elif f"{a}.attention.layer_norm_rms_epsilon" in model.kv or a != "qwen":
-        eps = _key(model, f"{a}.attention.layer_norm_rms_epsilon", float, 1e-5 if a == "bamboo" else None)
-    else:  # Qwen 1 files from converters that wrote only the LayerNorm key (reference/convert.md §1.4)
-        eps = _key(model, f"{a}.attention.layer_norm_epsilon", float)
-    if a == "gptneox":
-        ffn = "gelu"
-    elif a == "opt" or (model.is_powerinfer and a == "llama"):
-        ffn = "relu"
-    elif a == "bamboo":
-        ffn = "relu_sym"
-    else:
-        ffn = "silu"
-    parallel = bool(model.get(f"{a}.use_parallel_residual", True)) if a == "gptneox" else False
-    return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=_key(model, f"{a}.block_count", int),
-                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
-                   rope_base=_key(model, f"{a}.rope.freq_base", float, 10000.0), rope_scale=rope_scale,
-                   rope_mode=rope_mode, norm="layer" if layer_norm else "rms", eps=eps,
-                   parallel_residual=parallel, ffn=ffn, powerinfer=model.is_powerinfer)
-
-
-def _expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
-    """numpy-order shape of every tensor the forward pass reads (optional ones only when present)."""
-    e, hd = hp.n_embd, hp.head_dim
-    q, kv = hp.n_head * hd, hp.n_head_kv * hd
-    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (hp.n_vocab, e), "output_norm.weight": (e,)}
-    if hp.norm == "layer":
-        out["output_norm.bias"] = (e,)
-    if "output.weight" in names and hp.arch != "opt":
-        out["output.weight"] = (hp.n_vocab, e)
-    if hp.arch == "opt":
-        out["position_embd.weight"] = (-1, e)
-    if "rope_freqs.weight" in names:
-        out["rope_freqs.weight"] = (hp.n_rot // 2,)
-    for i in range(hp.n_layer):
-        b = f"blk.{i}."
-        out[b + "attn_norm.weight"] = (e,)
-        out[b + "ffn_norm.weight"] = (e,)
-        if hp.norm == "layer":
-            out[b + "attn_norm.bias"] = (e,)
-            out[b + "ffn_norm.bias"] = (e,)
-        if b + "attn_qkv.weight" in names:
-            out[b + "attn_qkv.weight"] = (q + 2 * kv, e)
-            if b + "attn_qkv.bias" in names:
-                out[b + "attn_qkv.bias"] = (q + 2 * kv,)
-        else:
-            for part, rows in (("q", q), ("k", kv), ("v", kv)):
-                out[b + f"attn_{part}.weight"] = (rows, e)
-                if b + f"attn_{part}.bias" in names:
-                    out[b + f"attn_{part}.bias"] = (rows,)
-        if b + "attn_q_norm.weight" in names:
-            out[b + "attn_q_norm.weight"] = (hd,)
-            out[b + "attn_k_norm.weight"] = (hd,)
-        out[b + "attn_output.weight"] = (e, q)
-        if b + "attn_output.bias" in names:
-            out[b + "attn_output.bias"] = (e,)
-        out[b + "ffn_up.weight"] = (-1, e)
-        if b + "ffn_up.bias" in names:
-            out[b + "ffn_up.bias"] = (-1,)
-        if hp.ffn in ("silu", "relu_sym") or b + "ffn_gate.weight" in names:
-            out[b + "ffn_gate.weight"] = (-1, e)
-        if b + "ffn_down_t.weight" in names:
-            out[b + "ffn_down_t.weight"] = (-1, e)
-            bias = b + "ffn_down_t.bias" if b + "ffn_down_t.bias" in names else b + "ffn_down.bias"
-        else:
-            out[b + "ffn_down.weight"] = (e, -1)
-            bias = b + "ffn_down.bias"
-        if bias in names:
-            out[bias] = (e,)
-    return out
 
 
 class GGUFCausalLM:
@@ -448,7 +292,7 @@ class GGUFCausalLM:
             x = self._block(x, f"blk.{i}.")
         x = x[:, start:]
         x = self._norm(x, self._r("output_norm.weight"), self._w("output_norm.bias"))
-        head = self.tensors.get("output.weight") if hp.arch != "opt" else None
+        head = self.tensors.get("output.weight") if not hp.learned_positions else None
         if head is None:  # tied LM head
             head = self.tensors["token_embd.weight"]
         parts = []
@@ -553,7 +397,7 @@ def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str
         if hp.n_layer > len(model.tensors):  # a corrupt count must not drive a billion-step loop
             raise EvaluationError(f"block count {hp.n_layer} exceeds the {len(model.tensors)} tensors in the file",
                                   path=model.path)
-        expected = _expected_shapes(hp, set(model))
+        expected = expected_shapes(hp, set(model))
         hasher = hashlib.sha256()
         tensors: dict[str, QTensor] = {}
         for info in model.tensors:

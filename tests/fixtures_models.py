@@ -28,6 +28,14 @@ _BASE: dict[str, dict[str, Any]] = {
                                max_position_embeddings=128, rotary_pct=0.25, partial_rotary_factor=0.25,
                                rotary_emb_base=10000, use_parallel_residual=True, layer_norm_eps=1e-5,
                                tie_word_embeddings=False),
+    # sliding_window beyond every test's context: llama.cpp's llama graph has none (the converter warns).
+    "MistralForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
+                               tie_word_embeddings=False, sliding_window=None, bos_token_id=1, eos_token_id=2),
+    "MixtralForCausalLM": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
+                               num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+                               sliding_window=None, bos_token_id=1, eos_token_id=2),
     "OPTForCausalLM": dict(hidden_size=64, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4,
                            max_position_embeddings=2048, word_embed_proj_dim=64, do_layer_norm_before=True,
                            activation_function="relu", enable_bias=True, tie_word_embeddings=True),
@@ -38,10 +46,13 @@ _CLASSES = {
     "Qwen3ForCausalLM": ("Qwen3Config", "Qwen3ForCausalLM"),
     "GPTNeoXForCausalLM": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
     "OPTForCausalLM": ("OPTConfig", "OPTForCausalLM"),
+    "MistralForCausalLM": ("MistralConfig", "MistralForCausalLM"),
+    "MixtralForCausalLM": ("MixtralConfig", "MixtralForCausalLM"),
 }
 #: Tokenizer per class (Llama defaults to SPM; vocab="bpe" picks a Llama-3 style BPE).
 _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen2",
-          "GPTNeoXForCausalLM": "gpt-2", "OPTForCausalLM": "gpt-2", "QWenLMHeadModel": "tiktoken"}
+          "GPTNeoXForCausalLM": "gpt-2", "OPTForCausalLM": "gpt-2", "QWenLMHeadModel": "tiktoken",
+          "MistralForCausalLM": "spm", "MixtralForCausalLM": "spm"}
 SUPPORTED = (*_CLASSES, "QWenLMHeadModel")
 
 

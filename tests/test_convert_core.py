@@ -53,17 +53,34 @@ def test_broken_registry_is_refused_naming_entry_and_field(old: str, new: str, m
         parse_registry(REGISTRY_TEXT.replace(old, new, 1))
 
 
-def test_yaml_merge_may_override_a_merged_key() -> None:
+def test_base_inheritance_merges_mappings_and_null_removes_a_key() -> None:
     reg = parse_registry(REGISTRY_TEXT)
-    assert reg.entries["Qwen2ForCausalLM"].arch == "qwen2"
-    assert not any(r.transform for r in reg.entries["Qwen2ForCausalLM"].tensors)
-    assert {r.transform for r in reg.entries["LlamaForCausalLM"].tensors} == {None, "permute_q", "permute_k"}
+    llama, qwen2, qwen3 = (reg.entries[n] for n in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"))
+    assert qwen2.arch == "qwen2" and qwen2.hooks is None and llama.hooks == "llama"
+    assert not any(r.transform for r in qwen2.tensors)
+    assert {r.transform for r in llama.tensors} == {None, "permute_q", "permute_k"}
+    assert {h.key for h in llama.hparams} - {h.key for h in qwen2.hparams} == {"vocab_size", "rope.dimension_count"}
+    assert {r.tensor for r in qwen3.tensors} - {r.tensor for r in qwen2.tensors} == {"ATTN_Q_NORM", "ATTN_K_NORM"}
 
 
-def test_every_hook_belongs_to_a_registry_entry() -> None:
-    from ggufkit.converters.hooks import load_hooks
+@pytest.mark.parametrize(("text", "message"), [
+    ("A:\n  base: Nope\n  arch: llama\n", r"entry 'A', field 'base': unknown base entry 'Nope'"),
+    ("A:\n  base: B\nB:\n  base: A\n", r"field 'base': base entries form a cycle"),
+    ("A:\n  base: A\n", r"field 'base': base entries form a cycle"),
+    ("A:\n  base: LlamaForCausalLM\n  hooks: nothere\n", r"entry 'A', field 'hooks': unknown hooks module"),
+])
+def test_broken_inheritance_is_refused(text: str, message: str) -> None:
+    with pytest.raises(RegistryError, match=message):
+        parse_registry(REGISTRY_TEXT + "\n" + text)
 
-    assert set(load_hooks()) <= set(parse_registry(REGISTRY_TEXT).entries)
+
+def test_every_hooks_module_named_in_the_registry_defines_hooks() -> None:
+    from ggufkit.converters.hooks import HOOK_FAMILIES, hooks_for
+
+    named = {e.hooks for e in parse_registry(REGISTRY_TEXT).entries.values()} - {None}
+    assert named == set(HOOK_FAMILIES)
+    for family in named:
+        assert hooks_for(family), family
 
 
 # -- transforms ---------------------------------------------------------------------------------------
@@ -260,7 +277,7 @@ def test_sharded_bin_checkpoint_with_index_is_read_through_weights_only_loads(ll
 
 
 def test_fast_bf16_to_f16_equals_the_float_path_for_every_bit_pattern() -> None:
-    from ggufkit.converters.core import bf16_to_f16
+    from ggufkit.converters.stream import bf16_to_f16
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     with np.errstate(over="ignore"):
@@ -271,10 +288,10 @@ def test_fast_bf16_to_f16_equals_the_float_path_for_every_bit_pattern() -> None:
 @pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0"])
 def test_chunked_conversion_gives_the_same_bytes_as_whole_tensors(llama: Path, tmp_path: Path, outtype: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from ggufkit.converters import core
+    from ggufkit.converters import stream
 
     whole = convert(llama, tmp_path / "whole.gguf", outtype=outtype).outputs[0]
-    monkeypatch.setattr(core, "CHUNK_ELEMENTS", 200)  # a few rows per chunk, ragged last chunk
+    monkeypatch.setattr(stream, "CHUNK_ELEMENTS", 200)  # a few rows per chunk, ragged last chunk
     chunked = convert(llama, tmp_path / "chunked.gguf", outtype=outtype).outputs[0]
     assert whole.read_bytes() == chunked.read_bytes()
 
@@ -307,7 +324,7 @@ def _mapping_rss(path: Path) -> int:
 def test_encoding_a_memmapped_tensor_releases_its_pages_and_keeps_the_bytes(tmp_path: Path, outtype: str) -> None:
     from gguf import GGMLQuantizationType as Q
 
-    from ggufkit.converters.core import encode, to_float32
+    from ggufkit.converters.stream import encode, to_float32
     from ggufkit.quant import quantize
 
     qtype = {"q8_0": Q.Q8_0, "f16": Q.F16, "q4_k": Q.Q4_K}[outtype]
@@ -325,7 +342,7 @@ def test_quantized_encode_allocates_the_output_and_one_chunk_not_a_float32_copy(
 
     from gguf import GGMLQuantizationType as Q
 
-    from ggufkit.converters.core import CHUNK_ELEMENTS, encode
+    from ggufkit.converters.stream import CHUNK_ELEMENTS, encode
 
     arr, _ = _bf16_memmap(tmp_path / "w.bin", (2048, 2048))  # 4M elements: a float32 copy is 16 MiB
     encode(arr[:64], "BF16", Q.Q8_0)  # kernel loaded before measuring

@@ -1,0 +1,155 @@
+"""Output metadata and naming: general.*, hyperparameters, vocabulary, provenance; hub file names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from gguf import GGML_QUANT_VERSION, Keys
+from gguf.utility import model_weight_count_rounded_notation
+
+from ggufkit.constants import (
+    KEY_POWERINFER_SPARSE_THRESHOLD,
+    KEY_SOURCE_REPO,
+    KEY_SOURCE_REVISION,
+    KEY_SOURCE_SHA256,
+    KEY_TOOL_VERSION,
+)
+from ggufkit.converters.hparams import hparams_metadata
+from ggufkit.converters.powerinfer import predictor_threshold
+from ggufkit.errors import CheckpointError, UsageError
+from ggufkit.format.values import VT, Metadata
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ggufkit.converters.plan import PlanEntry, Source
+
+G = Keys.General
+
+
+def size_label(n_params: int) -> str:
+    """``494M``, ``7.6B``: the hub's size label (gguf's own rounding)."""
+    return model_weight_count_rounded_notation(n_params, min_digits=2)
+
+
+def default_name(model_dir: Path, repo: str | None) -> str:
+    return (repo.split("/")[-1] if repo else model_dir.resolve().name) or "model"
+
+
+def output_path(output: str | Path | None, model_dir: Path, repo: str | None, basename: str, label: str | None,
+                ftype_name: str, vocab_only: bool) -> Path:
+    """``-o`` file, directory or template (``{ftype}``, ``{FTYPE}``, ``{outtype}``), or the hub convention
+    ``{basename}-{size_label}-{FTYPE}.gguf`` in the model directory (the current one for hub ids)."""
+    parts = [basename.replace(" ", "-").replace("/", "-")] + ([label] if label else []) + [ftype_name.upper()]
+    name = "-".join(parts) + ("-vocab" if vocab_only else "") + ".gguf"
+    if output is None:
+        return (Path.cwd() if repo else model_dir) / name
+    out = Path(output)
+    if out.is_dir():
+        return out / name
+    if "{" in str(out):
+        try:
+            return Path(str(out).format(ftype_name.lower(), ftype=ftype_name.lower(), outtype=ftype_name.lower(),
+                                        FTYPE=ftype_name.upper(), OUTTYPE=ftype_name.upper()))
+        except (KeyError, IndexError, ValueError) as exc:
+            raise UsageError(f"output template {str(out)!r}: {exc}") from None
+    return out
+
+
+def read_metadata_file(path: Path | None) -> dict[str, Any]:
+    """``--metadata FILE``: a JSON object of ``general.*`` keys (strings, numbers, booleans, string lists)."""
+    if path is None:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--metadata {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--metadata {path}: expected a JSON object")
+    for key, value in data.items():
+        ok = isinstance(value, (str, int, float, bool)) or (isinstance(value, list)
+                                                             and all(isinstance(v, str) for v in value))
+        if not key.startswith("general.") or not ok or key in (G.ARCHITECTURE, G.FILE_TYPE):
+            raise UsageError(f"--metadata {path}: key {key!r} must be a general.* key other than architecture "
+                             "and file_type, with a string, number, boolean or string-list value")
+    return data
+
+
+def _set_general(meta: Metadata, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        meta.set(key, VT.BOOL, value)
+    elif isinstance(value, int):
+        meta.set(key, VT.UINT32 if value >= 0 else VT.INT32, value)
+    elif isinstance(value, float):
+        meta.set(key, VT.FLOAT32, value)
+    elif isinstance(value, list):
+        meta.set(key, VT.ARRAY, value, VT.STRING)
+    else:
+        meta.set(key, VT.STRING, value)
+
+
+
+def build_metadata(src: Source, hp: Mapping[str, tuple[VT, Any]], entries: list[PlanEntry], file_type: int,
+              vocab_only: bool, metadata_file: Path | None, powerinfer: bool, predictor: Path | None,
+              pre_tokenizer: str | None) -> Metadata:
+    """Every key of the output except tensor layout, in llama.cpp\'s order."""
+    from ggufkit import __version__
+
+    entry = src.entry
+    meta = Metadata()
+    meta.set(G.ARCHITECTURE, VT.STRING, entry.arch)
+    meta.set(G.TYPE, VT.STRING, "model")
+    overrides = read_metadata_file(metadata_file)
+    name = overrides.get(G.NAME, default_name(src.model_dir, src.repo))
+    meta.set(G.NAME, VT.STRING, str(name))
+    meta.set(G.BASENAME, VT.STRING, str(overrides.get(G.BASENAME, name)).replace(" ", "-"))
+    if not vocab_only:
+        n_params = sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)
+        meta.set(G.SIZE_LABEL, VT.STRING, str(overrides.get(G.SIZE_LABEL, size_label(n_params))))
+    if src.repo:
+        meta.set(G.SOURCE_REPO_URL, VT.STRING, f"https://huggingface.co/{src.repo}")
+    for key, value in overrides.items():
+        if key not in meta:
+            _set_general(meta, key, value)
+    for key, value in hparams_metadata(hp).items():
+        meta.put(key, value)
+    meta.set(G.FILE_TYPE, VT.UINT32, file_type)
+    if powerinfer and predictor is not None:
+        threshold = predictor_threshold(predictor)
+        if threshold is not None:
+            meta.set(KEY_POWERINFER_SPARSE_THRESHOLD, VT.FLOAT32, threshold)
+    meta.set(G.QUANTIZATION_VERSION, VT.UINT32, GGML_QUANT_VERSION)
+    for key, value in _vocab(src, pre_tokenizer, entries).items():
+        meta.put(key, value)
+    meta.set(KEY_TOOL_VERSION, VT.STRING, __version__)
+    if src.checkpoint is not None:
+        meta.set(KEY_SOURCE_SHA256, VT.STRING, "\n".join(f"{h}  {n}" for n, h in src.checkpoint.sha256()))
+    if src.repo:
+        meta.set(KEY_SOURCE_REPO, VT.STRING, src.repo)
+    if src.revision:
+        meta.set(KEY_SOURCE_REVISION, VT.STRING, src.revision)
+    return meta
+
+
+
+def _vocab(src: Source, pre_tokenizer: str | None, entries: list[PlanEntry]) -> Metadata:
+    from ggufkit.converters.vocab import build_vocab
+
+    entry, d = src.entry, src.model_dir
+    kind = entry.vocab[-1]
+    for candidate in entry.vocab:
+        if (candidate == "spm" and (d / "tokenizer.model").is_file()) or \
+           (candidate == "bpe" and (d / "tokenizer.json").is_file()) or \
+           (candidate == "tiktoken" and any(d.glob("*.tiktoken"))):
+            kind = candidate
+            break
+    vocab_size = src.config.get("vocab_size")
+    emb = next((e for e in entries if e.name == "token_embd.weight"), None)
+    if emb is not None:
+        vocab_size = emb.shape[0]
+    if not isinstance(vocab_size, int):
+        raise CheckpointError("config.json has no vocab_size", path=d)
+    return build_vocab(d, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer)

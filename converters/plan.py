@@ -1,0 +1,357 @@
+"""Plan a conversion from headers only: registry entry, tensor mapping, output types, metadata, file name.
+
+Every source tensor is mapped (name, transform, output type) or explicitly ignored, else
+:class:`~ggufkit.errors.TensorMappingError` names the leftovers. No tensor data is read here (except predictor
+shapes); :attr:`ConvertPlan.loaders` read one tensor each when the stream asks for it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, Keys, LlamaFileType
+
+from ggufkit.constants import GGUF_MAGIC, KEY_SLACK, POWERINFER_MAGIC
+from ggufkit.converters.checkpoint import Checkpoint, read_config, resolve_model
+from ggufkit.converters.hooks import hooks_for
+from ggufkit.converters.hparams import resolve_hparams
+from ggufkit.converters.metadata import build_metadata, default_name, output_path, size_label
+from ggufkit.converters.powerinfer import check_activation, load_predictor, read_predictor
+from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
+from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_shape
+from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
+from ggufkit.format.values import VT, Metadata
+from ggufkit.format.writer import TensorSpec
+
+Q = GGMLQuantizationType
+G = Keys.General
+#: --outtype choices.
+OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
+FLOAT_OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16}
+FLOAT_FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
+                    "bf16": LlamaFileType.MOSTLY_BF16}
+#: GGUF tensors llama.cpp's converter always keeps in F32 whatever the outtype (convert.md §2.5).
+_F32_KINDS = frozenset({"POS_EMBD", "TOKEN_TYPES"})
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One output tensor: where it comes from and what it becomes.
+
+    Attributes:
+        name: GGUF name.
+        source: HF tensor name (or ``model_N.pt:fc1.weight`` for predictors, ``generated`` for computed ones).
+        shape: output shape, numpy order.
+        src_dtype: source dtype (``F32``, ``F16``, ``BF16``, ...).
+        ggml_type: output type.
+        transform: transform name, or None.
+        reason: why this output type.
+        kind: MODEL_TENSOR name (``ATTN_Q``) or ``""``.
+    """
+
+    name: str
+    source: str
+    shape: tuple[int, ...]
+    src_dtype: str
+    ggml_type: GGMLQuantizationType
+    transform: str | None
+    reason: str
+    kind: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "shape": list(self.shape), "src_dtype": self.src_dtype,
+                "type": self.ggml_type.name, "transform": self.transform, "reason": self.reason}
+
+
+@dataclass
+class ConvertPlan:
+    """Everything that will be written, known before any tensor data is read."""
+
+    hf_class: str
+    arch: str
+    outtype: str
+    file_type: int
+    magic: bytes
+    metadata: Metadata
+    entries: list[PlanEntry]
+    ignored: list[str]
+    output: Path | None
+    loaders: dict[str, Callable[[], np.ndarray]] = field(default_factory=dict, repr=False)
+
+    @property
+    def n_params(self) -> int:
+        return sum(int(np.prod(e.shape, dtype=np.int64)) for e in self.entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(TensorSpec(e.name, e.ggml_type, e.shape).nbytes for e in self.entries)
+
+    def as_dict(self) -> dict[str, Any]:
+        meta = {}
+        for k, v in self.metadata.items():
+            if k == KEY_SLACK:
+                continue
+            value = getattr(v, "value", None)
+            if v.type == VT.ARRAY:
+                value = {"array_length": len(value) if value is not None else None}
+            meta[k] = value
+        return {"hf_class": self.hf_class, "architecture": self.arch, "outtype": self.outtype,
+                "file_type": self.file_type, "powerinfer": self.magic == POWERINFER_MAGIC,
+                "output": str(self.output) if self.output else None, "n_tensors": len(self.entries),
+                "n_params": self.n_params, "nbytes": self.nbytes, "metadata": meta,
+                "tensors": [e.as_dict() for e in self.entries], "ignored": self.ignored}
+
+
+
+
+# -- mapping -------------------------------------------------------------------------------------------
+def _compile(rule: TensorRule) -> re.Pattern[str]:
+    body = re.escape(rule.hf_template).replace(re.escape("{bid}"), r"(?P<bid>\d+)")
+    return re.compile(rf"^{body}(?P<suffix>\.weight|\.bias)?$")
+
+
+def map_tensors(entry: ArchEntry, names: list[str], n_layer: int) -> tuple[list[tuple[str, str, TensorRule]],
+                                                                            list[str]]:
+    """Map HF names to GGUF names.
+
+    Returns:
+        ([(hf name, gguf name, rule)], [ignored hf names]), in source order.
+
+    Raises:
+        TensorMappingError: names no rule consumes and no ignore pattern matches, or a block index out of range.
+    """
+    rules = [(_compile(r), r) for r in entry.tensors]
+    mapped, ignored, leftovers = [], [], []
+    for name in names:
+        local = name.removeprefix(entry.strip_prefix) if entry.strip_prefix else name
+        stem = re.sub(r"\.(weight|bias)$", "", local)
+        if any(fnmatch.fnmatchcase(local, p) or fnmatch.fnmatchcase(stem, p) for p in entry.ignore):
+            ignored.append(name)
+            continue
+        for pattern, rule in rules:
+            m = pattern.match(local)
+            if m is None:
+                continue
+            bid = m.group("bid") if "{bid}" in rule.hf_template else None
+            if bid is not None and int(bid) >= n_layer:
+                leftovers.append(f"{name} (block {bid} >= block_count {n_layer})")
+                break
+            gguf = rule.gguf_template.format(bid=bid) + (m.group("suffix") or "")
+            mapped.append((name, gguf, rule))
+            break
+        else:
+            leftovers.append(name)
+    if leftovers:
+        more = f" and {len(leftovers) - 10} more" if len(leftovers) > 10 else ""
+        raise TensorMappingError(f"{entry.hf_class}: no rule for source tensors {', '.join(leftovers[:10])}{more}; "
+                                 "add them to registry.yaml 'tensors' or 'ignore'")
+    _check_complete(entry, mapped, n_layer)
+    return mapped, ignored
+
+
+def _check_complete(entry: ArchEntry, mapped: list[tuple[str, str, TensorRule]], n_layer: int) -> None:
+    produced = {g for _, g, _ in mapped}
+    kinds = {r.tensor for _, _, r in mapped}
+    if "TOKEN_EMBD" not in kinds:
+        raise TensorMappingError(f"{entry.hf_class}: the checkpoint has no token embedding")
+    # A per-block tensor present in one block must be present in all of them (a truncated shard set).
+    per_block: dict[str, set[str]] = {}
+    for _, gguf, rule in mapped:
+        if "{bid}" in rule.gguf_template:
+            suffix = gguf.split(".")[-1]
+            per_block.setdefault(f"{rule.gguf_template}.{suffix}", set()).add(gguf)
+    missing = []
+    for template in per_block:
+        for bid in range(n_layer):
+            name = template.format(bid=bid)
+            if name not in produced:
+                missing.append(name)
+    if missing:
+        raise TensorMappingError(f"{entry.hf_class}: missing source tensors for {', '.join(missing[:10])}")
+
+
+# -- types -------------------------------------------------------------------------------------------
+def resolve_outtype(outtype: str, first_2d_dtypes: list[str]) -> str:
+    """``auto``: the first 2-D bf16 or f16 tensor decides, f16 otherwise (llama.cpp's GUESSED rule)."""
+    if outtype != "auto":
+        return outtype
+    for dtype in first_2d_dtypes:
+        if dtype == "BF16":
+            return "bf16"
+        if dtype == "F16":
+            return "f16"
+    return "f16"
+
+
+def float_type(name: str, kind: str, shape: tuple[int, ...], target: GGMLQuantizationType,
+               powerinfer: bool) -> tuple[GGMLQuantizationType, str]:
+    """Output type of one tensor for a float outtype, with the reason (convert.md §2.5)."""
+    if len(shape) <= 1:
+        return Q.F32, "1-D: F32"
+    if name.endswith("_norm.weight"):
+        return Q.F32, "norm: F32"
+    if not name.endswith(".weight"):
+        return Q.F32, "bias: F32"
+    if kind in _F32_KINDS:
+        return Q.F32, f"{kind.lower()}: F32"
+    if powerinfer and kind == "FFN_DOWN_T":
+        return Q.F16, "PowerInfer's CPU axpy kernel reads ffn_down_t as F16"
+    return target, "outtype"
+
+
+
+# -- planning ------------------------------------------------------------------------------------------
+@dataclass
+class Source:
+    """An opened checkpoint: where it is, its config and registry entry, its tensors (None: vocab only)."""
+
+    model_dir: Path
+    repo: str | None
+    revision: str | None
+    config: dict[str, Any]
+    entry: ArchEntry
+    checkpoint: Checkpoint | None
+
+
+def open_source(model: str | Path, vocab_only: bool) -> Source:
+    """Resolve ``model``, read its config, find its registry entry and run its ``check_config`` hook."""
+    model_dir, repo, revision = resolve_model(model)
+    config = read_config(model_dir)
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise CheckpointError("config.json has no 'architectures' list naming the model class", path=model_dir)
+    entry = load_registry().get(archs[0])
+    check = hooks_for(entry.hooks).get("check_config")
+    if check is not None:
+        check(config)
+    return Source(model_dir, repo, revision, config, entry, None if vocab_only else Checkpoint(model_dir))
+
+
+def _heads(hp: Mapping[str, tuple[VT, Any]], arch: str) -> Heads:
+    n_head = int(hp.get(f"{arch}.attention.head_count", (VT.UINT32, 0))[1])
+    n_kv = int(hp.get(f"{arch}.attention.head_count_kv", (VT.UINT32, n_head))[1])
+    return Heads(n_head, n_kv)
+
+
+def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only: bool,
+               output: str | Path | None, metadata_file: Path | None, pre_tokenizer: str | None) -> ConvertPlan:
+    """Plan a conversion from headers only (no tensor data is read, except predictor shapes)."""
+    entry, config = src.entry, src.config
+    if outtype not in OUTTYPES:
+        raise UsageError(f"unknown outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
+    hp = resolve_hparams(entry, config)
+    arch = entry.arch
+    n_layer = int(hp[f"{arch}.block_count"][1])
+    heads = _heads(hp, arch)
+    powerinfer = predictor is not None
+    if powerinfer and not entry.powerinfer:
+        raise UsageError(f"--predictor: PowerInfer has no sparse loader for {entry.hf_class} ({arch})")
+    if powerinfer:
+        check_activation(config)
+
+    entries: list[PlanEntry] = []
+    loaders: dict[str, Callable[[], np.ndarray]] = {}
+    ignored: list[str] = []
+    raw: list[tuple[str, str, str, tuple[int, ...], str, str | None]] = []  # gguf, source, kind, shape, dtype, tf
+    extra = hooks_for(entry.hooks).get("extra_tensors")
+    if not vocab_only:
+        assert src.checkpoint is not None
+        ckpt = src.checkpoint
+        for gguf_name, arr in (extra(config) if extra is not None else []):
+            if powerinfer:
+                raise UsageError(f"--predictor: PowerInfer's loader does not accept {gguf_name}")
+            raw.append((gguf_name, "generated", "", arr.shape, "F32", None))
+            loaders[gguf_name] = _constant(arr)
+        mapped, ignored = map_tensors(entry, list(ckpt.tensors), n_layer)
+        for hf, gguf_name, rule in mapped:
+            st = ckpt.tensors[hf]
+            kind, transform = rule.tensor, rule.transform
+            if powerinfer and kind == "FFN_DOWN":
+                # PowerInfer stores the down projection transposed, one neuron per row (powerinfer.md §2.3).
+                kind, transform = "FFN_DOWN_T", "transpose"
+                gguf_name = gguf_name.replace(".ffn_down.", ".ffn_down_t.")
+            raw.append((gguf_name, hf, kind, transformed_shape(transform, st.shape), st.dtype, transform))
+        kinds = {r[2] for r in raw}
+        # A tied head where the loader needs output.weight (PowerInfer's llama loader too): write the embedding
+        # again under that name.
+        if "OUTPUT" not in kinds and (entry.output == "required" or (powerinfer and entry.output == "optional")):
+            emb = next(r for r in raw if r[0] == "token_embd.weight")
+            raw.append(("output.weight", emb[1], "OUTPUT", emb[3], emb[4], emb[5]))
+        if powerinfer:
+            pred = load_predictor(predictor, n_layer=n_layer, n_embd=int(hp[f"{arch}.embedding_length"][1]),
+                                  n_ff=int(hp[f"{arch}.feed_forward_length"][1]))
+            for gguf_name, shape, dtype, file, key in pred.tensors():
+                raw.append((gguf_name, f"{file.name}:{key}", "FC1" if ".fc1." in gguf_name else "FC2", shape,
+                            dtype, None))
+                loaders[gguf_name] = _predictor_loader(pred.directory, key, file)
+        for gguf_name, source, _, _, _, transform in raw:
+            if gguf_name not in loaders:
+                loaders[gguf_name] = _loader(ckpt, source, transform, heads)
+
+    resolved = resolve_outtype(outtype, [r[4] for r in raw if len(r[3]) >= 2 and r[1] != "generated"])
+    if resolved in FLOAT_OUTTYPES:
+        target = FLOAT_OUTTYPES[resolved]
+        for gguf_name, source, kind, shape, dtype, transform in raw:
+            ggml_type, reason = float_type(gguf_name, kind, shape, target, powerinfer)
+            entries.append(PlanEntry(gguf_name, source, shape, dtype, ggml_type, transform, reason, kind))
+        file_type = int(FLOAT_FILE_TYPES[resolved])
+    else:
+        entries, file_type, resolved = _quant_entries(raw, resolved, arch, powerinfer, hp)
+
+    meta = build_metadata(src, hp, entries, file_type, vocab_only, metadata_file, powerinfer, predictor, pre_tokenizer)
+    label = None if vocab_only else size_label(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries))
+    name_value = meta.get(G.BASENAME) or meta.get(G.NAME)
+    basename = str(getattr(name_value, "value", default_name(src.model_dir, src.repo)))
+    out = output_path(output, src.model_dir, src.repo, basename, label,
+                      LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_"), vocab_only)
+    return ConvertPlan(entry.hf_class, arch, resolved, file_type, POWERINFER_MAGIC if powerinfer else GGUF_MAGIC,
+                       meta, entries, ignored, out, loaders)
+
+
+def _constant(arr: np.ndarray) -> Callable[[], np.ndarray]:
+    return lambda: arr
+
+
+def _predictor_loader(directory: Path, key: str, file: Path) -> Callable[[], np.ndarray]:
+    return lambda: read_predictor(directory, key, file)
+
+
+def _loader(ckpt: Checkpoint, source: str, transform: str | None, heads: Heads) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        arr = ckpt.read(source)
+        return TRANSFORMS[transform](arr, heads) if transform else arr
+
+    return load
+
+
+def _quant_entries(raw: list[tuple[str, str, str, tuple[int, ...], str, str | None]], target: str, arch: str,
+                   powerinfer: bool, hp: Mapping[str, tuple[VT, Any]]) -> tuple[list[PlanEntry], int, str]:
+    """Per-tensor types for a quantized outtype, chosen by llama-quantize's rules (ggufkit.quant.plan).
+
+    Returns:
+        (entries in llama-quantize's order, general.file_type, canonical target name such as ``q4_k_m``).
+    """
+    from ggufkit.quant.plan import QuantOptions, plan_quantization
+
+    # The planner sees what `ggufkit quantize` would see in the f32 conversion, so types (and tensor order)
+    # match quantizing that file.
+    sources = [TensorSpec(g, Q.F32, shape) for g, _, _, shape, _, _ in raw]
+    meta = {k: v for k, (_, v) in hp.items()}
+    meta[G.ARCHITECTURE] = arch
+    qplan = plan_quantization(sources, target, arch=arch, metadata=meta, options=QuantOptions())
+    by_name = {r[0]: r for r in raw}
+    entries = []
+    for qe in qplan.entries:
+        gguf_name, source, kind, shape, dtype, transform = by_name[qe.name]
+        ggml_type, reason = qe.dst_type, qe.reason
+        if powerinfer and kind == "FFN_DOWN_T" and ggml_type != Q.Q4_0:
+            ggml_type, reason = Q.F16, "PowerInfer's CPU axpy kernel reads ffn_down_t as F16 (or Q4_0)"
+        entries.append(PlanEntry(gguf_name, source, shape, dtype, ggml_type, transform, reason, kind))
+    return entries, int(qplan.file_type), qplan.target
+

@@ -1,0 +1,209 @@
+"""What the evaluator knows about each GGUF architecture: one traits table, and the hyperparameters of a file.
+
+An architecture runs when :data:`ARCH_TRAITS` has a row for its ``general.architecture``; the forward pass
+(:mod:`ggufkit.eval.model`) reads only :class:`HParams`, never the architecture's name. A row states what
+llama.cpp's graph for that architecture does (src/models/<arch>.cpp in llama.cpp) and transformers' class
+agrees with; a file's keys fill in the numbers. An architecture without a row is "cannot evaluate ARCH".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ggufkit.errors import EvaluationError, MetadataKeyNotFoundError, MetadataValueError
+from ggufkit.format.reader import GGUFModel
+
+
+@dataclass(frozen=True)
+class ArchTraits:
+    """How one GGUF architecture computes (llama.cpp's graph for it).
+
+    Attributes:
+        norm: ``rms`` (RMSNorm) or ``layer`` (LayerNorm with bias).
+        rope: ``norm`` (adjacent pairs; the converter permuted Q/K rows), ``neox`` (split halves), ``none``.
+        ffn: ``silu`` (SiLU-gated), ``gelu`` (exact erf GELU, ungated), ``relu`` (``relu(gate)*up``, or
+            ``relu(up)`` when ungated), ``relu_sym`` (``relu(gate)*relu(up)``).
+        powerinfer_ffn: the FFN PowerInfer's sparse graph computes for a PWRI file of this arch (None: same).
+        parallel_residual: default of ``{arch}.use_parallel_residual`` (None: never parallel, key ignored).
+        eps_default: RMS epsilon when the file has no key (None: the key is required).
+        eps_fallback_key: another epsilon key older converters wrote instead (Qwen 1's LayerNorm key).
+        learned_positions: ``position_embd`` read at ``pos + 2`` (OPT), and the head always tied to the
+            embedding.
+    """
+
+    norm: str = "rms"
+    rope: str = "neox"
+    ffn: str = "silu"
+    powerinfer_ffn: str | None = None
+    parallel_residual: bool | None = None
+    eps_default: float | None = None
+    eps_fallback_key: str | None = None
+    learned_positions: bool = False
+
+
+#: GGUF architecture -> traits. A new LLaMA-like architecture is a row here (and none if it writes ``llama``).
+ARCH_TRAITS: dict[str, ArchTraits] = {
+    # src/models/llama.cpp: RMSNorm, NORM rope, SiLU-gated FFN.
+    "llama": ArchTraits(rope="norm", powerinfer_ffn="relu"),
+    # PowerInfer's bamboo graph: relu(gate) * relu(up); no eps key in its files.
+    "bamboo": ArchTraits(rope="norm", ffn="relu_sym", eps_default=1e-5),
+    "qwen2": ArchTraits(),
+    "qwen3": ArchTraits(),
+    "qwen": ArchTraits(eps_fallback_key="attention.layer_norm_epsilon"),
+    "gptneox": ArchTraits(norm="layer", ffn="gelu", parallel_residual=True),
+    "opt": ArchTraits(norm="layer", rope="none", ffn="relu", learned_positions=True),
+}
+#: Architectures the evaluator runs.
+SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
+
+
+@dataclass(frozen=True)
+class HParams:
+    """What the forward pass needs, read from ``<arch>.*`` keys and tensor shapes."""
+
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    rope_base: float
+    rope_scale: float
+    rope_mode: str  # "norm" (adjacent pairs), "neox" (split halves) or "none"
+    norm: str  # "rms" or "layer"
+    eps: float
+    parallel_residual: bool
+    ffn: str  # "silu", "gelu", "relu" (relu(gate)*up or relu(up) when ungated), "relu_sym"
+    powerinfer: bool
+    learned_positions: bool = False
+
+
+def traits_for(arch: str, path: Any = None) -> ArchTraits:
+    """The traits of ``arch``.
+
+    Raises:
+        EvaluationError: "cannot evaluate ARCH" when the table has no row for it.
+    """
+    traits = ARCH_TRAITS.get(arch)
+    if traits is None:
+        raise EvaluationError(f"cannot evaluate {arch!r}: the evaluator has no traits for this architecture "
+                              f"(it runs: {', '.join(SUPPORTED_ARCHS)})", path=path)
+    return traits
+
+
+def key(model: GGUFModel, name: str, kind: type, default: Any = None) -> Any:
+    """A numeric key of ``kind`` (positive when int), or ``default`` when absent (None: required)."""
+    field = model.kv.get(name)
+    if field is None:
+        if default is None:
+            raise MetadataKeyNotFoundError(name, path=model.path, hint="the evaluator needs it")
+        return default
+    value = field.value
+    if (kind is int and isinstance(value, bool)) or not isinstance(value, (int, float, bool)):
+        raise MetadataValueError(f"expected a {kind.__name__}, got {field.type_label}", key=name, path=model.path)
+    if kind is int and (not float(value).is_integer() or value <= 0):
+        raise MetadataValueError(f"expected a positive integer, got {value}", key=name, path=model.path)
+    return kind(value)
+
+
+def read_hparams(model: GGUFModel) -> HParams:
+    """Hyperparameters from the GGUF keys (and the vocabulary size from ``token_embd``).
+
+    Raises:
+        EvaluationError: unsupported architecture or rope scaling.
+        MetadataKeyNotFoundError, MetadataValueError: a needed key is missing or malformed.
+    """
+    a = model.architecture or ""
+    tr = traits_for(a, model.path)
+    embd = model["token_embd.weight"]
+    if embd.n_dims != 2:
+        raise EvaluationError(f"token_embd.weight has {embd.n_dims} dimensions, expected 2", path=model.path)
+    n_embd = key(model, f"{a}.embedding_length", int, embd.ne[0])
+    n_head = key(model, f"{a}.attention.head_count", int)
+    if n_embd % n_head:
+        raise EvaluationError(f"embedding length {n_embd} is not a multiple of the head count {n_head}",
+                              path=model.path)
+    head_dim = key(model, f"{a}.attention.key_length", int, n_embd // n_head)
+    n_head_kv = key(model, f"{a}.attention.head_count_kv", int, n_head)
+    if n_head % n_head_kv:
+        raise EvaluationError(f"head count {n_head} is not a multiple of the KV head count {n_head_kv}",
+                              path=model.path)
+    n_rot = key(model, f"{a}.rope.dimension_count", int, head_dim)
+    if n_rot > head_dim or n_rot % 2:
+        raise EvaluationError(f"rope dimension count {n_rot} does not fit the head size {head_dim}", path=model.path)
+    scaling = model.get(f"{a}.rope.scaling.type", "none")
+    rope_scale = 1.0
+    if scaling == "linear":
+        rope_scale = key(model, f"{a}.rope.scaling.factor", float, 1.0)
+    elif f"{a}.rope.scale_linear" in model.kv:
+        rope_scale = key(model, f"{a}.rope.scale_linear", float)
+    elif scaling not in ("none", ""):
+        raise EvaluationError(f"rope scaling {scaling!r} is not supported by the evaluator", path=model.path)
+    if tr.norm == "layer":
+        eps = key(model, f"{a}.attention.layer_norm_epsilon", float, 1e-5)
+    elif tr.eps_fallback_key is not None and f"{a}.attention.layer_norm_rms_epsilon" not in model.kv:
+        eps = key(model, f"{a}.{tr.eps_fallback_key}", float)
+    else:
+        eps = key(model, f"{a}.attention.layer_norm_rms_epsilon", float, tr.eps_default)
+    ffn = tr.powerinfer_ffn if model.is_powerinfer and tr.powerinfer_ffn else tr.ffn
+    parallel = False if tr.parallel_residual is None else \
+        bool(model.get(f"{a}.use_parallel_residual", tr.parallel_residual))
+    return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=key(model, f"{a}.block_count", int),
+                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
+                   rope_base=key(model, f"{a}.rope.freq_base", float, 10000.0), rope_scale=rope_scale,
+                   rope_mode=tr.rope, norm=tr.norm, eps=eps, parallel_residual=parallel, ffn=ffn,
+                   powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions)
+
+
+def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
+    """numpy-order shape of every tensor the forward pass reads (optional ones only when present)."""
+    e, hd = hp.n_embd, hp.head_dim
+    q, kv = hp.n_head * hd, hp.n_head_kv * hd
+    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (hp.n_vocab, e), "output_norm.weight": (e,)}
+    if hp.norm == "layer":
+        out["output_norm.bias"] = (e,)
+    if "output.weight" in names and not hp.learned_positions:
+        out["output.weight"] = (hp.n_vocab, e)
+    if hp.learned_positions:
+        out["position_embd.weight"] = (-1, e)
+    if "rope_freqs.weight" in names:
+        out["rope_freqs.weight"] = (hp.n_rot // 2,)
+    for i in range(hp.n_layer):
+        b = f"blk.{i}."
+        out[b + "attn_norm.weight"] = (e,)
+        out[b + "ffn_norm.weight"] = (e,)
+        if hp.norm == "layer":
+            out[b + "attn_norm.bias"] = (e,)
+            out[b + "ffn_norm.bias"] = (e,)
+        if b + "attn_qkv.weight" in names:
+            out[b + "attn_qkv.weight"] = (q + 2 * kv, e)
+            if b + "attn_qkv.bias" in names:
+                out[b + "attn_qkv.bias"] = (q + 2 * kv,)
+        else:
+            for part, rows in (("q", q), ("k", kv), ("v", kv)):
+                out[b + f"attn_{part}.weight"] = (rows, e)
+                if b + f"attn_{part}.bias" in names:
+                    out[b + f"attn_{part}.bias"] = (rows,)
+        if b + "attn_q_norm.weight" in names:
+            out[b + "attn_q_norm.weight"] = (hd,)
+            out[b + "attn_k_norm.weight"] = (hd,)
+        out[b + "attn_output.weight"] = (e, q)
+        if b + "attn_output.bias" in names:
+            out[b + "attn_output.bias"] = (e,)
+        out[b + "ffn_up.weight"] = (-1, e)
+        if b + "ffn_up.bias" in names:
+            out[b + "ffn_up.bias"] = (-1,)
+        if hp.ffn in ("silu", "relu_sym") or b + "ffn_gate.weight" in names:
+            out[b + "ffn_gate.weight"] = (-1, e)
+        if b + "ffn_down_t.weight" in names:
+            out[b + "ffn_down_t.weight"] = (-1, e)
+            bias = b + "ffn_down_t.bias" if b + "ffn_down_t.bias" in names else b + "ffn_down.bias"
+        else:
+            out[b + "ffn_down.weight"] = (e, -1)
+            bias = b + "ffn_down.bias"
+        if bias in names:
+            out[bias] = (e,)
+    return out
