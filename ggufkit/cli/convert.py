@@ -20,9 +20,16 @@ def _render(d: Mapping[str, Any]) -> str:
     if "architectures" in d:
         return table([(a["hf_class"], a["arch"], ",".join(a["vocab"]), "yes" if a["powerinfer"] else "")
                       for a in d["architectures"]], ["HF class", "GGUF arch", "vocab", "--predictor"])
+    size = (f"{human_bytes(d['nbytes'])} of tensor data" if d["dry_run"]
+            else f"{human_bytes(d['file_size'])} on disk")
     summary = (f"{d['hf_class']} -> {d['architecture']} ({d['outtype']}, file_type {d['file_type']}"
                f"{', PowerInfer' if d['powerinfer'] else ''}): {d['n_tensors']} tensors, "
-               f"{d['n_params']:,} parameters, {human_bytes(d['nbytes'])}")
+               f"{d['n_params']:,} parameters, {size}")
+    pre = d.get("pre_tokenizer")
+    if pre:
+        how = {"hash": "llama.cpp's hash table", "behaviour": "behaviour: its regexes reproduce the tokenizer",
+               "override": "--pre-tokenizer"}.get(pre["method"], pre["method"])
+        summary += f"\npre-tokenizer: {pre['name']} (by {how})" + (f"; {pre['note']}" if pre["note"] else "")
     if d["dry_run"]:
         rows = [(t["source"], t["name"], "x".join(map(str, t["shape"])), f"{t['src_dtype']} -> {t['type']}",
                  t["transform"] or "", t["reason"]) for t in d["tensors"]]
