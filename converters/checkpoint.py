@@ -60,16 +60,23 @@ class SourceTensor:
         return n
 
 
+#: What a conversion reads from a hub snapshot.
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.tiktoken", "*.jinja", "*.txt", "*.md"]
+
+
 def resolve_model(model: str | Path) -> tuple[Path, str | None, str | None]:
     """A local checkpoint directory, or a hub repo id resolved through huggingface_hub's cache.
 
-    ``HF_HUB_OFFLINE=1`` is respected by huggingface_hub: then only the local cache is used.
+    A repo id found in the local cache (``HF_HOME`` / ``HF_HUB_CACHE``) is used without any network
+    access. Otherwise it is downloaded with ``snapshot_download`` (huggingface_hub's own progress bars on
+    stderr), unless ``HF_HUB_OFFLINE=1``.
 
     Returns:
         (directory, repo id or None, revision or None).
 
     Raises:
-        CheckpointError: not a directory and not a resolvable repo id.
+        CheckpointError: not a directory and not a repo id; a repo id neither cached nor downloadable
+            (offline mode, no network, unknown repo), named in the message.
     """
     path = Path(model)
     if path.is_dir():
@@ -79,13 +86,22 @@ def resolve_model(model: str | Path) -> tuple[Path, str | None, str | None]:
     text = str(model)
     if not _REPO_ID.match(text):
         raise CheckpointError("no such directory, and not a hub repo id (org/name)", path=path)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
 
     try:
-        local = Path(snapshot_download(text, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model",
-                                                             "*.tiktoken", "*.jinja", "*.txt", "*.md"]))
-    except Exception as exc:
-        raise CheckpointError(f"hub repo {text!r} is not available: {' '.join(str(exc).split())[:300]}") from None
+        local = Path(snapshot_download(text, allow_patterns=_HUB_PATTERNS, local_files_only=True))
+        if (local / "config.json").is_file():
+            return local, text, local.name
+    except Exception:  # huggingface_hub: not in the cache (LocalEntryNotFoundError and relatives)
+        pass
+    if constants.is_offline_mode():
+        raise CheckpointError(f"hub repo {text!r} is not in the local cache and HF_HUB_OFFLINE=1 forbids "
+                              "downloading it; unset HF_HUB_OFFLINE or give a local checkpoint directory")
+    try:
+        local = Path(snapshot_download(text, allow_patterns=_HUB_PATTERNS))
+    except Exception as exc:  # network, authentication and not-found errors of huggingface_hub
+        raise CheckpointError(f"hub repo {text!r} could not be downloaded: {' '.join(str(exc).split())[:300]}"
+                              ) from None
     return local, text, local.name
 
 

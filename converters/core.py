@@ -36,10 +36,15 @@ class ConvertReport:
     model_dir: Path | None = None
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def file_size(self) -> int:
+        """Bytes on disk of everything written (headers, padding and tensor data; all shards)."""
+        return sum(p.stat().st_size for p in self.outputs)
+
     def as_dict(self) -> dict[str, Any]:
         return {"ok": True, "dry_run": self.dry_run, "outputs": [str(p) for p in self.outputs],
-                "seconds": round(self.seconds, 3), "check": self.check, "warnings": self.warnings,
-                **self.plan.as_dict()}
+                "file_size": self.file_size, "seconds": round(self.seconds, 3), "check": self.check,
+                "warnings": self.warnings, **self.plan.as_dict()}
 
 
 

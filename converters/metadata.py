@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ggufkit.converters.plan import PlanEntry, Source
+    from ggufkit.converters.pretokenizer import PreTokenizerMatch
 
 G = Keys.General
 
@@ -94,8 +95,9 @@ def _set_general(meta: Metadata, key: str, value: Any) -> None:
 
 def build_metadata(src: Source, hp: Mapping[str, tuple[VT, Any]], entries: list[PlanEntry], file_type: int,
               vocab_only: bool, metadata_file: Path | None, powerinfer: bool, predictor: Path | None,
-              pre_tokenizer: str | None) -> Metadata:
-    """Every key of the output except tensor layout, in llama.cpp\'s order."""
+              pre_tokenizer: str | None) -> tuple[Metadata, PreTokenizerMatch | None]:
+    """Every key of the output except tensor layout, in llama.cpp\'s order, and how the pre-tokenizer was
+    chosen (None without a vocabulary that has one)."""
     from ggufkit import __version__
 
     entry = src.entry
@@ -122,7 +124,8 @@ def build_metadata(src: Source, hp: Mapping[str, tuple[VT, Any]], entries: list[
         if threshold is not None:
             meta.set(KEY_POWERINFER_SPARSE_THRESHOLD, VT.FLOAT32, threshold)
     meta.set(G.QUANTIZATION_VERSION, VT.UINT32, GGML_QUANT_VERSION)
-    for key, value in _vocab(src, pre_tokenizer, entries).items():
+    vocab, pre_match = _vocab(src, pre_tokenizer, entries)
+    for key, value in vocab.items():
         meta.put(key, value)
     meta.set(KEY_TOOL_VERSION, VT.STRING, __version__)
     if src.checkpoint is not None:
@@ -131,12 +134,13 @@ def build_metadata(src: Source, hp: Mapping[str, tuple[VT, Any]], entries: list[
         meta.set(KEY_SOURCE_REPO, VT.STRING, src.repo)
     if src.revision:
         meta.set(KEY_SOURCE_REVISION, VT.STRING, src.revision)
-    return meta
+    return meta, pre_match
 
 
 
-def _vocab(src: Source, pre_tokenizer: str | None, entries: list[PlanEntry]) -> Metadata:
-    from ggufkit.converters.vocab import build_vocab
+def _vocab(src: Source, pre_tokenizer: str | None,
+           entries: list[PlanEntry]) -> tuple[Metadata, PreTokenizerMatch | None]:
+    from ggufkit.converters.vocab import build_vocab_and_pre
 
     entry, d = src.entry, src.model_dir
     kind = entry.vocab[-1]
@@ -152,4 +156,4 @@ def _vocab(src: Source, pre_tokenizer: str | None, entries: list[PlanEntry]) -> 
         vocab_size = emb.shape[0]
     if not isinstance(vocab_size, int):
         raise CheckpointError("config.json has no vocab_size", path=d)
-    return build_vocab(d, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer)
+    return build_vocab_and_pre(d, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer)

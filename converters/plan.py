@@ -24,6 +24,7 @@ from ggufkit.converters.hooks import hooks_for
 from ggufkit.converters.hparams import resolve_hparams
 from ggufkit.converters.metadata import build_metadata, default_name, output_path, size_label
 from ggufkit.converters.powerinfer import check_activation, load_predictor, read_predictor
+from ggufkit.converters.pretokenizer import PreTokenizerMatch
 from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
 from ggufkit.converters.rewrite import stack_experts
 from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_shape
@@ -84,6 +85,8 @@ class ConvertPlan:
     ignored: list[str]
     output: Path | None
     loaders: dict[str, Callable[[], np.ndarray]] = field(default_factory=dict, repr=False)
+    #: how tokenizer.ggml.pre was chosen (None for sentencepiece vocabularies)
+    pre_tokenizer: PreTokenizerMatch | None = None
 
     @property
     def n_params(self) -> int:
@@ -106,7 +109,8 @@ class ConvertPlan:
                 "file_type": self.file_type, "powerinfer": self.magic == POWERINFER_MAGIC,
                 "output": str(self.output) if self.output else None, "n_tensors": len(self.entries),
                 "n_params": self.n_params, "nbytes": self.nbytes, "metadata": meta,
-                "tensors": [e.as_dict() for e in self.entries], "ignored": self.ignored}
+                "tensors": [e.as_dict() for e in self.entries], "ignored": self.ignored,
+                "pre_tokenizer": self.pre_tokenizer.as_dict() if self.pre_tokenizer else None}
 
 
 
@@ -316,14 +320,15 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
     else:
         entries, file_type, resolved = _quant_entries(raw, resolved, arch, powerinfer, hp)
 
-    meta = build_metadata(src, hp, entries, file_type, vocab_only, metadata_file, powerinfer, predictor, pre_tokenizer)
+    meta, pre_match = build_metadata(src, hp, entries, file_type, vocab_only, metadata_file, powerinfer, predictor,
+                                     pre_tokenizer)
     label = None if vocab_only else size_label(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries))
     name_value = meta.get(G.BASENAME) or meta.get(G.NAME)
     basename = str(getattr(name_value, "value", default_name(src.model_dir, src.repo)))
     out = output_path(output, src.model_dir, src.repo, basename, label,
                       LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_"), vocab_only)
     return ConvertPlan(entry.hf_class, arch, resolved, file_type, POWERINFER_MAGIC if powerinfer else GGUF_MAGIC,
-                       meta, entries, ignored, out, loaders)
+                       meta, entries, ignored, out, loaders, pre_match)
 
 
 def _expert_of(entry: ArchEntry, rule: TensorRule, hf: str) -> tuple[int, int, str]:

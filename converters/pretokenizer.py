@@ -158,7 +158,8 @@ _CHKHSH_ROWS: tuple[tuple[str, str], ...] = (
 )
 CHKHSH_TABLE: dict[str, str] = dict(_CHKHSH_ROWS)
 
-#: When several names reproduce a tokenizer (several names share one regex), the first of these wins.
+#: When several names reproduce a tokenizer (several names share one regex), the first of these wins: the
+#: canonical name of each regex family (llama-bpe, not dbrx or smaug-bpe, which reuse Llama 3's rules).
 _PREFERRED = ("llama-bpe", "qwen2", "gpt-2", "smollm", "deepseek-llm", "deepseek-coder", "falcon", "default")
 
 
@@ -171,12 +172,17 @@ class PreTokenizerMatch:
         method: ``"hash"`` (llama.cpp's table), ``"behaviour"`` or ``"override"``.
         chkhsh: llama.cpp's check hash of this tokenizer.
         agreeing: with ``"behaviour"``, every known name whose rules reproduced the tokenizer.
+        note: with ``"behaviour"`` and several agreeing names, which one was chosen and why.
     """
 
     name: str
     method: str
     chkhsh: str
     agreeing: tuple[str, ...] = field(default=())
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "method": self.method, "chkhsh": self.chkhsh, "note": self.note or None}
 
 
 def chkhsh(encode: Callable[[str], Sequence[int]]) -> str:
@@ -327,6 +333,34 @@ def _merge_ranks(merges: Sequence[str]) -> dict[tuple[str, str], int]:
     return ranks
 
 
+def _choose(agreeing: list[tuple[bool, str]], digest: str) -> PreTokenizerMatch:
+    """The canonical name among those whose rules reproduced the tokenizer.
+
+    Args:
+        agreeing: (whether the name's ignore_merges flag is the HF model's, name), in table order.
+    """
+    from ggufkit.pretokenizers import PRE_TOKENIZERS
+
+    rank = {n: i for i, n in enumerate(_PREFERRED)}
+    # Different regexes: the name with the HF model's ignore_merges flag, then the common names.
+    first = min(agreeing, key=lambda x: (not x[0], rank.get(x[1], len(rank))))[1]
+    # Identical regexes (Llama 3's rules are also dbrx's, smaug-bpe's, chatglm's): the family's canonical
+    # name, whatever its flag - on the check text its ids equal the tokenizer's, or it would not be here.
+    regexes = PRE_TOKENIZERS[first].regexes
+    same = [x for x in agreeing if PRE_TOKENIZERS[x[1]].regexes == regexes]
+    best = min(same, key=lambda x: (rank.get(x[1], len(rank)), not x[0]))[1]
+    names = tuple(n for _, n in agreeing)
+    note = ""
+    if len(same) > 1:
+        # aliases of one llama.cpp type are the same thing; name the other types that were passed over
+        kind = PRE_TOKENIZERS[best].kind
+        others = [n for _, n in same if PRE_TOKENIZERS[n].kind != kind] or [n for _, n in same if n != best]
+        shown = ", ".join(others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8 else "")
+        note = (f"{len(same)} names reproduce this tokenizer with identical regexes; chose the canonical "
+                f"{best!r} over {shown}")
+    return PreTokenizerMatch(best, "behaviour", digest, names, note)
+
+
 def detect_pre_tokenizer(tokenizer: Any, *, tokens: Sequence[str], token_types: Sequence[int],
                          merges: Sequence[str], override: str | None = None,
                          model_dir: Path | None = None) -> PreTokenizerMatch:
@@ -385,10 +419,7 @@ def detect_pre_tokenizer(tokenizer: Any, *, tokens: Sequence[str], token_types: 
             continue
         agreeing.extend((ignore_merges == hf_ignore_merges, n) for n in names)
     if agreeing:
-        # prefer the names whose ignore_merges flag is the HF model's, then the common names
-        rank = {n: i for i, n in enumerate(_PREFERRED)}
-        best = min(agreeing, key=lambda x: (not x[0], rank.get(x[1], len(rank))))[1]
-        return PreTokenizerMatch(best, "behaviour", digest, tuple(n for _, n in agreeing))
+        return _choose(agreeing, digest)
     unit = "pre-tokenized words" if hf_words is not None else "tokens"
     near.sort(key=lambda x: (-x[0], x[1]))
     closest = ", ".join(f"{n} (first {k} {unit} agree)" for k, n in near[:3])

@@ -31,6 +31,7 @@ from typing import Any
 from gguf import GGUFValueType as VT
 from gguf import Keys, TokenType
 
+from ggufkit.converters.pretokenizer import PreTokenizerMatch
 from ggufkit.errors import TokenizerError
 from ggufkit.format.values import Metadata
 
@@ -91,10 +92,22 @@ class _Vocab:
     fallback_ids: dict[str, int] = field(default_factory=dict)
     #: whether the source tokenizer itself adds bos/eos (checked by encoding), for roles no file decides
     fallback_add: dict[str, bool] = field(default_factory=dict)
+    #: how ``pre`` was chosen (BPE and tiktoken; None for sentencepiece, which has no pre-tokenizer)
+    pre_match: PreTokenizerMatch | None = None
 
 
 def build_vocab(model_dir: Path, kind: str, *, vocab_size: int, pre_tokenizer: str | None = None) -> Metadata:
     """The ``tokenizer.*`` KV pairs of a checkpoint's vocabulary, in llama.cpp's order.
+
+    As :func:`build_vocab_and_pre`, without saying how the pre-tokenizer was chosen.
+    """
+    return build_vocab_and_pre(model_dir, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer)[0]
+
+
+def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int,
+                        pre_tokenizer: str | None = None) -> tuple[Metadata, PreTokenizerMatch | None]:
+    """The ``tokenizer.*`` KV pairs of a checkpoint's vocabulary, in llama.cpp's order, and how
+    ``tokenizer.ggml.pre`` was chosen.
 
     Args:
         model_dir: Hugging Face checkpoint directory (tokenizer files, optionally ``config.json``).
@@ -106,9 +119,9 @@ def build_vocab(model_dir: Path, kind: str, *, vocab_size: int, pre_tokenizer: s
             must be a name llama.cpp knows.
 
     Returns:
-        Metadata holding only ``tokenizer.*`` keys: ``ggml.model``, ``ggml.pre``, ``ggml.tokens``,
+        (Metadata holding only ``tokenizer.*`` keys: ``ggml.model``, ``ggml.pre``, ``ggml.tokens``,
         ``ggml.scores`` (SPM), ``ggml.token_type``, ``ggml.merges`` (BPE), special token ids,
-        ``ggml.add_*_token`` flags and the chat template(s).
+        ``ggml.add_*_token`` flags and the chat template(s); the pre-tokenizer choice, None for SPM).
 
     Raises:
         TokenizerError: missing or malformed tokenizer files, more tokens than ``vocab_size``, duplicate
@@ -173,7 +186,7 @@ def build_vocab(model_dir: Path, kind: str, *, vocab_size: int, pre_tokenizer: s
         if role in _ADD_KEYS:
             md.set(_ADD_KEYS[role], VT.BOOL, flag)
     _add_chat_templates(md, special.chat_template, model_dir)
-    return md
+    return md, vocab.pre_match
 
 
 # --- file helpers ---------------------------------------------------------------------------------
@@ -380,7 +393,7 @@ def _bpe_vocab(model_dir: Path, vocab_size: int, pre_tokenizer: str | None) -> t
     probe = {"bos": len(full) > len(plain) and full[:1] != plain[:1],
              "eos": len(full) > len(plain) and full[-1:] != plain[-1:]}
     return _Vocab("gpt2", tokens, [int(t) for t in types], merges=merges, pre=match.name,
-                  fallback_add=probe), added_json
+                  fallback_add=probe, pre_match=match), added_json
 
 
 # --- tiktoken (Qwen 1) ----------------------------------------------------------------------------
@@ -462,8 +475,11 @@ def _tiktoken_vocab(model_dir: Path, vocab_size: int, pre_tokenizer: str | None)
         tokens[n + i], types[n + i] = text, int(TokenType.CONTROL)
     # Qwen 1's PAT_STR (tokenization_qwen.py) is the Qwen2 regex, and its ids match Qwen1.5's vocabulary,
     # which llama.cpp's table names qwen2 (reference/convert.md §3.6).
-    pre = known_pre_tokenizer(pre_tokenizer) if pre_tokenizer is not None else "qwen2"
-    return _Vocab("gpt2", tokens, types, merges=merges, pre=pre)
+    if pre_tokenizer is not None:
+        match = PreTokenizerMatch(known_pre_tokenizer(pre_tokenizer), "override", "")
+    else:
+        match = PreTokenizerMatch("qwen2", "architecture", "", note="Qwen 1's tiktoken regex is qwen2's")
+    return _Vocab("gpt2", tokens, types, merges=merges, pre=match.name, pre_match=match)
 
 
 # --- special tokens, add_*_token, chat template (gguf-py SpecialVocab semantics) ------------------

@@ -5,19 +5,31 @@ Two comparisons, each against transformers' own classes:
 * tokens: the checkpoint's tokenizer (``AutoTokenizer``) and the GGUF's (ggufkit's llama.cpp-exact
   tokenizer) on a fixed test set (unicode, emoji, digits, whitespace runs, special-token text);
 * logits: ``AutoModelForCausalLM`` in float32 and ggufkit's evaluator on a few short sequences. The
-  tolerance depends on the outtype: the largest difference relative to the largest reference logit, and the
-  share of positions whose top-1 token agrees.
+  reference model does not run the checkpoint's weights as they are: each weight is first rounded to the
+  type the GGUF stores it in (F16/BF16 by numpy/torch, quantized types through ggufkit's quantizer and
+  back), so both sides compute with the same numbers and only float32 arithmetic separates them. One
+  tight tolerance then holds for every outtype, and a swapped tensor or a wrong Q/K permutation - which
+  a quantization-sized tolerance would let through - fails.
 
-Checkpoints transformers cannot load without remote code (Qwen 1), or that would not fit in memory twice,
-are skipped with a reason rather than failed.
+The check is skipped, with the reason, when it cannot run: PyTorch is not installed, transformers has no
+class for the checkpoint (it would need remote code), the evaluator does not run the architecture or one
+of its features, the two models would not fit in available memory, or transformers cannot load the
+checkpoint. A skip is never a pass.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ggufkit.sysmem import available_memory_bytes
+
+if TYPE_CHECKING:
+    from ggufkit.converters.core import ConvertPlan
 
 #: The tokenizer test set: what tokenizers disagree on.
 CHECK_TEXTS = (
@@ -30,19 +42,27 @@ CHECK_TEXTS = (
 )
 #: Sequences scored for logits (the first ones of the test set).
 LOGIT_TEXTS = CHECK_TEXTS[:3]
-#: outtype -> (max |difference| / max |reference logit|, minimum top-1 agreement).
-TOLERANCES: dict[str, tuple[float, float]] = {
-    "f32": (1e-3, 0.99), "f16": (2e-2, 0.95), "bf16": (5e-2, 0.9), "q8_0": (0.1, 0.85),
-    "q4_0": (0.5, 0.5), "q4_1": (0.5, 0.5), "q4_k": (0.5, 0.5), "q4_k_m": (0.5, 0.5),
-}
+#: (max |difference| / max |reference logit|, minimum top-1 agreement), for every outtype: the reference
+#: runs the GGUF's own weight values, so only float32 summation order separates the two (measured ~1e-6).
+TOLERANCE = (1e-3, 0.95)
+#: What a user runs to make the check possible.
+TORCH_HINT = "PyTorch is not installed; to enable it: pip install 'ggufkit[torch]'"
+
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
 
 @dataclass
 class CheckResult:
-    """Outcome of :func:`check_conversion`."""
+    """Outcome of :func:`check_conversion`.
 
-    ok: bool
-    skipped: str | None = None
+    Attributes:
+        status: ``"passed"``, ``"failed"`` or ``"skipped"``.
+        reason: why the check was skipped (None otherwise).
+        failures: one line per disagreement (``status == "failed"``).
+    """
+
+    status: str
+    reason: str | None = None
     failures: list[str] = field(default_factory=list)
     tokens_compared: int = 0
     max_abs_diff: float | None = None
@@ -50,18 +70,28 @@ class CheckResult:
     top1_agreement: float | None = None
     tolerance: tuple[float, float] | None = None
 
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAILED
+
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "skipped": self.skipped, "failures": self.failures,
+        return {"status": self.status, "reason": self.reason, "failures": self.failures,
                 "tokens_compared": self.tokens_compared, "max_abs_diff": self.max_abs_diff,
                 "rel_diff": self.rel_diff, "top1_agreement": self.top1_agreement,
                 "tolerance": list(self.tolerance) if self.tolerance else None}
 
 
-def _available_memory() -> int:
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
+def _skipped(reason: str) -> CheckResult:
+    return CheckResult(SKIPPED, reason=reason)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 def _reference_tokenizer(model_dir: Path, hf_tok: Any) -> tuple[Any, bool]:
@@ -81,53 +111,146 @@ def _reference_tokenizer(model_dir: Path, hf_tok: Any) -> tuple[Any, bool]:
     return (lambda text: list(hf_tok(text)["input_ids"])), True
 
 
-def check_conversion(model_dir: str | Path, gguf: str | Path, *, outtype: str, n_params: int,
+def _widen(arr: np.ndarray, src_dtype: str) -> np.ndarray:
+    """Checkpoint data as float32 (bf16 bit patterns widened exactly)."""
+    if src_dtype == "BF16":
+        return (np.asarray(arr).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(arr, dtype=np.float32)
+
+
+def _as_stored(w: np.ndarray, ggml_type: Any, transform: str | None) -> np.ndarray:
+    """``w`` (HF layout, float32) with the values the GGUF stores for it.
+
+    Quantization works on rows, so it commutes with the row reorderings (Q/K permutation, NeoX QKV
+    regroup): those are applied to neither side here. A transposed tensor is rounded in its GGUF layout.
+    """
+    import torch
+    from gguf import GGMLQuantizationType as Q
+
+    from ggufkit.quant import dequantize, quantize
+
+    flip = transform == "transpose" and w.ndim == 2
+    x = np.ascontiguousarray(w.T if flip else w)
+    if ggml_type == Q.F16:
+        with np.errstate(over="ignore"):
+            x = x.astype(np.float16).astype(np.float32)
+    elif ggml_type == Q.BF16:
+        x = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+    elif ggml_type != Q.F32:
+        x = dequantize(quantize(x, ggml_type), ggml_type, x.shape)
+    x = np.ascontiguousarray(x.T) if flip else x
+    return x if x.flags.writeable else x.copy()  # torch shares the memory: never a read-only memmap
+
+
+def _stored_weights(model_dir: Path, plan: ConvertPlan) -> Iterator[tuple[str, bool, np.ndarray]]:
+    """(HF name, whether it is the output projection, values as stored) for each checkpoint tensor the
+    GGUF holds; generated and predictor tensors have no transformers counterpart and are left out."""
+    from ggufkit.converters.checkpoint import Checkpoint
+
+    ckpt = Checkpoint(model_dir)
+    try:
+        for e in plan.entries:
+            if e.source not in ckpt.tensors:
+                continue
+            w = _widen(ckpt.read(e.source), ckpt.tensors[e.source].dtype)
+            yield e.source, e.kind == "OUTPUT", _as_stored(w, e.ggml_type, e.transform)
+    finally:
+        ckpt.close()
+
+
+def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
+    """transformers' float32 model with the GGUF's weight values, or a str saying why it cannot be built."""
+    import torch
+    import transformers
+
+    reference = getattr(transformers, arch).from_pretrained(model_dir, dtype=torch.float32).eval()
+    params = dict(reference.named_parameters(remove_duplicate=False))
+    outputs: list[np.ndarray] = []
+    with torch.no_grad():
+        for name, is_output, values in _stored_weights(model_dir, plan):
+            if is_output:
+                outputs.append(values)  # after the others: a tied head must not overwrite the embedding
+                continue
+            if name not in params or tuple(params[name].shape) != values.shape:
+                return f"transformers' {arch} has no parameter {name} of shape {list(values.shape)}"
+            params[name].data = torch.from_numpy(values)
+        head = reference.get_output_embeddings()
+        for values in outputs:
+            if head is None or tuple(head.weight.shape) != values.shape:
+                return f"transformers' {arch} has no output projection of shape {list(values.shape)}"
+            head.weight = torch.nn.Parameter(torch.from_numpy(values))  # unties a tied head
+    return reference
+
+
+def check_conversion(model_dir: str | Path, gguf: str | Path, plan: ConvertPlan, *,
                      device: str = "auto") -> CheckResult:
     """Compare a converted GGUF with its source checkpoint through transformers.
 
     Args:
         model_dir: the Hugging Face checkpoint directory.
         gguf: the converted file (first shard of a split set).
-        outtype: the resolved outtype (selects the tolerance).
-        n_params: parameters of the model (to decide whether both copies fit in memory).
+        plan: the conversion's plan (which checkpoint tensor became which GGUF tensor, at which type).
         device: evaluator device (``auto``, ``cpu``, ``cuda``).
 
     Returns:
-        A :class:`CheckResult`; ``ok`` is False when tokens differ or logits disagree beyond the tolerance.
+        A :class:`CheckResult`: ``failed`` when tokens differ or logits disagree beyond :data:`TOLERANCE`,
+        ``skipped`` with a reason when the comparison cannot run.
     """
     import json
 
-    model_dir = Path(model_dir)
-    tolerance = TOLERANCES[outtype]
-    arch = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("architectures", ["?"])[0]
-    import transformers
+    try:
+        import torch  # noqa: F401  (the reference and the evaluator both need it)
+        import transformers
+    except ImportError:
+        return _skipped(TORCH_HINT)
     from transformers.utils import logging as hf_logging
 
+    from ggufkit.errors import EvaluationError
+
+    model_dir = Path(model_dir)
+    arch = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("architectures", ["?"])[0]
     hf_logging.disable_progress_bar()  # transformers' own bars would interleave with ours on stderr
-
     if not hasattr(transformers, arch):
-        return CheckResult(True, skipped=f"transformers has no class {arch} (it would need remote code)")
-    from ggufkit.eval.arch import ARCH_TRAITS
-    from ggufkit.format import open_gguf
-
-    with open_gguf(gguf) as model:
-        gguf_arch = model.architecture
-    if gguf_arch not in ARCH_TRAITS:
-        return CheckResult(True, skipped=f"cannot evaluate {gguf_arch!r}: the evaluator has no traits for it")
+        return _skipped(f"transformers has no class {arch} (it would need remote code)")
     # transformers' float32 copy plus the evaluator's, with room to spare.
-    if 2 * 4 * n_params > 0.6 * _available_memory():
-        return CheckResult(True, skipped="the model does not fit in memory twice (transformers and the GGUF)")
+    available = available_memory_bytes() or None
+    if available is not None and 2 * 4 * plan.n_params > 0.6 * available:
+        return _skipped(f"the model does not fit in available memory twice (transformers and the GGUF: "
+                        f"{2 * 4 * plan.n_params / 2**30:.1f} GiB of {available / 2**30:.1f} GiB available)")
+    from ggufkit.eval.model import load_model
+
+    try:
+        converted = load_model(gguf, device=device)
+    except EvaluationError as exc:
+        return _skipped(f"the evaluator cannot run this file: {exc.message}")
+    # The evaluator holds the GGUF open (a memory map and its weights): closed on every path out.
+    with converted:
+        try:
+            hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+            reference = _load_reference(model_dir, arch, plan)
+        except Exception as exc:  # transformers' and torch's errors have no common base
+            return _skipped(f"transformers cannot load the checkpoint ({_one_line(exc)})")
+        if isinstance(reference, str):
+            return _skipped(reference)
+        try:
+            return _compare(model_dir, hf_tok, reference, converted, gguf)
+        except EvaluationError as exc:
+            return _skipped(f"the evaluator cannot run this file: {exc.message}")
+        except Exception as exc:  # a torch error on either side: the models cannot be compared
+            return CheckResult(FAILED, failures=[f"the comparison could not run ({_one_line(exc)})"])
+
+
+def _compare(model_dir: Path, hf_tok: Any, reference: Any, converted: Any, gguf: str | Path) -> CheckResult:
     import torch
 
-    from ggufkit.eval.model import load_model
     from ggufkit.eval.tokenizer import load_tokenizer
+    from ggufkit.format import open_gguf
 
     failures: list[str] = []
-    hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     encode_ref, parse_special = _reference_tokenizer(model_dir, hf_tok)
+    compared = 0
     with open_gguf(gguf) as model:
         gguf_tok = load_tokenizer(model)
-        compared = 0
         for text in CHECK_TEXTS:
             want = encode_ref(text)
             got = gguf_tok.encode(text, add_special=True, parse_special=parse_special)
@@ -135,30 +258,28 @@ def check_conversion(model_dir: str | Path, gguf: str | Path, *, outtype: str, n
             if want != got:
                 first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
                 failures.append(f"tokens differ for {text[:30]!r} at position {first}")
-    reference = getattr(transformers, arch).from_pretrained(model_dir, dtype=torch.float32).eval()
     max_abs = max_ref = 0.0
     agree = total = 0
     finite = True
-    # The evaluator holds the GGUF open (a memory map and its weights): closed on every path out.
-    with load_model(gguf, device=device) as converted:
-        for text in LOGIT_TEXTS:
-            ids = torch.tensor([list(hf_tok(text)["input_ids"])[:64]])
-            with torch.no_grad():
-                want_logits = reference(ids).logits[0].float()
-            got_logits = converted.logits(ids.to(converted.device))[0].float().cpu()
-            finite = finite and bool(torch.isfinite(got_logits).all())
-            max_abs = max(max_abs, float((got_logits - want_logits).abs().max()))
-            max_ref = max(max_ref, float(want_logits.abs().max()))
-            agree += int((got_logits.argmax(-1) == want_logits.argmax(-1)).sum())
-            total += ids.shape[1]
-    del reference
+    for text in LOGIT_TEXTS:
+        ids = torch.tensor([list(hf_tok(text)["input_ids"])[:64]])
+        with torch.no_grad():
+            want_logits = reference(ids).logits[0].float()
+        got_logits = converted.logits(ids.to(converted.device))[0].float().cpu()
+        if not (bool(torch.isfinite(got_logits).all()) and bool(torch.isfinite(want_logits).all())):
+            finite = False
+            continue
+        max_abs = max(max_abs, float((got_logits - want_logits).abs().max()))
+        max_ref = max(max_ref, float(want_logits.abs().max()))
+        agree += int((got_logits.argmax(-1) == want_logits.argmax(-1)).sum())
+        total += ids.shape[1]
     rel = max_abs / max(max_ref, 1e-12)
     top1 = agree / max(total, 1)
     if not finite:
         failures.append("the GGUF's logits are not finite (weights overflowing the outtype, e.g. f16?)")
-    elif rel > tolerance[0]:
-        failures.append(f"logits differ by {max_abs:.4g} ({rel:.2%} of the largest logit; {outtype} allows "
-                        f"{tolerance[0]:.2%})")
-    if top1 < tolerance[1]:
-        failures.append(f"top-1 agrees at {top1:.1%} of positions ({outtype} needs {tolerance[1]:.0%})")
-    return CheckResult(not failures, None, failures, compared, max_abs, rel, top1, tolerance)
+    elif rel > TOLERANCE[0]:
+        failures.append(f"logits differ by {max_abs:.4g} ({rel:.2%} of the largest logit; the check allows "
+                        f"{TOLERANCE[0]:.2%} against transformers running the same rounded weights)")
+    if finite and top1 < TOLERANCE[1]:
+        failures.append(f"top-1 agrees at {top1:.1%} of positions (the check needs {TOLERANCE[1]:.0%})")
+    return CheckResult(FAILED if failures else PASSED, None, failures, compared, max_abs, rel, top1, TOLERANCE)

@@ -59,8 +59,8 @@ def _compared_key(key: str) -> bool:
 def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     name, hf_class, overrides = next(c for c in CASES if c[0] == request.param)
     d = make_checkpoint(tmp_path_factory.mktemp(name), hf_class, **overrides)
-    ours = convert(d, d.parent / "ours.gguf", outtype="f32").outputs[0]
-    return {"name": name, "dir": d, "ours": ours}
+    report = convert(d, d.parent / "ours.gguf", outtype="f32")
+    return {"name": name, "dir": d, "ours": report.outputs[0], "plan": report.plan}
 
 
 def test_file_equals_llama_cpp_converters(case: dict[str, Any]) -> None:
@@ -125,12 +125,12 @@ def test_ggufkit_ppl_equals_llama_cpps(case: dict[str, Any]) -> None:
 
 def test_check_passes_and_fails_on_other_weights(case: dict[str, Any], tmp_path: Path) -> None:
     hf_class, overrides = next((c[1], c[2]) for c in CASES if c[0] == case["name"])
-    ok = check_conversion(case["dir"], case["ours"], outtype="f32", n_params=100_000, device="cpu")
-    assert ok.ok and ok.skipped is None, ok.failures
+    ok = check_conversion(case["dir"], case["ours"], case["plan"], device="cpu")
+    assert ok.status == "passed", ok.failures
     other = make_checkpoint(tmp_path / "other", hf_class, seed=7, **overrides)
-    broken = convert(other, tmp_path / "other.gguf", outtype="f32").outputs[0]
-    bad = check_conversion(case["dir"], broken, outtype="f32", n_params=100_000, device="cpu")
-    assert not bad.ok and any(f.startswith("logits differ by") for f in bad.failures)
+    report = convert(other, tmp_path / "other.gguf", outtype="f32")
+    bad = check_conversion(case["dir"], report.outputs[0], report.plan, device="cpu")
+    assert bad.status == "failed" and any(f.startswith("logits differ by") for f in bad.failures)
 
 
 MOE_CASES = ("mixtral", "qwen2moe", "qwen3moe")

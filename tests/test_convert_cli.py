@@ -66,3 +66,35 @@ def test_unsupported_class_exits_2_naming_supported_ones(llama: Path, tmp_path: 
     code = run_cli(cli, ["convert", str(d)])
     err = capsys.readouterr().err
     assert code == 2 and "'BertModel' is not supported; supported: " in err and err.count("\n") == 1
+
+
+def test_reported_size_is_the_files_real_size_header_included(llama: Path, tmp_path: Path) -> None:
+    from ggufkit.cli._output import human_bytes
+
+    out = tmp_path / "m.gguf"
+    result = CliRunner().invoke(cli, ["convert", str(llama), "-o", str(out), "--no-check", "--json"])
+    d = json.loads(result.stdout)
+    assert d["file_size"] == out.stat().st_size > d["nbytes"]  # nbytes: tensor data alone
+    human = CliRunner().invoke(cli, ["convert", str(llama), "-o", str(out), "--no-check"])
+    assert f"{human_bytes(out.stat().st_size)} on disk" in human.stdout
+
+
+def test_pre_tokenizer_choice_and_method_are_reported(tmp_path: Path) -> None:
+    # a freshly trained Llama 3 style vocabulary: no known hash, recognised by behaviour; Llama 3's regexes
+    # are shared by other llama.cpp names (dbrx, smaug-bpe, ...), and the canonical one is chosen
+    d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM", vocab="llama-bpe")
+    out = tmp_path / "m.gguf"
+    result = CliRunner().invoke(cli, ["convert", str(d), "-o", str(out), "--no-check", "--json"])
+    assert result.exit_code == 0, result.output
+    pre = json.loads(result.stdout)["pre_tokenizer"]
+    assert (pre["name"], pre["method"]) == ("llama-bpe", "behaviour")
+    assert "chose the canonical 'llama-bpe' over " in pre["note"] and "smaug-bpe" in pre["note"]
+    human = CliRunner().invoke(cli, ["convert", str(d), "-o", str(out), "--no-check"])
+    assert "pre-tokenizer: llama-bpe (by behaviour: its regexes reproduce the tokenizer); " in human.stdout
+    dry = CliRunner().invoke(cli, ["convert", str(d), "--dry-run", "--json", "-o", str(tmp_path / "n.gguf")])
+    assert json.loads(dry.stdout)["pre_tokenizer"]["name"] == "llama-bpe"
+
+
+def test_sentencepiece_vocabulary_reports_no_pre_tokenizer(llama: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["convert", str(llama), "--dry-run", "--json", "-o", str(tmp_path / "m.gguf")])
+    assert json.loads(result.stdout)["pre_tokenizer"] is None

@@ -81,6 +81,33 @@ def test_modified_copy_of_a_real_tokenizer_is_recognised_by_behaviour(tmp_path, 
     assert pre_of(tmp_path / "mod", max(hf.get_vocab().values()) + 1) == flavor
 
 
+def test_llama_bpe_without_ignore_merges_flag_gets_the_canonical_name_and_says_so(tmp_path):
+    from ggufkit.converters.vocab import build_vocab_and_pre
+
+    # an unknown hash, and a tokenizer.json without Llama 3's ignore_merges flag (older exports, fine-tunes):
+    # Llama 3's rules are also dbrx's and smaug-bpe's, which lack the flag; the canonical name must win
+    src = vocab_dir() / "ggml-vocab-llama-bpe.gguf"
+    rebuild_bpe_tokenizer(src, tmp_path, "llama-bpe", extra_tokens=("apple\u5de5\u4f5c",))
+    tj = json.loads((tmp_path / "tokenizer.json").read_text())
+    del tj["model"]["ignore_merges"]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tj))
+    hf = hf_tokenizer(tmp_path)
+    assert chkhsh(hf.encode) not in CHKHSH_TABLE
+    meta, match = build_vocab_and_pre(tmp_path, "bpe", vocab_size=max(hf.get_vocab().values()) + 1)
+    assert python_value(meta["tokenizer.ggml.pre"]) == match.name == "llama-bpe"
+    assert match.method == "behaviour" and {"dbrx", "smaug-bpe"} <= set(match.agreeing)
+    assert "chose the canonical 'llama-bpe' over" in match.note and "smaug-bpe" in match.note
+
+
+def test_known_hash_reports_the_hash_method(tmp_path):
+    from ggufkit.converters.vocab import build_vocab_and_pre
+
+    rebuild_bpe_tokenizer(vocab_dir() / "ggml-vocab-gpt-2.gguf", tmp_path, "gpt-2")
+    hf = hf_tokenizer(tmp_path)
+    _, match = build_vocab_and_pre(tmp_path, "bpe", vocab_size=max(hf.get_vocab().values()) + 1)
+    assert (match.name, match.method, match.note) == ("gpt-2", "hash", "")
+
+
 @pytest.fixture(scope="module")
 def odd_tokenizer(tmp_path_factory) -> Path:
     """A byte-level BPE whose pre-tokenizer no llama.cpp rule reproduces (it cuts words at 'm'/'n')."""

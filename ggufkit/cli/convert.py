@@ -18,9 +18,16 @@ def _render(d: Mapping[str, Any]) -> str:
     if "architectures" in d:
         return table([(a["hf_class"], a["arch"], ",".join(a["vocab"]), "yes" if a["powerinfer"] else "")
                       for a in d["architectures"]], ["HF class", "GGUF arch", "vocab", "--predictor"])
+    size = (f"{human_bytes(d['nbytes'])} of tensor data" if d["dry_run"]
+            else f"{human_bytes(d['file_size'])} on disk")
     summary = (f"{d['hf_class']} -> {d['architecture']} ({d['outtype']}, file_type {d['file_type']}"
                f"{', PowerInfer' if d['powerinfer'] else ''}): {d['n_tensors']} tensors, "
-               f"{d['n_params']:,} parameters, {human_bytes(d['nbytes'])}")
+               f"{d['n_params']:,} parameters, {size}")
+    pre = d.get("pre_tokenizer")
+    if pre:
+        how = {"hash": "llama.cpp's hash table", "behaviour": "behaviour: its regexes reproduce the tokenizer",
+               "override": "--pre-tokenizer"}.get(pre["method"], pre["method"])
+        summary += f"\npre-tokenizer: {pre['name']} (by {how})" + (f"; {pre['note']}" if pre["note"] else "")
     if d["dry_run"]:
         rows = [(t["source"], t["name"], "x".join(map(str, t["shape"])), f"{t['src_dtype']} -> {t['type']}",
                  t["transform"] or "", t["reason"]) for t in d["tensors"]]
@@ -29,10 +36,15 @@ def _render(d: Mapping[str, Any]) -> str:
         return "\n".join([table(rows, ["source", "gguf", "shape", "type", "transform", "reason"]), "",
                           "hparams:", hp, "", summary, f"would write {d['output']}; dry run: nothing written"])
     line = f"wrote {', '.join(d['outputs'])} in {d['seconds']:.1f} s: {summary}"
-    c = d.get("check")
-    if c and not c["skipped"]:
-        line += (f"\ncheck {'passed' if c['ok'] else 'FAILED'}: {c['tokens_compared']} tokens compared, logits within "
-                 f"{c['rel_diff']:.3%} of the largest, top-1 agreement {c['top1_agreement']:.1%}")
+    c = d.get("check_details")
+    if d["check"] == "skipped":
+        line += f"\ncheck skipped: {d['check_reason']}"
+    elif c and c["rel_diff"] is not None:
+        line += (f"\ncheck {'passed' if d['check'] == 'passed' else 'FAILED'}: {c['tokens_compared']} tokens "
+                 f"compared, logits within {c['rel_diff']:.3%} of the largest (allowed {c['tolerance'][0]:.2%}), "
+                 f"top-1 agreement {c['top1_agreement']:.1%}")
+    elif d["check"] == "failed":
+        line += "\ncheck FAILED"
     return line
 
 
@@ -50,8 +62,9 @@ def _render(d: Mapping[str, Any]) -> str:
               help="JSON file of general.* keys to set (name, author, license.name, ...).")
 @click.option("--pre-tokenizer", help="Force tokenizer.ggml.pre (a name llama.cpp knows) for BPE vocabularies.")
 @click.option("--check/--no-check", default=True, show_default=True,
-              help="After writing, compare tokens and logits with transformers' model (exit 1 beyond the "
-              "outtype's tolerance; skipped when transformers cannot load the checkpoint or memory is short).")
+              help="After writing, compare tokens and logits with transformers' model running the same rounded "
+              "weights (exit 1 on disagreement; skipped, and said so, without PyTorch, when transformers or the "
+              "evaluator cannot run the model, or when memory is short).")
 @click.option("--list", "list_archs", is_flag=True, help="List the supported Hugging Face model classes.")
 @dry_run_option
 @common_options
@@ -81,18 +94,25 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
                  dry_run=dry_run, progress=out.progress())
     for warning in report.warnings:
         out.warn(warning)
-    if check and report.outputs and report.plan.entries:
-        from ggufkit.eval.convert_check import check_conversion
-
-        result = check_conversion(report.model_dir, report.outputs[0], outtype=report.plan.outtype,
-                                  n_params=report.plan.n_params)
-        report.check = result.as_dict()
-        if result.skipped:
-            out.warn(f"--check skipped: {result.skipped}")
+    if check and report.outputs:
+        report.check = _check(report)
     data = report.as_dict()
-    data["ok"] = report.check is None or report.check["ok"]
+    # "check": passed, failed, skipped (with check_reason) or off; a skipped check is never a pass.
+    data["check"] = report.check["status"] if report.check else "off"
+    data["check_reason"] = report.check["reason"] if report.check else None
+    data["check_details"] = report.check
+    data["ok"] = data["check"] != "failed"
     out.result(data, _render)
     if not data["ok"]:
         # The output is kept; the check's verdict is the exit code.
+        assert report.check is not None
         click.echo(f"ggufkit: error: check failed (output kept): {'; '.join(report.check['failures'])}", err=True)
         raise click.exceptions.Exit(EXIT_CHECK_FAILED)
+
+
+def _check(report: Any) -> dict[str, Any]:
+    from ggufkit.eval.convert_check import SKIPPED, CheckResult, check_conversion
+
+    if not report.plan.entries:
+        return CheckResult(SKIPPED, reason="a vocabulary-only file has no weights to compare").as_dict()
+    return check_conversion(report.model_dir, report.outputs[0], report.plan).as_dict()
