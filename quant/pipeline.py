@@ -148,9 +148,14 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
     )
     with open_gguf(input) as model:
         arch = model.architecture or ""
-        plan = plan_quantization(model.tensors, target, arch=arch, metadata=model.kv, options=options)
+        plan = plan_quantization(model.tensors, target, arch=arch, metadata=model.kv, options=options,
+                                 powerinfer=model.is_powerinfer)
         warnings = tuple(f"no imatrix entry for tensor {e.name!r}: quantized without one (as llama-quantize does)"
                          for e in plan.entries if e.imatrix == "missing")
+        if model.is_powerinfer:
+            from ggufkit.quant.plan_powerinfer import sparse_ffn_warnings
+
+            warnings += sparse_ffn_warnings(plan)
         if dry_run:
             return QuantReport(input, None, plan, True, time.perf_counter() - start, warnings,
                                im.path if im is not None else None)
@@ -172,8 +177,10 @@ def _output_metadata(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, opti
     for key, kv in model.kv.items():
         if key not in SPLIT_KEYS:
             meta.put(key, kv)
-    meta.append(Keys.General.QUANTIZATION_VERSION, VT.UINT32, QUANTIZATION_VERSION)
-    meta.append(Keys.General.FILE_TYPE, VT.UINT32, int(plan.file_type))
+    # PowerInfer's fork sets both keys in place (gguf_set_val_u32); today's llama-quantize re-appends them.
+    put = meta.set if model.is_powerinfer else meta.append
+    put(Keys.General.QUANTIZATION_VERSION, VT.UINT32, QUANTIZATION_VERSION)
+    put(Keys.General.FILE_TYPE, VT.UINT32, int(plan.file_type))
     if im is not None:
         # quantize.cpp passes these as KV overrides: strings cut to 127 chars, ints as u32(|N|).
         meta.append(KEY_QUANTIZE_IMATRIX_FILE, VT.STRING, str(im.path)[:_MAX_KV_STR])
