@@ -15,6 +15,7 @@ def test_demo_builds_converts_quantizes_edits_and_scores(tmp_path: Path) -> None
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     rows = {r["type"]: r for r in report["rows"]}
+    assert report["ok"] is True
     assert list(rows) == ["f16", "q8_0", "q4_0", "q4_1", "q4_k_s", "q4_k_m"]
     vocab_size = 512
     for row in rows.values():

@@ -74,9 +74,13 @@ class Output:
         self._partial = False  # stream() left a line unfinished
 
     def result(self, data: Mapping[str, Any], human: str | Callable[[Mapping[str, Any]], str] | None = None) -> None:
-        """Print the command's result: ``data`` as JSON, or ``human`` (text or a renderer of ``data``)."""
+        """Print the command's result: ``data`` as JSON, or ``human`` (text or a renderer of ``data``).
+
+        The JSON document of every command starts with ``"ok"``: true when the command exits 0, false when
+        it exits non-zero (a failed gate or check, an invalid file, an error); ``data`` sets it to false.
+        """
         if self.json_mode:
-            click.echo(json.dumps(_jsonable(data), ensure_ascii=False))
+            click.echo(json.dumps(_jsonable({"ok": True, **data}), ensure_ascii=False))
             return
         if self.quiet:
             return

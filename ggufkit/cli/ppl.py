@@ -130,7 +130,8 @@ def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, ch
     out.end_stream()
     data = result.to_dict()
     failures = check_gates(result, max_ppl=max_ppl, max_delta_ppl=max_delta_ppl, max_kld=max_kld)
-    data["gates"] = {"passed": not failures, "failures": failures}
+    data["ok"] = not failures
+    data["gates"] = {"failures": failures}
     out.result(data, _render)
     if failures:
         message = "quality gate failed: " + "; ".join(failures)
