@@ -87,6 +87,7 @@ class PerplexityResult:
         device, dtype: where and in what precision the matmuls ran.
         seconds, tokens_per_second: evaluation time and chunks*ctx / seconds; ``load_seconds``: model loading.
         kld: KL-divergence statistics against a baseline (``--baseline``), else None.
+        warnings: what a user should know about this measurement (``ctx`` beyond the trained context).
     """
 
     ppl: float
@@ -110,10 +111,23 @@ class PerplexityResult:
     baseline: str | None = None
     baseline_sha256: str | None = None
     kld: dict[str, Any] | None = field(default=None)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (snake_case keys; KLD statistics under ``kld``)."""
         return asdict(self)
+
+
+def trained_context_warning(file: Any, ctx: int) -> str | None:
+    """A warning when ``ctx`` exceeds the model's trained context (``<arch>.context_length``), the case
+    llama.cpp warns about ("n_ctx_per_seq > n_ctx_train -- possible training context overflow",
+    src/llama-context.cpp); None otherwise (or when the file does not say)."""
+    arch = file.get("general.architecture")
+    n_ctx_train = file.get(f"{arch}.context_length") if isinstance(arch, str) else None
+    if not isinstance(n_ctx_train, int) or not 0 < n_ctx_train < ctx:
+        return None
+    return (f"--ctx {ctx} is larger than the model's trained context ({arch}.context_length = {n_ctx_train}): "
+            f"positions beyond it were never trained, so this perplexity is not comparable with --ctx {n_ctx_train}")
 
 
 def read_text_file(path: str | os.PathLike[str]) -> str:
@@ -206,7 +220,8 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
                ctx: int = DEFAULT_CTX, chunks: int | None = None, batch: int | None = None, device: str = "auto",
                dtype: str = "auto", baseline: str | os.PathLike[str] | None = None,
                progress: Progress | None = None, on_chunk: ChunkCallback | None = None, kld_mode: str = "auto",
-               kld_top_k: int = DEFAULT_TOP_K, kld_tmp_dir: str | os.PathLike[str] | None = None) -> PerplexityResult:
+               kld_top_k: int = DEFAULT_TOP_K, kld_tmp_dir: str | os.PathLike[str] | None = None,
+               on_warning: Callable[[str], None] | None = None) -> PerplexityResult:
     """Measure a GGUF model's perplexity as llama-perplexity does; with ``baseline``, also the KL divergence.
 
     Args:
@@ -227,6 +242,7 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
             (side by side when both models and their working memory fit in the free device memory).
         kld_top_k: K, the baseline tokens kept exactly per position in ``stored`` mode (8K+32 bytes each).
         kld_tmp_dir: directory of the ``stored`` mode's temporary file (default: the system's).
+        on_warning: called with each warning as soon as it is known (they are also in ``result.warnings``).
 
     Returns:
         The :class:`PerplexityResult`.
@@ -259,6 +275,7 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
             with open_gguf(model_path) as f:
                 ids, add_bos, bos_id, text_sha = _tokens(f, text, tokens)
                 n_vocab = read_hparams(f).n_vocab
+                ctx_warning = trained_context_warning(f, ctx)
             base = load_model(baseline, device=device, dtype=dtype)
             _check_vocab(base.n_vocab, n_vocab)
         else:
@@ -267,6 +284,10 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
                 base = load_model(baseline, device=device, dtype=dtype)
                 _check_vocab(base.n_vocab, model.n_vocab)
             ids, add_bos, bos_id, text_sha = _tokens(model.file, text, tokens)
+            ctx_warning = trained_context_warning(model.file, ctx)
+        warnings = [ctx_warning] if ctx_warning else []
+        if ctx_warning and on_warning is not None:
+            on_warning(ctx_warning)
         n_chunk = check_chunking(len(ids), ctx, chunks)
         batch = batch or max(1, DEFAULT_BATCH_TOKENS // ctx)
         load_seconds = time.perf_counter() - t_load
@@ -342,7 +363,7 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
             device=str(model.device), dtype=model.dtype_name, seconds=scoring,
             tokens_per_second=n_chunk * ctx / scoring if scoring > 0 else math.inf,
             load_seconds=load_seconds, baseline=str(baseline) if baseline is not None else None,
-            baseline_sha256=base.model_sha256 if base is not None else base_sha, kld=kld)
+            baseline_sha256=base.model_sha256 if base is not None else base_sha, kld=kld, warnings=warnings)
     finally:
         if model is not None:
             model.close()

@@ -2,8 +2,9 @@
 
 It trains a byte-level BPE tokenizer and a small LLaMA (transformers' real ``LlamaForCausalLM``) for a few
 steps on the first part of the bundled English sample, saves them as a Hugging Face checkpoint, then runs
-convert (F16) -> quantize (every promised type) -> set-meta -> ppl with KL divergence against the F16 file
-on held-out text, and returns one row per file. Everything is seeded, so two runs give the same table.
+convert (F16) -> quantize (every type of the quantizer's registry, plus the Q4_K_M preset) -> set-meta ->
+ppl with KL divergence against the F16 file on held-out text, and returns one row per file. Everything is
+seeded, so two runs give the same table.
 """
 
 from __future__ import annotations
@@ -12,14 +13,32 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ggufkit.format.writer import Progress
 
-#: Quantized types the demo produces from the F16 file.
-DEMO_TYPES: tuple[str, ...] = ("q8_0", "q4_0", "q4_1", "q4_k_s", "q4_k_m")
+#: The mixture preset shown beside the pure types (llama.cpp's most used one).
+DEMO_PRESET = "q4_k_m"
 #: Characters of the sample used for training; the rest is held out for scoring.
 TRAIN_CHARS = 200_000
 SCORE_CTX = 128
+SCORE_CHUNKS = 16
+#: The tiny model (LlamaConfig fields) and its tokenizer's vocabulary size.
+MODEL_SHAPE: dict[str, Any] = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "num_key_value_heads": 2}
+VOCAB_SIZE = 512
+
+
+def demo_targets() -> list[tuple[str, bool]]:
+    """``(quantize target, pure)`` for every file the demo makes from the F16 one: each type the quantizer's
+    registry has (F32, BF16 and every kernel type, with ``--pure`` so the whole file is that type), then the
+    Q4_K_M preset. Read from :mod:`ggufkit.quant.registry`, so a type added there is demonstrated too."""
+    from gguf import GGMLQuantizationType
+
+    from ggufkit.quant.registry import KERNELS, SUPPORTED_TYPES
+
+    floats = sorted((t for t in SUPPORTED_TYPES if t not in KERNELS and t != GGMLQuantizationType.F16), key=int)
+    return [(t.name.lower(), True) for t in (*floats, *KERNELS)] + [(DEMO_PRESET, False)]
 
 
 @dataclass(frozen=True)
@@ -27,6 +46,7 @@ class DemoRow:
     """One file of the demo: its type, size, bits per weight and quality against the F16 baseline."""
 
     type: str
+    recipe: str
     path: str
     bytes: int
     bits_per_weight: float
@@ -48,16 +68,15 @@ def _build_checkpoint(directory: Path, text: str, train_steps: int, seed: int) -
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(text.splitlines(), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
     fast.save_pretrained(directory)
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    config = LlamaConfig(vocab_size=tok.get_vocab_size(), **MODEL_SHAPE, max_position_embeddings=512,
+                         bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
     ids = torch.tensor(tok.encode(text).ids, dtype=torch.long)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -76,13 +95,15 @@ def _build_checkpoint(directory: Path, text: str, train_steps: int, seed: int) -
     (directory / "README.md").write_text(json.dumps({"demo": "ggufkit tiny llama", "seed": seed}))
 
 
-def run_demo(workdir: Path, *, types: Sequence[str] = DEMO_TYPES, train_steps: int = 60, seed: int = 0,
-             progress: Progress | None = None, on_stage: Callable[[str], None] | None = None) -> list[DemoRow]:
+def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None, train_steps: int = 60,
+             seed: int = 0, progress: Progress | None = None,
+             on_stage: Callable[[str], None] | None = None) -> list[DemoRow]:
     """Build, convert, quantize, edit and score a tiny model inside ``workdir``.
 
     Args:
         workdir: an empty directory that receives the checkpoint and the GGUF files.
-        types: quantized types to produce from the F16 conversion.
+        targets: ``(quantize target, pure)`` per file made from the F16 conversion (default:
+            :func:`demo_targets`, every type the quantizer has plus the Q4_K_M preset).
         train_steps: optimisation steps of the tiny model (0: random weights).
         seed: seeds the model, the training batches and so the whole table.
         progress: progress of the long steps.
@@ -109,27 +130,28 @@ def run_demo(workdir: Path, *, types: Sequence[str] = DEMO_TYPES, train_steps: i
     stage("converting to F16")
     f16 = workdir / "tiny-llama-f16.gguf"
     convert(checkpoint, f16, outtype="f16", progress=progress)
-    files = [("f16", f16)]
-    for qtype in types:
-        stage(f"quantizing to {qtype}")
-        out = workdir / f"tiny-llama-{qtype}.gguf"
-        quantize_file(f16, out, qtype, progress=progress)
-        files.append((qtype, out))
+    files = [("f16", "converted from the checkpoint", f16)]
+    for target, pure in demo_targets() if targets is None else targets:
+        recipe = f"every quantizable tensor {target.upper()} (--pure)" if pure else f"{target.upper()} preset mixture"
+        stage(f"quantizing to {target}" + (" (--pure)" if pure else ""))
+        out = workdir / f"tiny-llama-{target}.gguf"
+        quantize_file(f16, out, target, pure=pure, progress=progress)
+        files.append((target, recipe, out))
 
     stage("setting general.name on every file (in place)")
-    for qtype, path in files:
+    for qtype, _, path in files:
         edit_metadata(path, set_text={"general.name": f"ggufkit demo tiny LLaMA {qtype.upper()}"})
 
     rows = []
-    for qtype, path in files:
+    for qtype, recipe, path in files:
         stage(f"scoring {path.name}")
-        result = perplexity(path, text=held_out, ctx=SCORE_CTX, chunks=16, device="cpu",
+        result = perplexity(path, text=held_out, ctx=SCORE_CTX, chunks=SCORE_CHUNKS, device="cpu",
                             baseline=None if path == f16 else f16, progress=progress)
         with open_gguf(path) as model:
             n_bytes = sum(model[name].nbytes for name in model)
             n_weights = sum(model[name].n_elements for name in model)
         kld = result.kld or {}
-        rows.append(DemoRow(type=qtype, path=str(path), bytes=path.stat().st_size,
+        rows.append(DemoRow(type=qtype, recipe=recipe, path=str(path), bytes=path.stat().st_size,
                             bits_per_weight=8 * n_bytes / n_weights, ppl=result.ppl, ppl_error=result.ppl_error,
                             mean_kld=kld.get("mean_kld"), same_top_p=kld.get("same_top_p")))
     return rows
@@ -137,3 +159,32 @@ def run_demo(workdir: Path, *, types: Sequence[str] = DEMO_TYPES, train_steps: i
 
 def rows_as_dicts(rows: Sequence[DemoRow]) -> list[dict[str, object]]:
     return [asdict(r) for r in rows]
+
+
+#: What each column of the demo's table means (one line each; ``ggufkit demo`` prints them under it).
+COLUMNS: dict[str, str] = {
+    "type": "the file: F16 is the converted baseline; every other row is one quantization of it",
+    "size": "the file's size on disk (tensor data, metadata and vocabulary)",
+    "bits/weight": "bits of tensor data per model weight (F16 = 16; lower means a smaller model)",
+    "ppl": "perplexity on held-out text, +/- its standard error (lower is better; llama-perplexity's method)",
+    "mean KLD vs F16": "mean KL divergence of the next-token distribution from the F16 file's (0 = identical)",
+    "same top": "share of positions where the most likely next token is the same as the F16 file's",
+}
+
+
+def describe(train_steps: int, rows: Sequence[DemoRow]) -> list[str]:
+    """What :func:`run_demo` did, one line per stage, for the report under the table."""
+    shape = MODEL_SHAPE
+    n_pure = sum(r.recipe.endswith("(--pure)") for r in rows)
+    return [
+        f"trained a tiny LLaMA ({shape['num_hidden_layers']} layers, hidden size {shape['hidden_size']}, "
+        f"{VOCAB_SIZE}-token BPE vocabulary) for {train_steps} steps on {TRAIN_CHARS:,} characters of the "
+        "bundled English sample",
+        "converted the checkpoint to an F16 GGUF file (ggufkit convert)",
+        f"quantized the F16 file to each of the {n_pure} other types ggufkit's quantizer has, one file per type "
+        f"with every quantizable tensor in that type (--pure), and to the {DEMO_PRESET.upper()} preset "
+        "(llama.cpp's per-tensor mixture)",
+        "set general.name in every file, in place (ggufkit set-meta)",
+        f"scored every file on held-out text ({SCORE_CHUNKS} chunks of {SCORE_CTX} tokens): perplexity, and KL "
+        "divergence against the F16 file (ggufkit ppl --baseline)",
+    ]

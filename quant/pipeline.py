@@ -175,13 +175,18 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
         # llama_model_loader reads the hparams the rules use (all integers) through the overrides; an override
         # of another kind only warns there and the file's value stays.
         hparams = {**model.kv, **{o.key: o.value for o in overrides if o.vtype == VT.UINT32}}
-        plan = plan_quantization(model.tensors, target, arch=arch, metadata=hparams, options=options)
+        plan = plan_quantization(model.tensors, target, arch=arch, metadata=hparams, options=options,
+                                 powerinfer=model.is_powerinfer)
         warnings = [f"no imatrix entry for tensor {e.name!r}: quantized without one (as llama-quantize does)"
                     for e in plan.entries if e.imatrix == "missing" and not e.requires_imatrix]
         need = plan.imatrix_required()
         if need:  # one line: a dry run of IQ2_XXS would otherwise print one per tensor
             warnings.append(f"{len(need)} tensors need an importance matrix, first {need[0].name!r} "
                             f"({need[0].dst_type.name}): a real run refuses them")
+        if model.is_powerinfer:
+            from ggufkit.quant.plan_powerinfer import sparse_ffn_warnings
+
+            warnings += sparse_ffn_warnings(plan)
         missing = plan.missing_kernels()
         dev = _device_or_none(device, dry_run)
         if plan.cpu_only_types() and dev == "cuda":
@@ -229,8 +234,10 @@ def _output_metadata(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, opti
     for key, kv in model.kv.items():
         if key not in SPLIT_KEYS:
             meta.put(key, kv)
-    meta.append(Keys.General.QUANTIZATION_VERSION, VT.UINT32, QUANTIZATION_VERSION)
-    meta.append(Keys.General.FILE_TYPE, VT.UINT32, int(plan.file_type))
+    # PowerInfer's fork sets both keys in place (gguf_set_val_u32); today's llama-quantize re-appends them.
+    put = meta.set if model.is_powerinfer else meta.append
+    put(Keys.General.QUANTIZATION_VERSION, VT.UINT32, QUANTIZATION_VERSION)
+    put(Keys.General.FILE_TYPE, VT.UINT32, int(plan.file_type))
     for o in overrides:  # llama_model_quantize_impl: gguf_set_val_* removes the key and appends it
         meta.append(o.key, o.vtype, o.value)
     if im is not None:

@@ -415,7 +415,8 @@ def _prune_names(names: Sequence[str], prune: Sequence[int]) -> tuple[dict[str, 
 
 
 def plan_quantization(tensors: Sequence[TensorSource], target: str, *, arch: str,
-                      metadata: Mapping[str, Any], options: QuantOptions | None = None) -> QuantPlan:
+                      metadata: Mapping[str, Any], options: QuantOptions | None = None,
+                      powerinfer: bool = False) -> QuantPlan:
     """Choose every tensor's output type exactly as ``llama_model_quantize`` would.
 
     Args:
@@ -427,6 +428,7 @@ def plan_quantization(tensors: Sequence[TensorSource], target: str, *, arch: str
         metadata: the model's KV pairs (plain values or typed values with ``.value``, ``--override-kv``
             already applied); reads ``<arch>.block_count``, ``<arch>.expert_count`` and the head counts.
         options: see :class:`QuantOptions`.
+        powerinfer: a PowerInfer (PWRI) file: PowerInfer's ``quantize`` rules instead (plan_powerinfer.py).
 
     Returns:
         The plan, entries in llama-quantize's output order.
@@ -439,6 +441,10 @@ def plan_quantization(tensors: Sequence[TensorSource], target: str, *, arch: str
             :meth:`QuantPlan.imatrix_required`).
         MetadataKeyNotFoundError: the mixture rules need ``<arch>.block_count`` and it is missing.
     """
+    if powerinfer:  # PWRI files: PowerInfer's own quantize rules (see plan_powerinfer), tensors in file order
+        from ggufkit.quant.plan_powerinfer import plan_powerinfer
+
+        return plan_powerinfer(tensors, target, arch=arch, metadata=metadata, options=options)
     opts = options or QuantOptions()
     preset = get_preset(target)
     if preset.only_copy:

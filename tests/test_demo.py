@@ -1,4 +1,5 @@
-"""`ggufkit demo` (the README's first command) runs the whole pipeline and reports sane numbers."""
+"""`ggufkit demo` (the README's first command) runs the whole pipeline over every type the quantizer has
+and reports sane numbers, saying what it did and what each figure means."""
 
 from __future__ import annotations
 
@@ -6,16 +7,23 @@ import json
 from pathlib import Path
 
 from cli_helpers import invoke
+from gguf import GGMLQuantizationType
 
+from ggufkit.cli.demo import _render
+from ggufkit.demo import COLUMNS, demo_targets
 from ggufkit.format import open_gguf
+from ggufkit.quant.registry import KERNELS, SUPPORTED_TYPES
 
 
-def test_demo_builds_converts_quantizes_edits_and_scores(tmp_path: Path) -> None:
+def test_demo_builds_converts_quantizes_every_type_edits_and_scores(tmp_path: Path) -> None:
     result = invoke("demo", "--workdir", str(tmp_path), "--steps", "20", "--json")
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
+    assert report["ok"] is True
     rows = {r["type"]: r for r in report["rows"]}
-    assert list(rows) == ["f16", "q8_0", "q4_0", "q4_1", "q4_k_s", "q4_k_m"]
+    # Every type of the quantizer's registry (read from it, so new types are covered), plus Q4_K_M.
+    assert list(rows) == ["f16", *(target for target, _ in demo_targets())]
+    assert {t.name.lower() for t in SUPPORTED_TYPES} <= set(rows) and "q4_k_m" in rows
     vocab_size = 512
     for row in rows.values():
         # Trained for a few steps: better than a uniform guess over the vocabulary, and a finite error bar.
@@ -23,8 +31,23 @@ def test_demo_builds_converts_quantizes_edits_and_scores(tmp_path: Path) -> None
         assert row["ppl_error"] > 0
         with open_gguf(row["path"]) as model:
             assert model.get("general.name") == f"ggufkit demo tiny LLaMA {row['type'].upper()}"
+            types = {t.ggml_type for t in model.tensors}
+        if row["type"] != "q4_k_m":  # each pure file really holds its type
+            assert GGMLQuantizationType[row["type"].upper()] in types, row["type"]
+    assert all(rows[t.name.lower()]["recipe"].endswith("(--pure)") for t in KERNELS)
     assert rows["f16"]["mean_kld"] is None
     # Fewer bits, more divergence from F16: Q8_0 is near-lossless, 4-bit types are not.
     assert 0 <= rows["q8_0"]["mean_kld"] < rows["q4_0"]["mean_kld"]
     assert rows["q8_0"]["bits_per_weight"] > rows["q4_k_m"]["bits_per_weight"] > 4.0
     assert rows["q8_0"]["same_top_p"] > 0.9
+    # The report says what was done (one line per stage) and what each printed figure means.
+    assert len(report["steps"]) == 5 and "20 steps" in report["steps"][0]
+    assert f"each of the {len(rows) - 2} other types" in report["steps"][2]
+    assert report["columns"] == COLUMNS
+    text = _render(report)
+    for step in report["steps"]:
+        assert step in text
+    for name, meaning in COLUMNS.items():
+        assert name in text.splitlines()[len(report["steps"]) + 2]  # the table's header
+        assert any(line.split() and line.split(meaning)[0].strip() == name for line in text.splitlines()
+                   if meaning in line)

@@ -34,7 +34,7 @@ def test_json_output_has_the_documented_keys(files: dict[str, Path]) -> None:
                 "device", "dtype", "seconds", "tokens_per_second"):
         assert key in d, key
     assert (d["chunks"], d["ctx"], d["tokens_scored"], d["add_bos"], d["dtype"]) == (3, CTX, 93, True, "f32")
-    assert d["gates"] == {"passed": True, "failures": []} and d["kld"] is None
+    assert d["ok"] is True and d["gates"] == {"failures": []} and d["kld"] is None
 
 
 def test_human_output_prints_the_running_values_and_the_final_estimate(files: dict[str, Path]) -> None:
@@ -62,7 +62,7 @@ def test_an_exceeded_gate_exits_1_with_one_line_and_one_json_document(files: dic
     r = invoke(*args, "--max-kld", "1e-12", "--json")
     assert r.exit_code == 1
     d = json.loads(r.stdout)
-    assert d["gates"]["passed"] is False and d["gates"]["failures"][0].startswith("mean KLD")
+    assert d["ok"] is False and d["gates"]["failures"][0].startswith("mean KLD")
     assert r.stderr.count("\n") == 1 and "quality gate failed: mean KLD" in r.stderr
     r = invoke(*args, "--max-ppl", "1")
     assert r.exit_code == 1 and "Traceback" not in r.stderr and "--max-ppl 1" in r.stderr

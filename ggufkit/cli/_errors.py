@@ -1,8 +1,8 @@
 """Errors to exit codes and one-line messages, in one table.
 
 Known errors (the ggufkit hierarchy, OS errors on input files, click usage errors) become one line on
-stderr ``ggufkit: error: ...`` and exit 2 (bad input) or 1 (a check failed); with ``--json`` an error
-object is also printed on stdout. ``--debug`` or ``GGUFKIT_DEBUG=1`` shows the traceback. Any other
+stderr ``ggufkit: error: ...`` (click's usage message for usage errors) and exit 2 (bad input or usage) or 1
+(a check failed); with ``--json`` the error object ``{"ok": false, "error": {...}}`` is also printed on stdout. ``--debug`` or ``GGUFKIT_DEBUG=1`` shows the traceback. Any other
 exception is a bug and keeps its traceback.
 """
 
@@ -71,8 +71,10 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
         return code if isinstance(code, int) else EXIT_OK
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.ClickException as exc:
+    except click.ClickException as exc:  # usage errors: unknown option, missing argument, bad value
         exc.show()
+        if _json_requested(argv):
+            _json_error(type(exc).__name__, " ".join(exc.format_message().split()), int(exc.exit_code))
         return int(exc.exit_code)
     except click.Abort:
         click.echo("ggufkit: aborted", err=True)
@@ -90,6 +92,11 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
         message = " ".join(message.split("\n"))
         click.echo(f"ggufkit: error: {message}", err=True)
         if _json_requested(argv):
-            sys.stdout.write(json.dumps({"ok": False, "error": {"type": type(exc).__name__, "message": message,
-                                                                "exit_code": code}}) + "\n")
+            _json_error(type(exc).__name__, message, code)
         return code
+
+
+def _json_error(type_name: str, message: str, code: int) -> None:
+    """The one JSON document of a failed command: ``ok`` false (as in every command's result) and the error."""
+    sys.stdout.write(json.dumps({"ok": False, "error": {"type": type_name, "message": message,
+                                                        "exit_code": code}}) + "\n")

@@ -57,6 +57,12 @@ class TqdmProgress:
             self._bar.close()
             self._bar = None
 
+    def write(self, line: str) -> None:
+        """Print ``line`` on stdout above the bar: tqdm clears the bar, writes the line, then redraws it."""
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stdout)
+
 
 class Output:
     """Renders a command's result as human text or JSON, and owns its progress bars and warnings."""
@@ -64,11 +70,17 @@ class Output:
     def __init__(self, json_mode: bool = False, quiet: bool = False) -> None:
         self.json_mode = json_mode
         self.quiet = quiet
+        self._bar: TqdmProgress | None = None  # the bar progress() handed out, if any
+        self._partial = False  # stream() left a line unfinished
 
     def result(self, data: Mapping[str, Any], human: str | Callable[[Mapping[str, Any]], str] | None = None) -> None:
-        """Print the command's result: ``data`` as JSON, or ``human`` (text or a renderer of ``data``)."""
+        """Print the command's result: ``data`` as JSON, or ``human`` (text or a renderer of ``data``).
+
+        The JSON document of every command starts with ``"ok"``: true when the command exits 0, false when
+        it exits non-zero (a failed gate or check, an invalid file, an error); ``data`` sets it to false.
+        """
         if self.json_mode:
-            click.echo(json.dumps(_jsonable(data), ensure_ascii=False))
+            click.echo(json.dumps(_jsonable({"ok": True, **data}), ensure_ascii=False))
             return
         if self.quiet:
             return
@@ -80,6 +92,27 @@ class Output:
         """Streaming human output on stdout (suppressed with --json and --quiet)."""
         if not (self.json_mode or self.quiet):
             click.echo(text, nl=False)
+
+    def stream(self, value: str, sep: str = ",") -> None:
+        """A streamed value on stdout (suppressed with --json and --quiet), e.g. llama-perplexity's ``[1]x,``.
+
+        Without a progress bar the values share a line, each followed by ``sep``; with a bar on the
+        terminal each value gets its own line printed above the bar, because the bar's redraws (``\r`` on
+        the same terminal) would overwrite a partial line.
+        """
+        if self.json_mode or self.quiet:
+            return
+        if self._bar is not None:
+            self._bar.write(value)
+        else:
+            click.echo(value + sep, nl=False)
+            self._partial = not sep.endswith("\n")
+
+    def end_stream(self) -> None:
+        """Finish the line :meth:`stream` left open, if any."""
+        if self._partial and not (self.json_mode or self.quiet):
+            click.echo("")
+        self._partial = False
 
     def info(self, message: str) -> None:
         """A status line on stderr (suppressed with --quiet)."""
@@ -96,7 +129,8 @@ class Output:
 
         if self.quiet or self.json_mode or not (sys.stdout.isatty() and sys.stderr.isatty()):
             return NullProgress()
-        return TqdmProgress()
+        self._bar = TqdmProgress()
+        return self._bar
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], align: str = "") -> str:

@@ -18,9 +18,13 @@ def _render(d: Mapping[str, Any]) -> str:
              f"{r['ppl']:.3f} +/- {r['ppl_error']:.3f}",
              "-" if r["mean_kld"] is None else f"{r['mean_kld']:.5f}",
              "-" if r["same_top_p"] is None else f"{100 * r['same_top_p']:.1f}%") for r in d["rows"]]
-    note = f"\nfiles kept in {d['workdir']}" if d["kept"] else ""
-    return table(rows, ["type", "size", "bits/weight", "ppl", "mean KLD vs F16", "same top"],
-                 align="lrrrrr") + note
+    width = max(len(k) for k in d["columns"])
+    lines = ["ggufkit demo:", *(f"  {i}. {step}" for i, step in enumerate(d["steps"], 1)), "",
+             table(rows, list(d["columns"]), align="lrrrrr"), "",
+             *(f"  {name.ljust(width)}  {meaning}" for name, meaning in d["columns"].items())]
+    if d["kept"]:
+        lines += ["", f"files kept in {d['workdir']}"]
+    return "\n".join(lines)
 
 
 @click.command("demo")
@@ -31,8 +35,9 @@ def _render(d: Mapping[str, Any]) -> str:
 @common_options
 def demo(workdir: Path | None, steps: int, out: Output) -> None:
     """Build a tiny LLaMA checkpoint (tokenizer and model trained for a few seconds on the bundled text),
-    then run the whole pipeline on it: convert to F16, quantize to Q8_0, Q4_0, Q4_1, Q4_K_S and Q4_K_M,
-    set general.name in place, and score every file (perplexity, KL divergence against F16).
+    then run the whole pipeline on it: convert to F16, quantize to every type ggufkit's quantizer has (one
+    file per type, --pure) and to the Q4_K_M preset, set general.name in place, and score every file
+    (perplexity, KL divergence against F16). The report says what each step and each column means.
 
     Needs PyTorch (pip install torch==2.13.0). Nothing is downloaded.
 
@@ -41,10 +46,11 @@ def demo(workdir: Path | None, steps: int, out: Output) -> None:
       ggufkit demo
       ggufkit demo --workdir ./demo-out --json
     """
-    from ggufkit.demo import rows_as_dicts, run_demo
+    from ggufkit.demo import COLUMNS, describe, rows_as_dicts, run_demo
 
     with tempfile.TemporaryDirectory(prefix="ggufkit-demo-") as tmp:
         target = workdir or Path(tmp)
         target.mkdir(parents=True, exist_ok=True)
         rows = run_demo(target, train_steps=steps, progress=out.progress(), on_stage=out.info)
-        out.result({"workdir": str(target), "kept": workdir is not None, "rows": rows_as_dicts(rows)}, _render)
+        out.result({"workdir": str(target), "kept": workdir is not None, "steps": describe(steps, rows),
+                    "columns": COLUMNS, "rows": rows_as_dicts(rows)}, _render)

@@ -53,18 +53,19 @@ def _render(d: Mapping[str, Any]) -> str:
 def _chunk_printer(out: Output, baseline: bool) -> Any:
     """llama-perplexity's running output: ``[1]x,[2]y,...`` or, with a baseline, one row per chunk."""
     if baseline:
-        out.echo("chunk        PPL          ln(PPL(Q)/PPL(base))          KL Divergence              "
-                 "Δp RMS            Same top p\n")
+        out.stream("chunk        PPL          ln(PPL(Q)/PPL(base))          KL Divergence              "
+                   "Δp RMS            Same top p", "\n")
 
     def on_chunk(i: int, stats: Any) -> None:
+        # Through out.stream: with a progress bar on the terminal each value gets its own line above it.
         if stats.kld is None:
-            out.echo(f"[{i}]{stats.ppl:.4f},")
+            out.stream(f"[{i}]{stats.ppl:.4f}", ",")
             return
         r = stats.kld.running()
-        out.echo(f"{i:4d}    {r['ppl']:9.4f} ± {r['ppl_error']:9.4f}    {r['ln_ppl_ratio']:10.5f} ± "
-                 f"{r['ln_ppl_ratio_error']:10.5f}    {r['mean_kld']:10.5f} ± {r['mean_kld_error']:10.5f}    "
-                 f"{100 * r['rms_delta_p']:6.3f} ± {100 * r['rms_delta_p_error']:6.3f} %    "
-                 f"{100 * r['same_top_p']:6.3f} ± {100 * r['same_top_p_error']:6.3f} %\n")
+        out.stream(f"{i:4d}    {r['ppl']:9.4f} ± {r['ppl_error']:9.4f}    {r['ln_ppl_ratio']:10.5f} ± "
+                   f"{r['ln_ppl_ratio_error']:10.5f}    {r['mean_kld']:10.5f} ± {r['mean_kld_error']:10.5f}    "
+                   f"{100 * r['rms_delta_p']:6.3f} ± {100 * r['rms_delta_p_error']:6.3f} %    "
+                   f"{100 * r['same_top_p']:6.3f} ± {100 * r['same_top_p_error']:6.3f} %", "\n")
 
     return on_chunk
 
@@ -127,12 +128,13 @@ def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, ch
     tokens = read_tokens_file(tokens_file) if tokens_file is not None else None
     result = perplexity(model, text=text, tokens=tokens, ctx=ctx, chunks=chunks, batch=batch, device=device,
                         dtype=dtype, baseline=baseline, kld_mode=kld_mode, kld_top_k=kld_top_k,
-                        progress=out.progress(),
+                        progress=out.progress(), on_warning=out.warn,
                         on_chunk=_chunk_printer(out, baseline is not None))
-    out.echo("\n")
+    out.end_stream()
     data = result.to_dict()
     failures = check_gates(result, max_ppl=max_ppl, max_delta_ppl=max_delta_ppl, max_kld=max_kld)
-    data["gates"] = {"passed": not failures, "failures": failures}
+    data["ok"] = not failures
+    data["gates"] = {"failures": failures}
     out.result(data, _render)
     if failures:
         message = "quality gate failed: " + "; ".join(failures)
