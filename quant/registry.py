@@ -109,6 +109,12 @@ def _entry(qtype: GGMLQuantizationType, family: str) -> QuantKernels:
 KERNELS: dict[GGMLQuantizationType, QuantKernels] = {
     **{t: _entry(t, "legacy") for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)},
     **{t: _entry(t, "kquants") for t in (T.Q4_K, T.Q5_K, T.Q6_K)},
+    **{t: QuantKernels(t, f"ggufkit.quant.{m}", f"quantize_rows_{n}", f"dequantize_rows_{n}",
+                       "ggufkit.quant.cuda_lowbit", f"quantize_rows_{n}_cuda", f"dequantize_rows_{n}_cuda")
+       for t, m, n in ((T.Q2_K, "kquants_low", "q2_K"), (T.Q3_K, "kquants_low", "q3_K"),
+                       (T.IQ4_NL, "iq_nonlinear", "iq4_nl"), (T.IQ4_XS, "iq_nonlinear", "iq4_xs"),
+                       (T.TQ1_0, "ternary", "tq1_0"), (T.TQ2_0, "ternary", "tq2_0"),
+                       (T.MXFP4, "mxfp4", "mxfp4"), (T.Q1_0, "q1_0", "q1_0"))},
 }
 
 #: Every type :func:`ggufkit.quant.quantize` can produce.
