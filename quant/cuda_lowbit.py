@@ -42,12 +42,13 @@ _MODULE_FUNCS = (
     (iq_nonlinear, ("best_index_iq4", "_fit_sums", "iq4_quantize_block", "iq4_dequantize_block")),
     (ternary, ("_trit", "_absmax_scale", "_store_d", "tq1_0_quantize_block", "tq1_0_dequantize_block",
                "tq2_0_quantize_block", "tq2_0_dequantize_block")),
-    (mxfp4, ("e8m0_to_fp32_half", "_e8m0_of_amax", "_best_index", "mxfp4_quantize_block",
+    (mxfp4, ("e8m0_to_fp32_half", "_e8m0_of_amax", "mxfp4_quantize_block",
              "mxfp4_dequantize_block")),
     (q1_0, ("q1_0_quantize_block", "q1_0_dequantize_block")),
 )
 
-#: Types whose block function is ``f(x_block, out_block)`` (they ignore the imatrix, as ggml does).
+#: Types that ignore the imatrix (as ggml does); their block function is ``f(x_block, out_block)``, MXFP4's
+#: ``f(x_block, out_block, scratch)``.
 _SIMPLE = {T.TQ1_0: "tq1_0", T.TQ2_0: "tq2_0", T.MXFP4: "mxfp4", T.Q1_0: "q1_0"}
 
 
@@ -61,7 +62,9 @@ def _device_funcs() -> dict[str, Any]:
     return out
 
 
-def _simple_kernels(q_block: Any, dq_block: Any, block: int, size: int) -> tuple[Any, Any]:
+def _simple_kernels(q_block: Any, dq_block: Any, block: int, size: int, scratch: bool) -> tuple[Any, Any]:
+    i64 = numba.int64
+
     @cuda.jit(cache=False)
     def k_q(x, out, nb, total):
         t = cuda.grid(1)
@@ -71,6 +74,15 @@ def _simple_kernels(q_block: Any, dq_block: Any, block: int, size: int) -> tuple
             q_block(x[r, b * block:(b + 1) * block], out[r, b * size:(b + 1) * size])
 
     @cuda.jit(cache=False)
+    def k_q_scratch(x, out, nb, total):
+        t = cuda.grid(1)
+        if t < total:
+            r = t // nb
+            b = t - r * nb
+            bi = cuda.local.array(32, i64)
+            q_block(x[r, b * block:(b + 1) * block], out[r, b * size:(b + 1) * size], bi)
+
+    @cuda.jit(cache=False)
     def k_dq(blocks, y, nb, total):
         t = cuda.grid(1)
         if t < total:
@@ -78,7 +90,7 @@ def _simple_kernels(q_block: Any, dq_block: Any, block: int, size: int) -> tuple
             b = t - r * nb
             dq_block(blocks[r, b * size:(b + 1) * size], y[r, b * block:(b + 1) * block])
 
-    return k_q, k_dq
+    return (k_q_scratch if scratch else k_q), k_dq
 
 
 @cache
@@ -167,7 +179,7 @@ def _kernels() -> dict[str, Any]:
     for qtype, prefix in _SIMPLE.items():
         block, size = GGML_QUANT_SIZES[qtype]
         kernels[prefix], kernels[f"deq_{prefix}"] = _simple_kernels(
-            dev[f"{prefix}_quantize_block"], dev[f"{prefix}_dequantize_block"], block, size)
+            dev[f"{prefix}_quantize_block"], dev[f"{prefix}_dequantize_block"], block, size, qtype == T.MXFP4)
     return kernels
 
 

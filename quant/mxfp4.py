@@ -40,38 +40,48 @@ def _e8m0_of_amax(amax: np.float32) -> int:
     # once to float (the correctly rounded result glibc's log2f returns: it matters where log2 of a value
     # just below a power of two rounds up to the integer). The C converts a negative float to uint8_t
     # through a 32-bit int (cvttss2si), i.e. modulo 256.
+    # With amax = m * 2^E (m in [1, 2)), log2(amax) = E + log2(m) rounds up to E + 1 only for m within an
+    # ulp-sized distance of 2; below m = 2 - 2^-10 the floor is E for every binade (|E| <= 149), so the
+    # (slow) log2 is evaluated only near the top of a binade.
     if not amax > np.float32(0.0):
         return 0
-    lg = np.float32(math.log2(float(amax)))
-    return int(math.floor(float(lg)) - 2 + 127) & 0xFF
+    m, e = math.frexp(float(amax))  # amax = m * 2^e, m in [0.5, 1): E = e - 1
+    if m < 0.99951171875:  # 1 - 2^-11
+        fl = e - 1
+    else:
+        fl = math.floor(float(np.float32(math.log2(float(amax)))))
+    return (fl - 2 + 127) & 0xFF
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _best_index(x: np.float32, d: np.float32) -> int:
-    # best_index_mxfp4: the first code with the least |kvalue*d - x|.
-    best = 0
-    best_err = abs(fsub(fmul(KVALUES_MXFP4[0], d), x))
-    for i in range(1, 16):
-        err = abs(fsub(fmul(KVALUES_MXFP4[i], d), x))
-        if err < best_err:
-            best = i
-            best_err = err
-    return best
+def mxfp4_quantize_block(x: np.ndarray, out: np.ndarray, bi: np.ndarray) -> None:
+    """``quantize_row_mxfp4_ref`` for one block: ``x`` float32[32] -> ``out`` uint8[17]; ``bi`` int64[32] scratch.
 
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def mxfp4_quantize_block(x: np.ndarray, out: np.ndarray) -> None:
-    """``quantize_row_mxfp4_ref`` for one block: ``x`` float32[32] -> ``out`` uint8[17]."""
+    Each weight gets ``best_index_mxfp4``: the first of the 16 codes with the least ``|kvalue*d - x|``.
+    Half of them never win: for x >= 0 a code of value ``-k*d`` errs by ``RN(k*d + x) >= x``, the error of
+    code 0, which comes first (strict ``<``); for x < 0 the same holds for the positive codes, and
+    ``RN(-k*d - x) = -RN(k*d - |x|)``, so code ``8 + k`` errs exactly as code k does for ``|x|``. So the
+    search runs over codes 1..7 for ``|x|`` (in the C's order, same roundings) and adds 8 for a negative x.
+    """
     amax = np.float32(0.0)
     for j in range(QK_MXFP4):
         a = abs(x[j])
-        if amax < a:
-            amax = a
+        amax = a if amax < a else amax
     e = _e8m0_of_amax(amax)
     d = e8m0_to_fp32_half(e)
     out[0] = e
+    for j in range(QK_MXFP4):
+        ax = abs(x[j])
+        best_err = ax  # code 0: |0*d - x|
+        best = 0
+        for k in range(1, 8):
+            err = abs(fsub(fmul(KVALUES_MXFP4[k], d), ax))
+            take = err < best_err
+            best = k if take else best
+            best_err = err if take else best_err
+        bi[j] = best + 8 if (x[j] < np.float32(0.0)) & (best > 0) else best
     for j in range(16):
-        out[1 + j] = _best_index(x[j], d) | (_best_index(x[16 + j], d) << 4)
+        out[1 + j] = bi[j] | (bi[16 + j] << 4)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
@@ -94,10 +104,12 @@ def quantize_rows_mxfp4(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     nb = n_per_row // QK_MXFP4
     total = n_rows * nb
     for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
+        bi = np.empty(QK_MXFP4, np.int64)
         for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
             r = t // nb
             b = t - r * nb
-            mxfp4_quantize_block(x[r, b * QK_MXFP4:(b + 1) * QK_MXFP4], out[r, b * MXFP4_BYTES:(b + 1) * MXFP4_BYTES])
+            mxfp4_quantize_block(x[r, b * QK_MXFP4:(b + 1) * QK_MXFP4], out[r, b * MXFP4_BYTES:(b + 1) * MXFP4_BYTES],
+                                 bi)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
