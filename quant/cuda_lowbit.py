@@ -39,7 +39,7 @@ _MODULE_FUNCS = (
     (kquants_low, ("_c_int8", "_store_f16", "_load_f16", "_pack_2bit", "_row_sigma2_sum", "_pack_q3_scale",
                    "_q3_scale", "q2k_quantize_block", "q2k_dequantize_block", "q3k_quantize_block",
                    "q3k_dequantize_block")),
-    (iq_nonlinear, ("best_index_iq4", "_fit_sums", "iq4_quantize_block", "iq4_dequantize_block")),
+    (iq_nonlinear, ("best_index_iq4", "_nearest_value", "_fit_all", "iq4_quantize_block", "iq4_dequantize_block")),
     (ternary, ("_trit", "_absmax_scale", "_store_d", "tq1_0_quantize_block", "tq1_0_dequantize_block",
                "tq2_0_quantize_block", "tq2_0_dequantize_block")),
     (mxfp4, ("e8m0_to_fp32_half", "_e8m0_of_amax", "mxfp4_quantize_block",
@@ -146,8 +146,9 @@ def _kernels() -> dict[str, Any]:
             L = cuda.local.array(256, u8)
             w = cuda.local.array(32, f32)
             scales = cuda.local.array(8, f32)
+            fit = cuda.local.array(48, f32)
             iq4_q(x[r, b * n:(b + 1) * n], qw[b * n:(b + 1) * n], use_qw, nsub, out[r, b * size:(b + 1) * size],
-                  L, w, scales)
+                  L, w, scales, fit)
 
     @cuda.jit(cache=False)
     def k_deq_q2k(blocks, y, nb, total):

@@ -58,21 +58,42 @@ def best_index_iq4(x: np.float32) -> int:
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _fit_sums(xb: np.ndarray, w: np.ndarray, idv: np.float32) -> tuple[np.float32, np.float32]:
-    # sumqx = sum (w*q)*x, sumq2 = sum (w*q)*q over the 32 weights, q = the table value nearest idv*x.
-    sumqx = np.float32(0.0)
-    sumq2 = np.float32(0.0)
+def _nearest_value(al: np.float32) -> np.float32:
+    # KVALUES_IQ4NL[best_index_iq4(al)] without branches (so that loops over it vectorize). The bisection ends
+    # at the mu with val[mu-1] <= al < val[mu], i.e. mu = #{k: val[k] <= al}; then the nearer of the two wins
+    # (the lower one only when strictly nearer). NaN gets the last value, as the C's bisection gives it.
+    val = KVALUES_IQ4NL
+    mu = 1
+    for k in range(1, 15):
+        mu += al >= val[k]
+    lo = val[mu - 1]
+    hi = val[mu]
+    q = lo if fsub(al, lo) < fsub(hi, al) else hi
+    q = val[0] if al <= val[0] else q
+    return val[15] if (al >= val[15]) | (al != al) else q
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _fit_all(xb: np.ndarray, w: np.ndarray, idv: np.ndarray, sx: np.ndarray, s2: np.ndarray) -> None:
+    # For each of the 16 candidate inverse scales idv[c]: sx[c] = sum (w*q)*x, s2[c] = sum (w*q)*q over the 32
+    # weights in index order, q the table value nearest idv[c]*x. The candidates are independent, so they
+    # run side by side (the inner loop vectorizes), each sum still in the C's order.
+    for c in range(16):
+        sx[c] = np.float32(0.0)
+        s2[c] = np.float32(0.0)
     for j in range(32):
-        q = KVALUES_IQ4NL[best_index_iq4(fmul(idv, xb[j]))]
-        wq = fmul(w[j], q)
-        sumqx = fadd(sumqx, fmul(wq, xb[j]))
-        sumq2 = fadd(sumq2, fmul(wq, q))
-    return sumqx, sumq2
+        xj = xb[j]
+        wj = w[j]
+        for c in range(16):
+            q = _nearest_value(fmul(idv[c], xj))
+            wq = fmul(wj, q)
+            sx[c] = fadd(sx[c], fmul(wq, xj))
+            s2[c] = fadd(s2[c], fmul(wq, q))
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def iq4_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nsub: int, out: np.ndarray,
-                       L: np.ndarray, w: np.ndarray, scales: np.ndarray) -> None:
+                       L: np.ndarray, w: np.ndarray, scales: np.ndarray, fit: np.ndarray) -> None:
     """``quantize_row_iq4_nl_impl(32 * nsub, 32, ..., kvalues_iq4nl, qw, ntry=7)`` for one block.
 
     Args:
@@ -81,7 +102,7 @@ def iq4_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nsub: int, o
         use_qw: whether an imatrix is given.
         nsub: 1 (IQ4_NL: one 32-weight block) or 8 (IQ4_XS: a 256-weight super-block).
         out: uint8[18] (IQ4_NL) or uint8[136] (IQ4_XS), written in full.
-        L, w, scales: scratch (uint8[32 * nsub], float32[32], float32[nsub]).
+        L, w, scales, fit: scratch (uint8[32 * nsub], float32[32], float32[nsub], float32[48]).
     """
     n = 32 * nsub
     sigma2 = np.float32(0.0)
@@ -108,15 +129,21 @@ def iq4_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nsub: int, o
         if amax < GROUP_MAX_EPS:
             scales[ib] = np.float32(0.0)
             continue
-        d = -mx / KVALUES_IQ4NL[0]
-        sumqx, sumq2 = _fit_sums(xb, w, np.float32(1.0) / d)
-        d = sumqx / sumq2 if sumq2 > np.float32(0.0) else np.float32(0.0)
-        best = fmul(d, sumqx)
+        # Candidate 0 is the first fit (d = -max/values[0]), candidates 1..15 the tries -7..7; their sums are
+        # computed together, then judged one after the other in the C's order.
+        idv = fit[0:16]
+        sx = fit[16:32]
+        s2 = fit[32:48]
+        idv[0] = np.float32(1.0) / (-mx / KVALUES_IQ4NL[0])
         for itry in range(-_NTRY, _NTRY + 1):
-            sumqx, sumq2 = _fit_sums(xb, w, np.float32(itry - 127) / mx)
-            if sumq2 > np.float32(0.0) and fmul(sumqx, sumqx) > fmul(best, sumq2):
-                d = sumqx / sumq2
-                best = fmul(d, sumqx)
+            idv[itry + _NTRY + 1] = np.float32(itry - 127) / mx
+        _fit_all(xb, w, idv, sx, s2)
+        d = sx[0] / s2[0] if s2[0] > np.float32(0.0) else np.float32(0.0)
+        best = fmul(d, sx[0])
+        for c in range(1, 2 * _NTRY + 2):
+            if s2[c] > np.float32(0.0) and fmul(sx[c], sx[c]) > fmul(best, s2[c]):
+                d = sx[c] / s2[c]
+                best = fmul(d, sx[c])
         scales[ib] = d
         if abs(d) > amax_scale:
             amax_scale = abs(d)
@@ -188,11 +215,12 @@ def _quantize_rows_iq4(x: np.ndarray, qw: np.ndarray, out: np.ndarray, nsub: int
         L = np.empty(bs, np.uint8)
         w = np.empty(32, np.float32)
         scales = np.empty(nsub, np.float32)
+        fit = np.empty(48, np.float32)
         for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
             r = t // nb
             b = t - r * nb
             iq4_quantize_block(x[r, b * bs:(b + 1) * bs], qw[b * bs:(b + 1) * bs] if use_qw else qw, use_qw, nsub,
-                               out[r, b * type_size:(b + 1) * type_size], L, w, scales)
+                               out[r, b * type_size:(b + 1) * type_size], L, w, scales, fit)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
