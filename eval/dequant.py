@@ -16,6 +16,16 @@ Block layouts (ggml-common.h; little-endian):
 * Q4_K (256, 144): f16 ``d``, f16 ``dmin``, 12 bytes of packed 6-bit scales/mins, 128 bytes of nibbles.
 * Q5_K (256, 176): as Q4_K plus 32 bytes ``qh`` (bit j of byte l is the fifth bit of sub-block j, value l).
 * Q6_K (256, 210): 128 bytes low nibbles ``ql``, 64 bytes 2-bit highs ``qh``, 16 int8 scales, f16 ``d``.
+* Q2_K (256, 84): 16 bytes of 4-bit scale | 4-bit min, 64 bytes of 2-bit quants, f16 ``d``, f16 ``dmin``.
+* Q3_K (256, 110): 32 bytes ``hmask`` (third bit), 64 bytes of 2-bit quants, 12 bytes of 6-bit scales, f16 ``d``.
+* IQ4_NL (32, 18): f16 ``d``, 16 bytes of nibbles indexing ``kvalues_iq4nl``.
+* IQ4_XS (256, 136): f16 ``d``, u16 ``scales_h``, 4 bytes ``scales_l`` (6-bit scales), 128 bytes of nibbles.
+* TQ1_0 (256, 54): 48 + 4 bytes of base-3 digits (5 and 4 per byte), f16 ``d``; TQ2_0 (256, 66): 64 bytes of
+  2-bit trits, f16 ``d``.
+* MXFP4 (32, 17): E8M0 exponent byte, 16 bytes of nibbles indexing the doubled E2M1 values.
+* Q1_0 (128, 18): f16 ``d``, 16 bytes of sign bits (``+d`` / ``-d``).
+
+Types gguf-py cannot dequantize (Q1_0) follow ggml's ``dequantize_row_*`` instead, also bit for bit.
 """
 
 from __future__ import annotations
@@ -128,6 +138,86 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return (scale * q).reshape(-1, 256)
 
 
+def _two_bit(qs: torch.Tensor) -> torch.Tensor:
+    """64 bytes -> [n, 16, 16]: Q2_K/Q3_K/TQ2_0's 2-bit order (byte 32h + l holds value 128h + 32s + l at bits 2s)."""
+    shifts = torch.arange(0, 8, 2, device=qs.device, dtype=torch.uint8).reshape(1, 1, 4, 1)
+    return ((qs.reshape(-1, 2, 1, 32) >> shifts) & 3).reshape(-1, 16, 16)
+
+
+def _q2_k(blocks: torch.Tensor) -> torch.Tensor:
+    d, dmin = _f16(blocks, 80), _f16(blocks, 82)
+    sc = blocks[:, 0:16]
+    scale = (d * (sc & 0x0F).to(torch.float32)).unsqueeze(-1)
+    shift = (dmin * (sc >> 4).to(torch.float32)).unsqueeze(-1)
+    return (scale * _two_bit(blocks[:, 16:80]).to(torch.float32) - shift).reshape(-1, 256)
+
+
+def _q3_k(blocks: torch.Tensor) -> torch.Tensor:
+    d = _f16(blocks, 108)
+    s = blocks[:, 96:108].to(torch.int32)
+    j = torch.arange(16, device=blocks.device)
+    low = torch.cat([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], dim=-1)
+    high = (s[:, 8 + j % 4] >> (2 * (j // 4))) & 3
+    scale = (d * ((low | (high << 4)) - 32).to(torch.float32)).unsqueeze(-1)
+    bit = torch.arange(8, device=blocks.device, dtype=torch.uint8).reshape(1, 8, 1)
+    hbit = ((blocks[:, 0:32].reshape(-1, 1, 32) >> bit) & 1).reshape(-1, 16, 16)  # bit 4h+s of byte l
+    q = _two_bit(blocks[:, 32:96]).to(torch.int32) - 4 * (1 - hbit.to(torch.int32))
+    return (scale * q.to(torch.float32)).reshape(-1, 256)
+
+
+_KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml-common.h
+_KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # ggml-common.h, doubled E2M1
+
+
+def _lookup(table: tuple[int, ...], idx: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(table, dtype=torch.float32, device=idx.device)[idx.to(torch.int64)]
+
+
+def _iq4_nl(blocks: torch.Tensor) -> torch.Tensor:
+    return _f16(blocks, 0) * _lookup(_KVALUES_IQ4NL, _nibbles(blocks[:, 2:18]))
+
+
+def _iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
+    d = _f16(blocks, 0)
+    sh = blocks[:, 2:3].to(torch.int32) | (blocks[:, 3:4].to(torch.int32) << 8)
+    ib = torch.arange(8, device=blocks.device)
+    ls = ((blocks[:, 4 + ib // 2].to(torch.int32) >> (4 * (ib % 2))) & 0x0F) | (((sh >> (2 * ib)) & 3) << 4)
+    scale = (d * (ls - 32).to(torch.float32)).unsqueeze(-1)
+    return (scale * _lookup(_KVALUES_IQ4NL, _nibbles(blocks[:, 8:136].reshape(-1, 8, 16)))).reshape(-1, 256)
+
+
+def _trits(q: torch.Tensor, n: int) -> torch.Tensor:
+    """TQ1_0 bytes [b, k] -> their first n base-3 digits [b, n, k]: ``((q * 3^i mod 256) * 3) >> 8``."""
+    pow3 = torch.tensor([1, 3, 9, 27, 81][:n], dtype=torch.int32, device=q.device).reshape(1, n, 1)
+    return (((q.to(torch.int32).unsqueeze(1) * pow3) & 0xFF) * 3) >> 8
+
+
+def _tq1_0(blocks: torch.Tensor) -> torch.Tensor:
+    d = _f16(blocks, 52)
+    q = torch.cat([_trits(blocks[:, 0:32], 5).flatten(1), _trits(blocks[:, 32:48], 5).flatten(1),
+                   _trits(blocks[:, 48:52], 4).flatten(1)], dim=-1)
+    return (q - 1).to(torch.float32) * d
+
+
+def _tq2_0(blocks: torch.Tensor) -> torch.Tensor:
+    q = _two_bit(blocks[:, 0:64]).reshape(-1, 256).to(torch.int32)
+    return (q - 1).to(torch.float32) * _f16(blocks, 64)
+
+
+def _mxfp4(blocks: torch.Tensor) -> torch.Tensor:
+    e = blocks[:, 0:1].to(torch.int32)
+    # ggml_e8m0_to_fp32_half: 2^(e - 128), built from its bits (subnormal below e = 2).
+    bits = torch.where(e < 2, torch.tensor(0x00200000, dtype=torch.int32, device=e.device) << e, (e - 1) << 23)
+    return _lookup(_KVALUES_MXFP4, _nibbles(blocks[:, 1:17])) * bits.view(torch.float32)
+
+
+def _q1_0(blocks: torch.Tensor) -> torch.Tensor:
+    d = _f16(blocks, 0)
+    shifts = torch.arange(8, device=blocks.device, dtype=torch.uint8).reshape(1, 1, 8)
+    bits = ((blocks[:, 2:18].unsqueeze(-1) >> shifts) & 1).reshape(-1, 128)
+    return torch.where(bits.bool(), d, -d)
+
+
 def _f32(blocks: torch.Tensor) -> torch.Tensor:
     return blocks.contiguous().view(torch.float32)
 
@@ -154,6 +244,14 @@ DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]]
     Q.Q4_K: _q4_k,
     Q.Q5_K: _q5_k,
     Q.Q6_K: _q6_k,
+    Q.Q2_K: _q2_k,
+    Q.Q3_K: _q3_k,
+    Q.IQ4_NL: _iq4_nl,
+    Q.IQ4_XS: _iq4_xs,
+    Q.TQ1_0: _tq1_0,
+    Q.TQ2_0: _tq2_0,
+    Q.MXFP4: _mxfp4,
+    Q.Q1_0: _q1_0,
 }
 
 

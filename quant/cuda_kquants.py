@@ -33,7 +33,8 @@ _THREADS = 64  # each thread holds ~0.8 KB of local scratch; small thread blocks
 
 _FP_FUNCS = ("_rint_pos", "fp32_to_fp16", "fp16_to_fp32")
 _MATH_FUNCS = ("_mantissa_bits", "nearest_int_full", "round_clamp", "_in_fast_range", "_qkx_round", "_qkx_sums",
-               "make_qkx_quants", "make_qx_quants", "make_qp_quants", "get_scale_min_k4")
+               "_qkx_err", "make_qkx_quants", "make_qx_quants", "make_qp_quants", "make_q3_quants",
+               "get_scale_min_k4")
 _BLOCK_FUNCS = ("_f16_bits_x86", "_q45k_finish_block", "q45k_quantize_block", "q45k_dequantize_block",
                 "_q6k_finish_block", "q6k_quantize_block", "q6k_dequantize_block")
 
@@ -44,7 +45,7 @@ def _device_funcs() -> dict[str, Any]:
     prims = _primitives()
     fp_dev = retarget(fp, _FP_FUNCS, prims)
     math_dev = retarget(kquants_math, _MATH_FUNCS, {**prims, **fp_dev})
-    return retarget(kquants, _BLOCK_FUNCS, {**prims, **fp_dev, **math_dev})
+    return {**fp_dev, **math_dev, **retarget(kquants, _BLOCK_FUNCS, {**prims, **fp_dev, **math_dev})}
 
 
 @cache

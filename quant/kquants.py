@@ -101,7 +101,7 @@ def q45k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nmax: int, 
                 sumw = fadd(sumw, w[i])
             sw[j] = sumw
             scales[j], mins[j] = make_qkx_quants(32, nmax, xs, w, L[32 * j:32 * j + 32], Laux,
-                                                 np.float32(-0.9), np.float32(0.05), 36)
+                                                 np.float32(-0.9), np.float32(0.05), 36, False)
     else:
         rmin = np.float32(-1.0) if nmax == 15 else np.float32(-0.5)
         nstep = 20 if nmax == 15 else 15
@@ -114,7 +114,7 @@ def q45k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nmax: int, 
             for i in range(32):
                 w[i] = fadd(av_x, abs(xs[i]))
             scales[j], mins[j] = make_qkx_quants(32, nmax, xs, w, L[32 * j:32 * j + 32], Laux,
-                                                 rmin, np.float32(0.1), nstep)
+                                                 rmin, np.float32(0.1), nstep, False)
     _q45k_finish_block(use_qw, nmax, x, out, L, scales, mins, sw, Ls, Lm)
 
 

@@ -126,9 +126,15 @@ def _qkx_sums(n: int, x: np.ndarray, w: np.ndarray, lf: np.ndarray) -> tuple[np.
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _qkx_err(diff: np.float32, use_mad: bool) -> np.float32:
+    # The error term of one weight: |diff| (use_mad) or diff^2.
+    return abs(diff) if use_mad else fmul(diff, diff)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
 def make_qkx_quants(n: int, nmax: int, x: np.ndarray, w: np.ndarray, L: np.ndarray, Laux: np.ndarray,
-                    rmin: np.float32, rdelta: np.float32, nstep: int) -> tuple[np.float32, np.float32]:
-    """``make_qkx2_quants`` / ``make_qkx3_quants`` (use_mad=false): asymmetric fit x ~ scale*L + min.
+                    rmin: np.float32, rdelta: np.float32, nstep: int, use_mad: bool) -> tuple[np.float32, np.float32]:
+    """``make_qkx2_quants`` / ``make_qkx3_quants``: asymmetric fit x ~ scale*L + min.
 
     The two C functions differ only in the degenerate test (``max == min`` vs ``max <= min``), which
     agree because ``max >= min`` always holds once ``min`` is clamped to <= 0; callers pass explicit
@@ -142,6 +148,7 @@ def make_qkx_quants(n: int, nmax: int, x: np.ndarray, w: np.ndarray, L: np.ndarr
         L: uint8[n] out: quants in [0, nmax].
         Laux: float32[2n] scratch (candidate quants of two steps, as floats).
         rmin, rdelta, nstep: the search grid ``iscale = (rmin + rdelta*is + nmax) / (max - min)``.
+        use_mad: the error is ``w*|diff|`` (Q2_K's reference quantizer) instead of ``w*diff^2``.
 
     Returns:
         ``(scale, the_min)`` with ``the_min = -min >= 0`` (possibly -0.0).
@@ -176,7 +183,7 @@ def make_qkx_quants(n: int, nmax: int, x: np.ndarray, w: np.ndarray, L: np.ndarr
         fl = cur[i]
         L[i] = np.int64(fl)
         diff = fsub(fadd(fmul(scale, fl), mn), x[i])
-        best = fadd(best, fmul(w[i], fmul(diff, diff)))
+        best = fadd(best, fmul(w[i], _qkx_err(diff, use_mad)))
     # Candidate steps. The C runs them one after the other: sums, then (if det > 0) the error, then maybe
     # a new min that the next steps use. Each error loop here also accumulates the next step's sums,
     # computed with the current min, so two chains of dependent additions overlap; when the step wins
@@ -203,7 +210,7 @@ def make_qkx_quants(n: int, nmax: int, x: np.ndarray, w: np.ndarray, L: np.ndarr
                 _qkx_round(n, nmax, x, x_lo, mx, mn, iscale, nxt)
                 for i in range(n):
                     diff = fsub(fadd(fmul(this_scale, cur[i]), this_min), x[i])
-                    err = fadd(err, fmul(w[i], fmul(diff, diff)))
+                    err = fadd(err, fmul(w[i], _qkx_err(diff, use_mad)))
                     wl = fmul(w[i], nxt[i])
                     nl = fadd(nl, wl)
                     nl2 = fadd(nl2, fmul(wl, nxt[i]))
@@ -212,7 +219,7 @@ def make_qkx_quants(n: int, nmax: int, x: np.ndarray, w: np.ndarray, L: np.ndarr
             else:
                 for i in range(n):
                     diff = fsub(fadd(fmul(this_scale, cur[i]), this_min), x[i])
-                    err = fadd(err, fmul(w[i], fmul(diff, diff)))
+                    err = fadd(err, fmul(w[i], _qkx_err(diff, use_mad)))
             if err < best:
                 for i in range(n):
                     L[i] = np.int64(cur[i])
@@ -386,6 +393,65 @@ def make_qp_quants(n: int, nmax: int, x: np.ndarray, L: np.ndarray, qw: np.ndarr
                     sl2 = fadd(sl2, fmul(fmul(w, fnl), fnl))
                     if fmul(fmul(slx, slx), suml2) > fmul(fmul(sumlx, sumlx), sl2):
                         L[i] = new_l & 0xFF
+                        sumlx = slx
+                        suml2 = sl2
+                        n_changed += 1
+        if n_changed == 0:
+            break
+    return sumlx / suml2 if suml2 > np.float32(0.0) else np.float32(0.0)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def make_q3_quants(n: int, nmax: int, x: np.ndarray, L: np.ndarray) -> np.float32:
+    """``make_q3_quants(n, nmax, x, L, do_rmse=true)``: symmetric fit with weights x^2, then up to five
+    passes that move one quant at a time while the weighted fit improves (Q3_K's reference quantizer).
+
+    Args:
+        n: group size (16).
+        nmax: 4; quants are ``l + nmax`` with l in [-nmax, nmax-1].
+        x: float32[n] weights.
+        L: uint8[n] out: quants in [0, 2*nmax) (kept as ``l + nmax`` throughout; the C shifts at the end).
+
+    Returns:
+        ``sumlx / suml2``, or 0 (all-zero group, or no positive ``suml2``).
+    """
+    amax = np.float32(0.0)
+    mx = np.float32(0.0)
+    for i in range(n):
+        ax = abs(x[i])
+        if ax > amax:
+            amax = ax
+            mx = x[i]
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return np.float32(0.0)
+    iscale = np.float32(-nmax) / mx
+    sumlx = np.float32(0.0)
+    suml2 = np.float32(0.0)
+    for i in range(n):
+        li = max(-nmax, min(nmax - 1, nearest_int_full(fmul(iscale, x[i]))))
+        L[i] = li + nmax
+        fl = np.float32(li)
+        w = fmul(x[i], x[i])
+        sumlx = fadd(sumlx, fmul(fmul(w, x[i]), fl))
+        suml2 = fadd(suml2, fmul(fmul(w, fl), fl))
+    for _ in range(5):
+        n_changed = 0
+        for i in range(n):
+            w = fmul(x[i], x[i])
+            li = np.int64(L[i]) - nmax
+            fl = np.float32(li)
+            slx = fsub(sumlx, fmul(fmul(w, x[i]), fl))
+            if slx > np.float32(0.0):
+                sl2 = fsub(suml2, fmul(fmul(w, fl), fl))
+                new_l = max(-nmax, min(nmax - 1, nearest_int_full(fmul(x[i], sl2) / slx)))
+                if new_l != li:
+                    fnl = np.float32(new_l)
+                    slx = fadd(slx, fmul(fmul(w, x[i]), fnl))
+                    sl2 = fadd(sl2, fmul(fmul(w, fnl), fnl))
+                    if sl2 > np.float32(0.0) and fmul(fmul(slx, slx), suml2) > fmul(fmul(sumlx, sumlx), sl2):
+                        L[i] = new_l + nmax
                         sumlx = slx
                         suml2 = sl2
                         n_changed += 1

@@ -197,6 +197,19 @@ TYPES: dict[GGMLQuantizationType, TypeTraits] = dict((
     # 106 ms (no change on an idle machine). The legacy kernels lose more to the scheduling than they gain.
     _row(T.Q4_K, "kquants", scales=(0, 2), chunksize=8), _row(T.Q5_K, "kquants", scales=(0, 2), chunksize=8),
     _row(T.Q6_K, "kquants", scales=(208,), chunksize=8),
+    # ggml-quants.c quantize_row_q2_K_ref / quantize_q2_K, quantize_row_q3_K_ref / quantize_q3_K
+    _row(T.Q2_K, "kquants_low", scales=(80, 82), chunksize=8, cuda_family="cuda_lowbit"),
+    _row(T.Q3_K, "kquants_low", scales=(108,), chunksize=8, cuda_family="cuda_lowbit"),
+    # ggml-quants.c quantize_iq4_nl / quantize_iq4_xs (non-linear 4-bit grid, no search table)
+    _row(T.IQ4_NL, "iq_nonlinear", scales=(0,), cuda_family="cuda_lowbit"),
+    _row(T.IQ4_XS, "iq_nonlinear", scales=(0,), cuda_family="cuda_lowbit"),
+    # ggml-quants.c quantize_row_tq1_0_ref / quantize_row_tq2_0_ref (ternary; no imatrix path)
+    _row(T.TQ1_0, "ternary", scales=(52,), cuda_family="cuda_lowbit"),
+    _row(T.TQ2_0, "ternary", scales=(64,), cuda_family="cuda_lowbit"),
+    # ggml-quants.c quantize_row_mxfp4_ref (E8M0 shared exponent: no f16 scale to validate)
+    _row(T.MXFP4, "mxfp4", cuda_family="cuda_lowbit"),
+    # ggml-quants.c quantize_row_q1_0_ref
+    _row(T.Q1_0, "q1_0", scales=(0,), cuda_family="cuda_lowbit"),
 ))
 
 #: Element-wise float targets (rows without a kernel module).
