@@ -213,3 +213,33 @@ def test_bad_adapter_inputs_exit_2_with_one_line(llama: dict[str, Path], tmp_pat
         assert r.exit_code == 2, (args, r.stderr)
         assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert not (tmp_path / "out.gguf").exists()
+
+
+def test_info_and_verify_show_rank_alpha_targets_and_base(llama: dict[str, Path], tmp_path: Path) -> None:
+    out = convert_lora(llama["adapter"], tmp_path / "a.gguf", base=llama["gguf"], outtype="f16").output
+    info = json.loads(invoke("info", str(out), "--json").stdout)["adapter"]
+    assert info["type"] == "lora" and info["alpha"] == 8.0 and info["ranks"] == [4]
+    assert "blk.0.attn_q.weight" in info["targets"] and "token_embd.weight" in info["targets"]
+    assert len(info["targets"]) == 2 * 7 + 2 and info["unpaired"] == []
+    assert info["base"] and info["base_url"] is None
+    r = invoke("verify", str(out), "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["adapter"]["ranks"] == [4]
+
+
+def test_merge_to_a_quantized_type_in_one_pass(llama: dict[str, Path], tmp_path: Path) -> None:
+    r = invoke("convert", str(llama["adapter"]), "--base", str(llama["base"]), "--merge", "--outtype", "q8_0",
+               "-o", str(tmp_path / "m.gguf"), "--json")
+    assert r.exit_code == 0, r.stderr
+    assert "--check skipped" in r.stderr
+    with open_gguf(tmp_path / "m.gguf") as m:
+        assert m["blk.0.attn_q.weight"].type_name == "Q8_0"
+    got = _llama_cpp_logits(tmp_path / "m.gguf")
+    assert _rel(got, _peft_logits(llama["base"], llama["adapter"])) < 0.05
+
+
+def test_lora_bias_merges_into_a_base_with_biases(tmp_path: Path) -> None:
+    base = make_checkpoint(tmp_path / "qwen", "Qwen2ForCausalLM")
+    adapter = _make_adapter(base, tmp_path / "qa", seed=9, target_modules=["q_proj", "k_proj", "v_proj"],
+                            lora_bias=True)
+    merged = merge_lora(adapter, tmp_path / "m.gguf", base=base, outtype="f32").outputs[0]
+    assert _rel(_llama_cpp_logits(merged), _peft_logits(base, adapter)) < 1e-3
