@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ggufkit.converters.core import ConvertReport
+    from ggufkit.converters.lora import LoraReport
     from ggufkit.format.writer import Progress
 
-__all__ = ["OUTTYPES", "convert", "list_architectures"]
+__all__ = ["OUTTYPES", "convert", "convert_lora", "is_adapter_dir", "list_architectures", "merge_lora"]
 
 #: --outtype choices: the one list (ggufkit.converters.core and the CLI import it).
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
@@ -45,3 +46,36 @@ def list_architectures() -> list[dict[str, Any]]:
 
     return [{"hf_class": e.hf_class, "arch": e.arch, "vocab": list(e.vocab), "powerinfer": e.powerinfer}
             for e in load_registry().entries.values()]
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """True when ``path`` is a PEFT adapter directory (it holds ``adapter_config.json``)."""
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+def convert_lora(adapter: str | Path, output: str | Path | None = None, *, base: str | Path | None = None,
+                 outtype: str = "f32", dry_run: bool = False, progress: Progress | None = None) -> LoraReport:
+    """Convert a PEFT LoRA adapter to a GGUF adapter; see :func:`ggufkit.converters.lora.convert_lora`.
+
+    Example:
+        >>> from ggufkit.converters import convert_lora          # doctest: +SKIP
+        >>> convert_lora("./my-adapter", base="llama-3.2-1b-f16.gguf", outtype="f16").output
+    """
+    from ggufkit.converters.lora import convert_lora as _convert_lora
+
+    return _convert_lora(adapter, output, base=base, outtype=outtype, dry_run=dry_run, progress=progress)
+
+
+def merge_lora(adapter: str | Path, output: str | Path | None = None, *, base: str | Path | None = None,
+               outtype: str = "auto", dry_run: bool = False, progress: Progress | None = None) -> ConvertReport:
+    """Write the base model with a PEFT LoRA merged in; see :func:`ggufkit.converters.lora.merge_lora`.
+
+    Example:
+        >>> from ggufkit.converters import merge_lora          # doctest: +SKIP
+        >>> merge_lora("./dora-adapter", base="./Llama-3.2-1B", outtype="q8_0").outputs
+    """
+    from ggufkit.converters.lora import merge_lora as _merge_lora
+
+    report: ConvertReport = _merge_lora(adapter, output, base=base, outtype=outtype, dry_run=dry_run,
+                                        progress=progress)
+    return report

@@ -106,15 +106,21 @@ def convert(model: str | Path, output: str | Path | None = None, *, outtype: str
                           metadata_file=metadata_file, pre_tokenizer=pre_tokenizer)
         if dry_run:
             return ConvertReport(plan, [], time.perf_counter() - start, dry_run=True, model_dir=src.model_dir)
-        assert plan.output is not None
-        if not plan.output.parent.is_dir():
-            raise UsageError(f"output directory {plan.output.parent} does not exist")
-        specs = [TensorSpec(e.name, e.ggml_type, e.shape) for e in plan.entries]
-        warnings: list[str] = []
-        paths = write_gguf(plan.output, plan.metadata, specs, tensor_stream(plan, warnings), magic=plan.magic,
-                           split_max_size=split_max_size, progress=progress or NullProgress())
-        verify_output(plan, paths)
-        return ConvertReport(plan, paths, time.perf_counter() - start, model_dir=src.model_dir, warnings=warnings)
+        return write_plan(plan, src.model_dir, start, split_max_size=split_max_size, progress=progress)
     finally:
         if src.checkpoint is not None:
             src.checkpoint.close()
+
+
+def write_plan(plan: ConvertPlan, model_dir: Path, start: float, *, split_max_size: int | None = None,
+               progress: Progress | None = None) -> ConvertReport:
+    """Stream a plan's tensors into its output (atomically) and re-read the result against the plan."""
+    assert plan.output is not None
+    if not plan.output.parent.is_dir():
+        raise UsageError(f"output directory {plan.output.parent} does not exist")
+    specs = [TensorSpec(e.name, e.ggml_type, e.shape) for e in plan.entries]
+    warnings: list[str] = []
+    paths = write_gguf(plan.output, plan.metadata, specs, tensor_stream(plan, warnings), magic=plan.magic,
+                       split_max_size=split_max_size, progress=progress or NullProgress())
+    verify_output(plan, paths)
+    return ConvertReport(plan, paths, time.perf_counter() - start, model_dir=model_dir, warnings=warnings)

@@ -20,6 +20,31 @@ def file_type_name(value: Any) -> str | None:
         return None
 
 
+def adapter_summary(model: GGUFModel) -> dict[str, Any] | None:
+    """A LoRA adapter's type, alpha, ranks, adapted tensors and base (None for other files).
+
+    The rank of each adapted tensor is ``lora_b``'s row length (``lora_a`` of ``token_embd`` is stored transposed),
+    as llama.cpp reads it (llama-adapter.cpp: ``llama_adapter_lora_init_impl``); unpaired tensors are listed.
+    """
+    if model.get(Keys.General.TYPE) != "adapter":
+        return None
+    pairs: dict[str, dict[str, Any]] = {}
+    for t in model.tensors:
+        for part in ("lora_a", "lora_b"):
+            if t.name.endswith("." + part):
+                pairs.setdefault(t.name.removesuffix("." + part), {})[part] = t.ne
+    ranks = sorted({p["lora_b"][0] for p in pairs.values() if "lora_b" in p})
+    return {
+        "type": model.get(Keys.Adapter.TYPE),
+        "alpha": model.get(Keys.Adapter.LORA_ALPHA),
+        "ranks": ranks,
+        "targets": sorted(pairs),
+        "unpaired": sorted(n for n, p in pairs.items() if len(p) != 2),
+        "base": model.get(Keys.General.BASE_MODEL_NAME.format(id=0)),
+        "base_url": model.get(Keys.General.BASE_MODEL_REPO_URL.format(id=0)),
+    }
+
+
 def describe(model: GGUFModel, *, first_items: int = 8) -> dict[str, Any]:
     """Describe ``model`` (a file or shard set).
 
@@ -62,6 +87,7 @@ def describe(model: GGUFModel, *, first_items: int = 8) -> dict[str, Any]:
         "architecture": model.architecture,
         "file_type": {"value": file_type, "name": file_type_name(file_type)} if file_type is not None else None,
         "metadata": metadata,
+        "adapter": adapter_summary(model),
         "tensors": tensors,
         "totals": {
             "tensors": len(tensors),

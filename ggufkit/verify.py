@@ -23,6 +23,7 @@ from ggufkit.format.reader import GGUFFile, GGUFModel, align_up, open_gguf
 from ggufkit.format.shards import SPLIT_COUNT, SPLIT_TENSORS_COUNT
 from ggufkit.format.values import VT
 from ggufkit.format.writer import NullProgress, Progress
+from ggufkit.summary import adapter_summary
 
 #: Bytes hashed between two progress updates.
 _HASH_CHUNK = 16 << 20
@@ -36,7 +37,7 @@ class Problem:
     """One thing wrong with a file.
 
     Attributes:
-        kind: ``format`` (the reader refused the file), ``key_type``, ``tokenizer``, ``split`` or ``layout``.
+        kind: ``format`` (the reader refused the file), ``key_type``, ``tokenizer``, ``split``, ``layout`` or ``adapter``.
         message: what is wrong, naming the key or tensor.
         path: the file (shard) concerned.
         offset: byte offset in that file, when known.
@@ -63,6 +64,7 @@ class VerifyReport:
     n_kv: int = 0
     tensor_sha256: dict[str, str] | None = None
     digest: str | None = None
+    adapter: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -73,6 +75,8 @@ class VerifyReport:
             "path": self.path, "ok": self.ok, "problems": [p.to_dict() for p in self.problems],
             "warnings": self.warnings, "shards": self.shards, "tensors": self.n_tensors, "kv": self.n_kv,
         }
+        if self.adapter is not None:
+            out["adapter"] = self.adapter
         if self.tensor_sha256 is not None:
             out["tensor_sha256"] = self.tensor_sha256
             out["digest"] = self.digest
@@ -111,9 +115,19 @@ def verify(path: str | Path, *, hash_tensors: bool = False, progress: Progress |
         _check_key_types(first, report)
         _check_tokenizer(first, report)
         _check_split(model, report)
+        _check_adapter(model, report)
         if hash_tensors and report.ok:
             _hash(model, report, progress or NullProgress())
     return report
+
+
+def _check_adapter(model: GGUFModel, report: VerifyReport) -> None:
+    # llama.cpp refuses an adapter whose lora_a/lora_b do not pair up (llama-adapter.cpp:
+    # llama_adapter_lora_init_impl: "LoRA tensor pair ... is missing one component").
+    report.adapter = adapter_summary(model)
+    if report.adapter is not None:
+        for name in report.adapter["unpaired"]:
+            report.problems.append(Problem("adapter", f"{name}: lora_a and lora_b must both be present", report.path))
 
 
 def _format_problem(exc: GGUFFormatError) -> Problem:

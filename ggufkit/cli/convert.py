@@ -65,12 +65,16 @@ def _render(d: Mapping[str, Any]) -> str:
               help="After writing, compare tokens and logits with transformers' model running the same rounded "
               "weights (exit 1 on disagreement; skipped, and said so, without PyTorch, when transformers or the "
               "evaluator cannot run the model, or when memory is short).")
+@click.option("--base", "base", help="For a PEFT adapter MODEL: the base model (checkpoint directory, cached hub id, or "
+              "its GGUF). Default: the adapter's base_model_name_or_path.")
+@click.option("--merge", is_flag=True, help="For a PEFT adapter MODEL: write the base model with the adapter merged in "
+              "(DoRA, lora_bias, modules_to_save included) instead of an adapter file.")
 @click.option("--list", "list_archs", is_flag=True, help="List the supported Hugging Face model classes.")
 @dry_run_option
 @common_options
 def convert(model: str | None, output: str | None, outtype: str, predictor: Path | None, vocab_only: bool,
             split_max_size: int | None, metadata_file: Path | None, pre_tokenizer: str | None, check: bool,
-            list_archs: bool, dry_run: bool, out: Output) -> None:
+            base: str | None, merge: bool, list_archs: bool, dry_run: bool, out: Output) -> None:
     """Convert MODEL (a Hugging Face checkpoint directory, or a hub repo id found in the local cache) to
     GGUF. Tensors are streamed one at a time; the output is written atomically and re-read to check it.
 
@@ -79,6 +83,8 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
       ggufkit convert ./Llama-3.2-1B --outtype f16 -o llama-f16.gguf
       ggufkit convert ./ReluLLaMA-7B --predictor ./ReluLLaMA-7B-Predictor --outtype f16
       ggufkit convert ./model --dry-run --json | jq '.tensors[0]'
+      ggufkit convert ./my-lora --base llama-f16.gguf --outtype f16      # PEFT adapter -> GGUF adapter
+      ggufkit convert ./my-dora --base ./Llama-3.2-1B --merge --outtype q8_0
       ggufkit convert --list
     """
     from ggufkit.converters import convert as run
@@ -89,13 +95,27 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
         return
     if model is None:
         raise click.UsageError("MODEL is required (or --list)")
-    report = run(model, output, outtype=outtype.lower(), predictor=predictor, vocab_only=vocab_only,
-                 split_max_size=split_max_size, metadata_file=metadata_file, pre_tokenizer=pre_tokenizer,
-                 dry_run=dry_run, progress=out.progress())
+    from ggufkit.converters import is_adapter_dir
+
+    if is_adapter_dir(model):
+        if not merge:
+            _convert_adapter(model, output, base, outtype.lower(), dry_run, out)
+            return
+    elif base or merge:
+        raise click.UsageError("--base and --merge apply to a PEFT adapter directory (adapter_config.json)")
+    if merge:
+        from ggufkit.converters import merge_lora
+
+        report = merge_lora(model, output, base=base, outtype=outtype.lower(), dry_run=dry_run,
+                            progress=out.progress())
+    else:
+        report = run(model, output, outtype=outtype.lower(), predictor=predictor, vocab_only=vocab_only,
+                     split_max_size=split_max_size, metadata_file=metadata_file, pre_tokenizer=pre_tokenizer,
+                     dry_run=dry_run, progress=out.progress())
     for warning in report.warnings:
         out.warn(warning)
     if check and report.outputs:
-        report.check = _check(report)
+        report.check = _check(report, merged=merge)
     data = report.as_dict()
     # "check": passed, failed, skipped (with check_reason) or off; a skipped check is never a pass.
     data["check"] = report.check["status"] if report.check else "off"
@@ -110,9 +130,37 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
         raise click.exceptions.Exit(EXIT_CHECK_FAILED)
 
 
-def _check(report: Any) -> dict[str, Any]:
+def _check(report: Any, merged: bool = False) -> dict[str, Any]:
     from ggufkit.eval.convert_check import SKIPPED, CheckResult, check_conversion
 
+    if merged:
+        return CheckResult(SKIPPED, reason="a merged adapter has no transformers checkpoint of its own to "
+                           "compare with").as_dict()
     if not report.plan.entries:
         return CheckResult(SKIPPED, reason="a vocabulary-only file has no weights to compare").as_dict()
     return check_conversion(report.model_dir, report.outputs[0], report.plan).as_dict()
+
+
+def _render_adapter(d: Mapping[str, Any]) -> str:
+    summary = (f"LoRA adapter for {d['base']} ({d['architecture']}): {d['n_tensors']} tensors on "
+               f"{len(d['targets'])} weights, rank {'/'.join(map(str, d['ranks']))}, alpha {d['alpha']:g}, "
+               f"{human_bytes(d['nbytes'])}")
+    if d["scaling_folded_into_lora_b"]:
+        summary += (f"\nPEFT's per-module scaling (rslora / rank_pattern / alpha_pattern) folded into lora_b for "
+                    f"{len(d['scaling_folded_into_lora_b'])} weights")
+    if d["dry_run"]:
+        rows = [(t["name"], "x".join(map(str, t["shape"])), t["type"]) for t in d["tensors"]]
+        return "\n".join([table(rows, ["tensor", "shape", "type"]), "", summary,
+                          f"would write {d['output']}; dry run: nothing written"])
+    return f"wrote {d['output']} in {d['seconds']:.1f} s: {summary}"
+
+
+def _convert_adapter(model: str, output: str | None, base: str | None, outtype: str, dry_run: bool,
+                     out: Output) -> None:
+    from ggufkit.converters import convert_lora
+
+    report = convert_lora(model, output, base=base, outtype="f32" if outtype == "auto" else outtype,
+                          dry_run=dry_run, progress=out.progress())
+    data = report.as_dict()
+    data["ok"] = True
+    out.result(data, _render_adapter)

@@ -20,6 +20,12 @@ def _render(d: Mapping[str, Any]) -> str:
     ]
     if d["file_type"]:
         lines.append(f"file type:    {d['file_type']['value']} ({d['file_type']['name']})")
+    if d.get("adapter"):
+        a = d["adapter"]
+        lines.append(f"adapter:      {a['type']}, alpha {a['alpha']}, rank {'/'.join(map(str, a['ranks']))}, "
+                     f"{len(a['targets'])} adapted tensors, base {a['base'] or 'unknown'}"
+                     + (f" ({a['base_url']})" if a["base_url"] else "")
+                     + (f"; UNPAIRED: {', '.join(a['unpaired'][:3])}" if a["unpaired"] else ""))
     t = d["totals"]
     bpw = f"{t['bits_per_weight']:.4f}" if t["bits_per_weight"] else "-"
     lines.append(f"tensors:      {t['tensors']}, {t['parameters']:,} parameters, {human_bytes(t['bytes'])}, "
