@@ -47,17 +47,23 @@ from ggufkit.quant.registry import SUPPORTED_TYPES
 ALL_PRESETS = [*POWERINFER_PRESETS, "q3_k", "q4_k", "q5_k"]
 #: The presets whose choices depend on the row length (fallbacks, output rule), for the 64-wide model.
 NARROW_PRESETS = ["q4_0", "q4_k_m", "q4_k_s", "q6_k", "f16"]
+OPT_PRESETS = ["q4_0", "q4_k_m", "q8_0"]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two ReLU-LLaMA PWRI files (F16, 2 layers): ``wide`` (n_embd 256, n_ff 1024, rank 64) and ``narrow``
-    (n_embd 64, n_ff 128, rank 32: the file of issue 10, where ffn_down_t gets Q5_0 from PowerInfer)."""
+    """PWRI files (F16, 2 layers): ReLU-LLaMA ``wide`` (n_embd 256, n_ff 1024, rank 64) and ``narrow`` (n_embd
+    64, n_ff 128, rank 32: the file of issue 10, where ffn_down_t gets Q5_0 from PowerInfer), and ``opt``
+    (n_embd 256, n_ff 1024: biases, a position table that PowerInfer quantizes, no output.weight)."""
     d = tmp_path_factory.mktemp("pwri")
     out = {}
-    for name, n_embd, n_ff, rank in (("wide", 256, 1024, 64), ("narrow", 64, 128, 32)):
-        ckpt = make_checkpoint(d / f"{name}-ckpt", "LlamaForCausalLM", hidden_act="relu", hidden_size=n_embd,
-                               intermediate_size=n_ff)
+    for name, n_embd, n_ff, rank in (("wide", 256, 1024, 64), ("narrow", 64, 128, 32), ("opt", 256, 1024, 64)):
+        if name == "opt":
+            ckpt = make_checkpoint(d / f"{name}-ckpt", "OPTForCausalLM", hidden_size=n_embd, ffn_dim=n_ff,
+                                   word_embed_proj_dim=n_embd)
+        else:
+            ckpt = make_checkpoint(d / f"{name}-ckpt", "LlamaForCausalLM", hidden_act="relu", hidden_size=n_embd,
+                                   intermediate_size=n_ff)
         pred = make_predictor(d / f"{name}-pred", n_layer=2, n_embd=n_embd, n_ff=n_ff, rank=rank, threshold=0.0)
         out[name] = convert(ckpt, d / f"{name}.f16.gguf", outtype="f16", predictor=pred).outputs[0]
     return out
@@ -143,7 +149,7 @@ def _needs_missing_kernel(src: Path, ref: Path) -> set[str]:
 
 
 @pytest.mark.parametrize(("model", "preset"), [("wide", p) for p in ALL_PRESETS]
-                         + [("narrow", p) for p in NARROW_PRESETS])
+                         + [("narrow", p) for p in NARROW_PRESETS] + [("opt", p) for p in OPT_PRESETS])
 def test_every_powerinfer_preset_gives_powerinfer_types_and_ggml_reference_bytes(models, tmp_path, model, preset):
     src = models[model]
     ref = powerinfer_quantize(src, tmp_path / "powerinfer.gguf", preset)
@@ -243,12 +249,13 @@ def _assert_generated_sparse(log: str) -> None:
     assert m and int(m.group(1)) == 8, log[-2000:]
 
 
-@pytest.mark.parametrize("preset", ["q4_0", "q4_k_m"])
-def test_ggufkit_quantized_pwri_file_runs_sparse_in_powerinfers_main(models, tmp_path, preset):
+@pytest.mark.parametrize(("model", "preset"), [("wide", "q4_0"), ("wide", "q4_k_m"), ("opt", "q4_0")])
+def test_ggufkit_quantized_pwri_file_runs_sparse_in_powerinfers_main(models, tmp_path, model, preset):
     out = tmp_path / f"{preset}.gguf"
-    quantize_file(models["wide"], out, preset)
+    quantize_file(models[model], out, preset)
     _assert_generated_sparse(powerinfer_main(out))
 
 
-def test_ggufkit_converted_f16_pwri_file_runs_sparse_in_powerinfers_main(models):
-    _assert_generated_sparse(powerinfer_main(models["wide"]))
+@pytest.mark.parametrize("model", ["wide", "opt"])
+def test_ggufkit_converted_f16_pwri_file_runs_sparse_in_powerinfers_main(models, model):
+    _assert_generated_sparse(powerinfer_main(models[model]))
