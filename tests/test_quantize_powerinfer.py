@@ -259,3 +259,44 @@ def test_ggufkit_quantized_pwri_file_runs_sparse_in_powerinfers_main(models, tmp
 @pytest.mark.parametrize("model", ["wide", "opt"])
 def test_ggufkit_converted_f16_pwri_file_runs_sparse_in_powerinfers_main(models, model):
     _assert_generated_sparse(powerinfer_main(models[model]))
+
+
+def _synthetic_pwri(path: Path, arch: str, n_layer: int, n_head: int, n_head_kv: int) -> Path:
+    """A PWRI file with just what PowerInfer's quantize reads (its hparams, no vocabulary but the token list)
+    and tensors that reach the mixture rules the ReLU models above cannot: Falcon's attn_qkv and ffn_down,
+    an 80-layer grouped-query llama (MODEL_70B). Rows of 256, so the K-quants apply without fallback."""
+    from ggufkit.format import Metadata, TensorSpec, write_gguf
+    from ggufkit.format.values import VT
+
+    n_embd, rng = 256, np.random.default_rng(7)
+    meta = Metadata()
+    meta.set("general.architecture", VT.STRING, arch)
+    for key, value in (("context_length", 64), ("embedding_length", n_embd), ("feed_forward_length", 64),
+                       ("attention.head_count", n_head), ("attention.head_count_kv", n_head_kv),
+                       ("block_count", n_layer)):
+        meta.set(f"{arch}.{key}", VT.UINT32, value)
+    eps_key = "layer_norm_epsilon" if arch == "falcon" else "layer_norm_rms_epsilon"
+    meta.set(f"{arch}.attention.{eps_key}", VT.FLOAT32, 1e-5)
+    meta.set("tokenizer.ggml.tokens", VT.ARRAY, ["a", "b"], VT.STRING)
+    names = ["token_embd.weight", "output.weight"]
+    for b in range(n_layer):
+        names += [f"blk.{b}.attn_norm.weight", f"blk.{b}.attn_output.weight", f"blk.{b}.ffn_up.weight",
+                  f"blk.{b}.ffn_down.weight", f"blk.{b}.fc1.weight"]
+        names += [f"blk.{b}.attn_qkv.weight"] if arch == "falcon" else [f"blk.{b}.attn_v.weight"]
+    specs = [TensorSpec(n, QT.F32 if "norm" in n else QT.F16, (n_embd,) if "norm" in n else (32, n_embd))
+             for n in names]
+    arrays = [rng.standard_normal(s.shape).astype(np.float32 if s.ggml_type == QT.F32 else np.float16)
+              for s in specs]
+    write_gguf(path, meta, specs, arrays, magic=b"PWRI", slack_bytes=0)
+    return path
+
+
+@pytest.mark.parametrize("preset", ["q4_0", "q4_k_s", "q4_k_m", "q5_k_m", "q6_k", "f16"])
+@pytest.mark.parametrize(("arch", "n_layer", "n_head", "n_head_kv"), [("falcon", 9, 8, 1), ("llama", 80, 8, 1),
+                                                                     ("llama", 80, 8, 8)])
+def test_falcon_and_70b_mixture_rules_match_powerinfer(tmp_path, preset, arch, n_layer, n_head, n_head_kv):
+    src = _synthetic_pwri(tmp_path / "in.gguf", arch, n_layer, n_head, n_head_kv)
+    ref = powerinfer_quantize(src, tmp_path / "powerinfer.gguf", preset)
+    plan = quantize_file(src, None, preset, dry_run=True).plan
+    with open_gguf(ref) as a:
+        assert [(e.name, e.dst_type.name) for e in plan.entries] == [(t.name, t.ggml_type.name) for t in a.tensors]
