@@ -78,10 +78,11 @@ def powerinfer_quantize(src: Path, dst: Path, preset: str, *flags: str) -> Path:
 
 
 def powerinfer_main(model: Path) -> str:
-    """Generate 8 tokens greedily with PowerInfer's ``main``; returns its log (stderr)."""
+    """Generate 8 tokens greedily with PowerInfer's ``main``; returns its log (stderr). It runs in the model's
+    directory because it also writes a ``main.log`` into its working directory."""
     r = subprocess.run([str(tool_path("main")), "-m", str(model), "-p", "Hello world", "-n", "8", "-t", "1",
                         "-c", "64", "--temp", "0", "-s", "1", "--ignore-eos"], capture_output=True, text=True,
-                       errors="replace", timeout=300)
+                       errors="replace", timeout=300, cwd=model.parent)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stderr
 
@@ -191,7 +192,7 @@ def test_pure_k_quant_on_rows_that_are_not_whole_blocks_is_refused(models, tmp_p
     its own main then aborts on that file (GGML_ASSERT). ggufkit refuses in one line and writes nothing."""
     ref = powerinfer_quantize(models["wide"], tmp_path / "powerinfer.gguf", "q4_k_m", "--pure")
     r = subprocess.run([str(tool_path("main")), "-m", str(ref), "-p", "Hi", "-n", "1", "-t", "1", "-c", "64"],
-                       capture_output=True, text=True, errors="replace", timeout=300)
+                       capture_output=True, text=True, errors="replace", timeout=300, cwd=tmp_path)
     assert r.returncode != 0
     out = tmp_path / "ggufkit.gguf"
     r2 = invoke("quantize", str(models["wide"]), str(out), "--type", "q4_k_m", "--pure")
