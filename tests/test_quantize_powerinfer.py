@@ -47,17 +47,23 @@ from ggufkit.quant.registry import SUPPORTED_TYPES
 ALL_PRESETS = [*POWERINFER_PRESETS, "q3_k", "q4_k", "q5_k"]
 #: The presets whose choices depend on the row length (fallbacks, output rule), for the 64-wide model.
 NARROW_PRESETS = ["q4_0", "q4_k_m", "q4_k_s", "q6_k", "f16"]
+OPT_PRESETS = ["q4_0", "q4_k_m", "q8_0"]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two ReLU-LLaMA PWRI files (F16, 2 layers): ``wide`` (n_embd 256, n_ff 1024, rank 64) and ``narrow``
-    (n_embd 64, n_ff 128, rank 32: the file of issue 10, where ffn_down_t gets Q5_0 from PowerInfer)."""
+    """PWRI files (F16, 2 layers): ReLU-LLaMA ``wide`` (n_embd 256, n_ff 1024, rank 64) and ``narrow`` (n_embd
+    64, n_ff 128, rank 32: the file of issue 10, where ffn_down_t gets Q5_0 from PowerInfer), and ``opt``
+    (n_embd 256, n_ff 1024: biases, a position table that PowerInfer quantizes, no output.weight)."""
     d = tmp_path_factory.mktemp("pwri")
     out = {}
-    for name, n_embd, n_ff, rank in (("wide", 256, 1024, 64), ("narrow", 64, 128, 32)):
-        ckpt = make_checkpoint(d / f"{name}-ckpt", "LlamaForCausalLM", hidden_act="relu", hidden_size=n_embd,
-                               intermediate_size=n_ff)
+    for name, n_embd, n_ff, rank in (("wide", 256, 1024, 64), ("narrow", 64, 128, 32), ("opt", 256, 1024, 64)):
+        if name == "opt":
+            ckpt = make_checkpoint(d / f"{name}-ckpt", "OPTForCausalLM", hidden_size=n_embd, ffn_dim=n_ff,
+                                   word_embed_proj_dim=n_embd)
+        else:
+            ckpt = make_checkpoint(d / f"{name}-ckpt", "LlamaForCausalLM", hidden_act="relu", hidden_size=n_embd,
+                                   intermediate_size=n_ff)
         pred = make_predictor(d / f"{name}-pred", n_layer=2, n_embd=n_embd, n_ff=n_ff, rank=rank, threshold=0.0)
         out[name] = convert(ckpt, d / f"{name}.f16.gguf", outtype="f16", predictor=pred).outputs[0]
     return out
@@ -72,10 +78,11 @@ def powerinfer_quantize(src: Path, dst: Path, preset: str, *flags: str) -> Path:
 
 
 def powerinfer_main(model: Path) -> str:
-    """Generate 8 tokens greedily with PowerInfer's ``main``; returns its log (stderr)."""
+    """Generate 8 tokens greedily with PowerInfer's ``main``; returns its log (stderr). It runs in the model's
+    directory because it also writes a ``main.log`` into its working directory."""
     r = subprocess.run([str(tool_path("main")), "-m", str(model), "-p", "Hello world", "-n", "8", "-t", "1",
                         "-c", "64", "--temp", "0", "-s", "1", "--ignore-eos"], capture_output=True, text=True,
-                       errors="replace", timeout=300)
+                       errors="replace", timeout=300, cwd=model.parent)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stderr
 
@@ -143,7 +150,7 @@ def _needs_missing_kernel(src: Path, ref: Path) -> set[str]:
 
 
 @pytest.mark.parametrize(("model", "preset"), [("wide", p) for p in ALL_PRESETS]
-                         + [("narrow", p) for p in NARROW_PRESETS])
+                         + [("narrow", p) for p in NARROW_PRESETS] + [("opt", p) for p in OPT_PRESETS])
 def test_every_powerinfer_preset_gives_powerinfer_types_and_ggml_reference_bytes(models, tmp_path, model, preset):
     src = models[model]
     ref = powerinfer_quantize(src, tmp_path / "powerinfer.gguf", preset)
@@ -185,7 +192,7 @@ def test_pure_k_quant_on_rows_that_are_not_whole_blocks_is_refused(models, tmp_p
     its own main then aborts on that file (GGML_ASSERT). ggufkit refuses in one line and writes nothing."""
     ref = powerinfer_quantize(models["wide"], tmp_path / "powerinfer.gguf", "q4_k_m", "--pure")
     r = subprocess.run([str(tool_path("main")), "-m", str(ref), "-p", "Hi", "-n", "1", "-t", "1", "-c", "64"],
-                       capture_output=True, text=True, errors="replace", timeout=300)
+                       capture_output=True, text=True, errors="replace", timeout=300, cwd=tmp_path)
     assert r.returncode != 0
     out = tmp_path / "ggufkit.gguf"
     r2 = invoke("quantize", str(models["wide"]), str(out), "--type", "q4_k_m", "--pure")
@@ -243,12 +250,54 @@ def _assert_generated_sparse(log: str) -> None:
     assert m and int(m.group(1)) == 8, log[-2000:]
 
 
-@pytest.mark.parametrize("preset", ["q4_0", "q4_k_m"])
-def test_ggufkit_quantized_pwri_file_runs_sparse_in_powerinfers_main(models, tmp_path, preset):
+@pytest.mark.parametrize(("model", "preset"), [("wide", "q4_0"), ("wide", "q4_k_m"), ("opt", "q4_0")])
+def test_ggufkit_quantized_pwri_file_runs_sparse_in_powerinfers_main(models, tmp_path, model, preset):
     out = tmp_path / f"{preset}.gguf"
-    quantize_file(models["wide"], out, preset)
+    quantize_file(models[model], out, preset)
     _assert_generated_sparse(powerinfer_main(out))
 
 
-def test_ggufkit_converted_f16_pwri_file_runs_sparse_in_powerinfers_main(models):
-    _assert_generated_sparse(powerinfer_main(models["wide"]))
+@pytest.mark.parametrize("model", ["wide", "opt"])
+def test_ggufkit_converted_f16_pwri_file_runs_sparse_in_powerinfers_main(models, model):
+    _assert_generated_sparse(powerinfer_main(models[model]))
+
+
+def _synthetic_pwri(path: Path, arch: str, n_layer: int, n_head: int, n_head_kv: int) -> Path:
+    """A PWRI file with just what PowerInfer's quantize reads (its hparams, no vocabulary but the token list)
+    and tensors that reach the mixture rules the ReLU models above cannot: Falcon's attn_qkv and ffn_down,
+    an 80-layer grouped-query llama (MODEL_70B). Rows of 256, so the K-quants apply without fallback."""
+    from ggufkit.format import Metadata, TensorSpec, write_gguf
+    from ggufkit.format.values import VT
+
+    n_embd, rng = 256, np.random.default_rng(7)
+    meta = Metadata()
+    meta.set("general.architecture", VT.STRING, arch)
+    for key, value in (("context_length", 64), ("embedding_length", n_embd), ("feed_forward_length", 64),
+                       ("attention.head_count", n_head), ("attention.head_count_kv", n_head_kv),
+                       ("block_count", n_layer)):
+        meta.set(f"{arch}.{key}", VT.UINT32, value)
+    eps_key = "layer_norm_epsilon" if arch == "falcon" else "layer_norm_rms_epsilon"
+    meta.set(f"{arch}.attention.{eps_key}", VT.FLOAT32, 1e-5)
+    meta.set("tokenizer.ggml.tokens", VT.ARRAY, ["a", "b"], VT.STRING)
+    names = ["token_embd.weight", "output.weight"]
+    for b in range(n_layer):
+        names += [f"blk.{b}.attn_norm.weight", f"blk.{b}.attn_output.weight", f"blk.{b}.ffn_up.weight",
+                  f"blk.{b}.ffn_down.weight", f"blk.{b}.fc1.weight"]
+        names += [f"blk.{b}.attn_qkv.weight"] if arch == "falcon" else [f"blk.{b}.attn_v.weight"]
+    specs = [TensorSpec(n, QT.F32 if "norm" in n else QT.F16, (n_embd,) if "norm" in n else (32, n_embd))
+             for n in names]
+    arrays = [rng.standard_normal(s.shape).astype(np.float32 if s.ggml_type == QT.F32 else np.float16)
+              for s in specs]
+    write_gguf(path, meta, specs, arrays, magic=b"PWRI", slack_bytes=0)
+    return path
+
+
+@pytest.mark.parametrize("preset", ["q4_0", "q4_k_s", "q4_k_m", "q5_k_m", "q6_k", "f16"])
+@pytest.mark.parametrize(("arch", "n_layer", "n_head", "n_head_kv"), [("falcon", 9, 8, 1), ("llama", 80, 8, 1),
+                                                                     ("llama", 80, 8, 8)])
+def test_falcon_and_70b_mixture_rules_match_powerinfer(tmp_path, preset, arch, n_layer, n_head, n_head_kv):
+    src = _synthetic_pwri(tmp_path / "in.gguf", arch, n_layer, n_head, n_head_kv)
+    ref = powerinfer_quantize(src, tmp_path / "powerinfer.gguf", preset)
+    plan = quantize_file(src, None, preset, dry_run=True).plan
+    with open_gguf(ref) as a:
+        assert [(e.name, e.dst_type.name) for e in plan.entries] == [(t.name, t.ggml_type.name) for t in a.tensors]

@@ -99,7 +99,8 @@ def quantize(input_file: str, output_file: str | None, target: str, pure: bool, 
              device: str, dry_run: bool, out: Output) -> None:
     """Quantize IN.gguf (F32/F16/BF16) into OUT.gguf exactly as llama-quantize would: same tensor order,
     same per-tensor types, same bytes, same general.file_type. The plan (each tensor's type and why) is
-    computed first; --dry-run prints it and writes nothing.
+    computed first; --dry-run prints it and writes nothing. PowerInfer (PWRI) files follow PowerInfer's
+    own quantize rules instead.
 
     \b
     Example:
