@@ -50,7 +50,8 @@ _BASE: dict[str, dict[str, Any]] = {
                               attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                               max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
                               bos_token_id=1, eos_token_id=2, pad_token_id=0),
-    "Gemma3ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    # 6 layers: five sliding-window layers (rope base 10000) and one global one (rope base 1e6).
+    "Gemma3ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                               num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
                               final_logit_softcapping=30.0, max_position_embeddings=128, rms_norm_eps=1e-6,
                               tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0),

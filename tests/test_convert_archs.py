@@ -35,6 +35,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("qwen2moe", "Qwen2MoeForCausalLM", {}),
     ("qwen3moe", "Qwen3MoeForCausalLM", {}),
     ("gemma2", "Gemma2ForCausalLM", {}),
+    ("gemma3", "Gemma3ForCausalLM", {}),
 ]
 CTX = 32
 #: Keys ggufkit writes and llama.cpp's converter leaves out, each equal to what llama.cpp's loader assumes
@@ -86,8 +87,9 @@ def test_file_equals_llama_cpp_converters(case: dict[str, Any]) -> None:
 
 #: f32 logit tolerance where llama.cpp's CPU GELU differs from transformers' gelu_pytorch_tanh: ggml
 #: evaluates GELU through a float16 lookup table (ggml-cpu vec.h ggml_vec_gelu_f32, GGML_GELU_FP16), as for
-#: gptneox in test_convert_models.py.
-GELU_TOLERANCE = 5e-3
+#: gptneox in test_convert_models.py. Measured on the 6-layer gemma3 case: llama.cpp vs transformers 9.6e-3;
+#: vs ggufkit's evaluator with that f16 table emulated 1.5e-4.
+GELU_TOLERANCE = 2e-2
 
 
 def test_llama_cpp_logits_match_transformers(case: dict[str, Any]) -> None:
