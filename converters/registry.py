@@ -49,7 +49,7 @@ OUTPUT_MODES = frozenset({"optional", "required", "drop"})
 VALUE_TYPES = frozenset({"u32", "i32", "f32", "bool", "str"})
 
 _ENTRY_FIELDS = {"arch", "vocab", "hparams", "rope_scaling", "tensors", "transforms", "ignore", "output",
-                 "strip_prefix", "powerinfer", "hooks", "add_space_prefix"}
+                 "strip_prefix", "powerinfer", "hooks", "add_space_prefix", "special_by_flag"}
 #: Fields that merge key by key with the base entry's (the others replace it).
 _MERGED_FIELDS = ("hparams", "tensors", "transforms")
 _HPARAM_FIELDS = {"from", "default", "required", "type", "derive"}
@@ -120,6 +120,7 @@ class ArchEntry:
     powerinfer: bool = False
     hooks: str | None = None
     add_space_prefix: bool | None = None
+    special_by_flag: bool = False
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -208,6 +209,7 @@ class _EntryParser:
             hooks=self.hooks(raw.get("hooks")),
             add_space_prefix=None if raw.get("add_space_prefix") is None else
             self.typed("add_space_prefix", raw["add_space_prefix"], bool, "true or false"),
+            special_by_flag=self.typed("special_by_flag", raw.get("special_by_flag", False), bool, "true or false"),
         )
 
     def hooks(self, value: Any) -> str | None:

@@ -23,7 +23,8 @@ class ArchTraits:
     Attributes:
         norm: ``rms`` (RMSNorm) or ``layer`` (LayerNorm with bias).
         rope: ``norm`` (adjacent pairs; the converter permuted Q/K rows), ``neox`` (split halves), ``none``.
-        ffn: ``silu`` (SiLU-gated), ``gelu`` (exact erf GELU, ungated), ``relu`` (``relu(gate)*up``, or
+        ffn: ``silu`` (SiLU-gated), ``silu_fused`` (``ffn_up`` holds [gate; up], Phi-3), ``gelu_tanh``
+            (GELU-tanh-gated), ``gelu`` (exact erf GELU, ungated), ``relu`` (``relu(gate)*up``, or
             ``relu(up)`` when ungated), ``relu_sym`` (``relu(gate)*relu(up)``).
         powerinfer_ffn: the FFN PowerInfer's sparse graph computes for a PWRI file of this arch (None: same).
         parallel_residual: default of ``{arch}.use_parallel_residual`` (None: never parallel, key ignored).
@@ -77,6 +78,8 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen2moe": ArchTraits(),
     # src/models/qwen3moe.cpp: top-k weights always renormalised; per-head q/k norms as qwen3.
     "qwen3moe": ArchTraits(moe_norm_topk=True),
+    # src/models/phi3.cpp: fused attn_qkv, ffn_up = [gate; up] (LLM_FFN_SWIGLU), NEOX rope.
+    "phi3": ArchTraits(ffn="silu_fused"),
     "gemma2": ArchTraits(**_GEMMA, gemma_27b_layers=46, swa_pattern=2, swa_default=4096),  # type: ignore[arg-type]
     "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=62, swa_pattern=6),  # type: ignore[arg-type]
 }

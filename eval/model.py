@@ -245,6 +245,9 @@ class GGUFCausalLM:
         gate_w = self._w(p + "ffn_gate.weight")
         if hp.ffn == "gelu":
             a = F.gelu(up)  # exact erf GELU, transformers' "gelu" (GPT-NeoX's default hidden_act)
+        elif hp.ffn == "silu_fused":  # Phi-3: [gate; up] in one matrix
+            g, u = up.chunk(2, dim=-1)
+            a = F.silu(g) * u
         elif gate_w is None:
             a = F.relu(up)
         else:
@@ -377,6 +380,8 @@ def _check_ffn_widths(tensors: dict[str, QTensor], hp: HParams, path: Path) -> N
         down = tensors.get(b + "ffn_down.weight")
         if down is not None:
             widths["ffn_down.weight"] = down.shape[1]
+        if hp.ffn == "silu_fused" and "ffn_up.weight" in widths:
+            widths["ffn_up.weight"] //= 2
         if len(set(widths.values())) > 1:
             raise EvaluationError(f"layer {i}: the FFN tensors disagree on its width: "
                                   + ", ".join(f"{n} {w}" for n, w in widths.items()), path=path)
