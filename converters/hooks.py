@@ -18,7 +18,7 @@ from typing import Any
 
 HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors")
 #: Families with a hooks module (registry.yaml ``hooks:`` values).
-HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe"})
+HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3"})
 
 
 def hooks_module(family: str) -> Any:

@@ -156,4 +156,8 @@ def _vocab(src: Source, pre_tokenizer: str | None,
         vocab_size = emb.shape[0]
     if not isinstance(vocab_size, int):
         raise CheckpointError("config.json has no vocab_size", path=d)
-    return build_vocab_and_pre(d, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer)
+    vocab, pre_match = build_vocab_and_pre(d, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
+                                           special_by_flag=entry.special_by_flag)
+    if entry.add_space_prefix is not None:  # the family's converter sets it whatever the tokenizer says
+        vocab.set("tokenizer.ggml.add_space_prefix", VT.BOOL, entry.add_space_prefix)
+    return vocab, pre_match

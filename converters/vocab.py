@@ -96,16 +96,18 @@ class _Vocab:
     pre_match: PreTokenizerMatch | None = None
 
 
-def build_vocab(model_dir: Path, kind: str, *, vocab_size: int, pre_tokenizer: str | None = None) -> Metadata:
+def build_vocab(model_dir: Path, kind: str, *, vocab_size: int, pre_tokenizer: str | None = None,
+                special_by_flag: bool = False) -> Metadata:
     """The ``tokenizer.*`` KV pairs of a checkpoint's vocabulary, in llama.cpp's order.
 
     As :func:`build_vocab_and_pre`, without saying how the pre-tokenizer was chosen.
     """
-    return build_vocab_and_pre(model_dir, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer)[0]
+    return build_vocab_and_pre(model_dir, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
+                               special_by_flag=special_by_flag)[0]
 
 
-def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int,
-                        pre_tokenizer: str | None = None) -> tuple[Metadata, PreTokenizerMatch | None]:
+def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int, pre_tokenizer: str | None = None,
+                        special_by_flag: bool = False) -> tuple[Metadata, PreTokenizerMatch | None]:
     """The ``tokenizer.*`` KV pairs of a checkpoint's vocabulary, in llama.cpp's order, and how
     ``tokenizer.ggml.pre`` was chosen.
 
@@ -117,6 +119,8 @@ def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int,
             ``[PAD{i}]`` fillers (type UNUSED).
         pre_tokenizer: ``tokenizer.ggml.pre`` to write instead of detecting it (BPE and tiktoken only);
             must be a name llama.cpp knows.
+        special_by_flag: SPM added tokens are CONTROL only when marked ``special`` (llama.cpp's Phi-3
+            vocabulary, conversion/phi.py), not also when their text merely looks special.
 
     Returns:
         (Metadata holding only ``tokenizer.*`` keys: ``ggml.model``, ``ggml.pre``, ``ggml.tokens``,
@@ -138,7 +142,7 @@ def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int,
     config = _read_json(model_dir / "config.json") or {}
     added_json: list[dict[str, Any]] = []
     if kind == "spm":
-        vocab = _spm_vocab(model_dir, vocab_size)
+        vocab = _spm_vocab(model_dir, vocab_size, special_by_flag)
     elif kind == "bpe":
         vocab, added_json = _bpe_vocab(model_dir, vocab_size, pre_tokenizer)
     else:
@@ -230,7 +234,7 @@ def _check_fits(n_tokens: int, vocab_size: int, source: Path) -> None:
 
 # --- SPM ----------------------------------------------------------------------------------------
 
-def _spm_vocab(model_dir: Path, vocab_size: int) -> _Vocab:
+def _spm_vocab(model_dir: Path, vocab_size: int, special_by_flag: bool = False) -> _Vocab:
     import sentencepiece
 
     path = model_dir / "tokenizer.model"
@@ -283,7 +287,7 @@ def _spm_vocab(model_dir: Path, vocab_size: int) -> _Vocab:
         tid = int(key)
         if tid >= vocab_size:
             continue
-        if entry.get("special") or looks_special(text):
+        if entry.get("special") or (not special_by_flag and looks_special(text)):
             types[tid] = TokenType.CONTROL
         else:
             # a user-defined token is matched in raw text, where spaces are still spaces

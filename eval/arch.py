@@ -8,6 +8,7 @@ agrees with; a file's keys fill in the numbers. An architecture without a row is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,8 @@ class ArchTraits:
     Attributes:
         norm: ``rms`` (RMSNorm) or ``layer`` (LayerNorm with bias).
         rope: ``norm`` (adjacent pairs; the converter permuted Q/K rows), ``neox`` (split halves), ``none``.
-        ffn: ``silu`` (SiLU-gated), ``gelu`` (exact erf GELU, ungated), ``relu`` (``relu(gate)*up``, or
+        ffn: ``silu`` (SiLU-gated), ``silu_fused`` (``ffn_up`` holds [gate; up], Phi-3), ``gelu_tanh``
+            (GELU-tanh-gated), ``gelu`` (exact erf GELU, ungated), ``relu`` (``relu(gate)*up``, or
             ``relu(up)`` when ungated), ``relu_sym`` (``relu(gate)*relu(up)``).
         powerinfer_ffn: the FFN PowerInfer's sparse graph computes for a PWRI file of this arch (None: same).
         parallel_residual: default of ``{arch}.use_parallel_residual`` (None: never parallel, key ignored).
@@ -32,6 +34,13 @@ class ArchTraits:
             embedding.
         moe_norm_topk: a MoE file's top-k expert weights are renormalised to sum to one (llama.cpp's
             ``norm_w`` argument of build_moe_ffn for this arch).
+        embd_scale: embeddings multiplied by ``sqrt(n_embd)`` (Gemma).
+        gemma_27b_layers: when set, queries are scaled by ``1/sqrt(head_dim)``, or by ``1/sqrt(n_embd/n_head)``
+            with this many layers (llama.cpp's Gemma "27B" type), whatever query_pre_attn_scalar said.
+        swa_pattern: with a ``{arch}.attention.sliding_window`` key, layer ``il`` uses the window when
+            ``il % swa_pattern < swa_pattern - 1`` (0: no sliding-window layers).
+        swa_default: the window when the file has no key (gemma2's loader default).
+        softcap_keys: read ``{arch}.attn_logit_softcapping`` / ``final_logit_softcapping``.
     """
 
     norm: str = "rms"
@@ -43,7 +52,16 @@ class ArchTraits:
     eps_fallback_key: str | None = None
     learned_positions: bool = False
     moe_norm_topk: bool = False
+    embd_scale: bool = False
+    gemma_27b_layers: int = 0
+    swa_pattern: int = 0
+    swa_default: int = 0
+    softcap_keys: bool = False
 
+
+#: src/models/gemma2.cpp / gemma3.cpp (load_arch_hparams and the graph): GELU-tanh gated FFN, sandwich norms,
+#: scaled embeddings; every 2nd (gemma2) or 6th (gemma3) layer global, the others sliding-window.
+_GEMMA = {"ffn": "gelu_tanh", "embd_scale": True, "softcap_keys": True}
 
 #: GGUF architecture -> traits. A new LLaMA-like architecture is a row here (and none if it writes ``llama``).
 ARCH_TRAITS: dict[str, ArchTraits] = {
@@ -60,6 +78,10 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen2moe": ArchTraits(),
     # src/models/qwen3moe.cpp: top-k weights always renormalised; per-head q/k norms as qwen3.
     "qwen3moe": ArchTraits(moe_norm_topk=True),
+    # src/models/phi3.cpp: fused attn_qkv, ffn_up = [gate; up] (LLM_FFN_SWIGLU), NEOX rope.
+    "phi3": ArchTraits(ffn="silu_fused"),
+    "gemma2": ArchTraits(**_GEMMA, gemma_27b_layers=46, swa_pattern=2, swa_default=4096),  # type: ignore[arg-type]
+    "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=62, swa_pattern=6),  # type: ignore[arg-type]
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -89,6 +111,13 @@ class HParams:
     n_expert: int = 0
     n_expert_used: int = 0
     moe_norm_topk: bool = False
+    embd_scale: bool = False
+    attn_scale: float | None = None
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    n_swa: int = 0
+    swa_pattern: int = 1
+    rope_base_swa: float = 10000.0
 
 
 def traits_for(arch: str, path: Any = None) -> ArchTraits:
@@ -165,12 +194,25 @@ def read_hparams(model: GGUFModel) -> HParams:
     n_expert_used = key(model, f"{a}.expert_used_count", int) if n_expert else 0
     if n_expert_used > n_expert:
         raise EvaluationError(f"{n_expert_used} experts used of {n_expert}", path=model.path)
-    return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=key(model, f"{a}.block_count", int),
+    n_layer = key(model, f"{a}.block_count", int)
+    attn_scale = None
+    if tr.gemma_27b_layers:
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == tr.gemma_27b_layers else head_dim)
+    n_swa = 0
+    if tr.swa_pattern:
+        n_swa = int(model.get(f"{a}.attention.sliding_window", tr.swa_default) or 0)
+    rope_base = key(model, f"{a}.rope.freq_base", float, 10000.0)
+    softcap = (key(model, f"{a}.attn_logit_softcapping", float, 0.0) if tr.softcap_keys else 0.0,
+               key(model, f"{a}.final_logit_softcapping", float, 0.0) if tr.softcap_keys else 0.0)
+    return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=n_layer,
                    n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
-                   rope_base=key(model, f"{a}.rope.freq_base", float, 10000.0), rope_scale=rope_scale,
+                   rope_base=rope_base, rope_scale=rope_scale,
                    rope_mode=tr.rope, norm=tr.norm, eps=eps, parallel_residual=parallel, ffn=ffn,
                    powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions, n_expert=n_expert,
-                   n_expert_used=n_expert_used, moe_norm_topk=tr.moe_norm_topk)
+                   n_expert_used=n_expert_used, moe_norm_topk=tr.moe_norm_topk, embd_scale=tr.embd_scale,
+                   attn_scale=attn_scale, attn_softcap=softcap[0], final_softcap=softcap[1], n_swa=n_swa,
+                   swa_pattern=max(tr.swa_pattern, 1),
+                   rope_base_swa=key(model, f"{a}.rope.freq_base_swa", float, rope_base))
 
 
 def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
@@ -206,6 +248,9 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
             out[b + "attn_q_norm.weight"] = (hd,)
             out[b + "attn_k_norm.weight"] = (hd,)
         out[b + "attn_output.weight"] = (e, q)
+        if b + "post_attention_norm.weight" in names:
+            out[b + "post_attention_norm.weight"] = (e,)
+            out[b + "post_ffw_norm.weight"] = (e,)
         if b + "attn_output.bias" in names:
             out[b + "attn_output.bias"] = (e,)
         if hp.n_expert:
