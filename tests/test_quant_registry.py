@@ -46,3 +46,22 @@ def test_every_preset_default_type_is_a_tensor_type():
     for p in PRESETS.values():
         assert p.default_type in TENSOR_TYPES.values()
         assert has_kernel(p.default_type) == (p.default_type in TYPES)
+
+
+def test_plan_names_cpu_only_and_missing_kernel_types():
+    """Whatever the table holds: a plan using every tensor type reports exactly the rows without a CUDA kernel
+    as CPU-only and exactly the types without a row as plan-only (the CLI prints both)."""
+    from ggufkit.format import TensorSpec
+    from ggufkit.quant.plan import QuantOptions, plan_quantization
+
+    names = list(TENSOR_TYPES)
+    specs = [TensorSpec(f"blk.0.t{i}.weight", QT.F16, (4, 256)) for i in range(len(names))]
+    rules = tuple((rf"\.t{i}\.", t) for i, t in enumerate(TENSOR_TYPES.values()))
+    plan = plan_quantization(specs, "q8_0", arch="llama", metadata={"llama.block_count": 1},
+                             options=QuantOptions(tensor_types=rules, dry_run=True))
+    assert {e.dst_type for e in plan.entries} == set(TENSOR_TYPES.values())
+    assert set(plan.missing_kernels()) == set(TENSOR_TYPES.values()) - set(TYPES)
+    assert set(plan.cpu_only_types()) == {t for t, r in KERNELS.items() if not r.has_cuda}
+    d = plan.to_dict()
+    assert d["missing_kernels"] == [t.name for t in plan.missing_kernels()]
+    assert d["cpu_only_types"] == [t.name for t in plan.cpu_only_types()]

@@ -17,10 +17,10 @@ import pytest
 from fixtures_quantize import arch_case, imatrix_values, make_gguf, make_llama_gguf, write_imatrix_gguf
 from llama_cpp_sources import tool_path
 
-from ggufkit.errors import QuantizationError, UsageError
+from ggufkit.errors import GGUFKitError, QuantizationError, UsageError
 from ggufkit.format import Metadata, TensorSpec, open_gguf, write_gguf
 from ggufkit.quant.pipeline import quantize_file
-from ggufkit.quant.presets import PRESETS
+from ggufkit.quant.presets import ALIASES, PRESETS
 from ggufkit.quant.registry import TYPES
 
 
@@ -54,29 +54,40 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-#: Presets whose every tensor type has a kernel on this build (the others are planned only).
-KERNEL_PRESETS = [n for n, p in PRESETS.items() if p.default_type in TYPES and n != "q4_k"]
+#: Presets whose default type has a kernel on this build (the others are planned only); grows with TYPES.
+KERNEL_PRESETS = [n for n, p in PRESETS.items() if p.default_type in TYPES and n not in ALIASES]
+
+
+def compare_with_llama_quantize(src: Path, tmp_path: Path, target: str, flags: list[str], **kw: object) -> None:
+    """Same input and flags to both; llama-quantize failing means ggufkit must refuse and write nothing."""
+    ref, ours = tmp_path / f"ref-{target}.gguf", tmp_path / f"ours-{target}.gguf"
+    res = llama_quantize_bin(src, ref, target, *flags)
+    if res.returncode != 0:  # e.g. Q1_0 (128-blocks, no fallback) on 288-wide rows
+        with pytest.raises(GGUFKitError):
+            quantize_file(src, ours, target, **kw)
+        assert not ours.exists()
+        return
+    quantize_file(src, ours, target, threads=2, **kw)
+    assert_same_file(ref, ours)
 
 
 @pytest.mark.parametrize("model", ["gqa4", "odd", "moe"])
 def test_presets_with_kernels_equal_llama_quantize(models, tmp_path, model):
-    for target in KERNEL_PRESETS:
-        ref, ours = tmp_path / f"ref-{target}.gguf", tmp_path / f"ours-{target}.gguf"
-        res = llama_quantize_bin(models[model], ref, target)
-        assert res.returncode == 0, res.stderr[-1500:]
-        quantize_file(models[model], ours, target, threads=2)
-        assert_same_file(ref, ours)
+    imat = write_imatrix_gguf(tmp_path / "imatrix.gguf", imatrix_values(models[model]))
+    for target in KERNEL_PRESETS:  # the same imatrix file to both where the preset needs one
+        im = PRESETS[target].needs_imatrix
+        compare_with_llama_quantize(models[model], tmp_path, target, ["--imatrix", str(imat)] if im else [],
+                                    imatrix=imat if im else None)
 
 
 @pytest.mark.parametrize("model", ["odd", "moe"])
 def test_every_pure_type_with_kernels_equals_llama_quantize(models, tmp_path, model):
-    for qtype in TYPES:
-        target = qtype.name.lower()
-        ref, ours = tmp_path / f"ref-{target}.gguf", tmp_path / f"ours-{target}.gguf"
-        res = llama_quantize_bin(models[model], ref, target, "--pure")
-        assert res.returncode == 0, res.stderr[-1500:]
-        quantize_file(models[model], ours, target, pure=True)
-        assert_same_file(ref, ours)
+    imat = write_imatrix_gguf(tmp_path / "imatrix.gguf", imatrix_values(models[model]))
+    for qtype, row in TYPES.items():
+        im = row.needs_imatrix
+        compare_with_llama_quantize(models[model], tmp_path, qtype.name.lower(),
+                                    ["--pure", *(["--imatrix", str(imat)] if im else [])], pure=True,
+                                    imatrix=imat if im else None)
 
 
 @pytest.mark.parametrize("target", ["q4_k_m", "q5_0"])

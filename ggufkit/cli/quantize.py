@@ -28,8 +28,9 @@ class _TargetType(click.ParamType):
 
 
 _EPILOG = "\n".join([
-    "\b", "TYPE (llama-quantize's QUANT_OPTIONS; id, name, bits per weight of the default tensor type; "
-    "'plan only': no kernel in this build yet, --dry-run works):", *(f"  {line}" for line in preset_help_lines()),
+    "\b", "TYPE, llama-quantize's QUANT_OPTIONS: id, name, bits per weight of its default tensor type,",
+    "'needs imatrix', 'plan only' (no kernel in this build yet; --dry-run works):",
+    *(f"  {line}" for line in preset_help_lines()),
     "", "\b", "Tensor types for --tensor-type, --output-tensor-type, --token-embedding-type:",
     *(f"  {line}" for line in type_help_lines())])
 
