@@ -294,7 +294,6 @@ def collect_imatrix(model_path: str | os.PathLike[str], *, text: str | None = No
         start = 0 if head_collected else (first if compute_ppl else ctx)
         progress.begin(n_chunk, "chunk", "imatrix")
         t0 = time.perf_counter()
-        done = 0
         # Batches start at fixed chunk numbers of the whole text, so a resumed run forms the same batches.
         # Snapshot points are batch edges too, so a snapshot holds exactly a multiple of --save-frequency.
         edges = sorted({0, n_chunk} | {k for k in range(n_chunk) if (k + from_chunk) % batch == 0
@@ -313,7 +312,6 @@ def collect_imatrix(model_path: str | os.PathLike[str], *, text: str | None = No
             del logits
             collector.check_finite()
             for k in range(a, b):
-                done += 1
                 progress.advance(1)
                 if on_chunk is not None:
                     on_chunk(k + 1, chunk_ppl[k] if compute_ppl else None)
