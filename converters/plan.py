@@ -27,6 +27,7 @@ from ggufkit.converters.powerinfer import check_activation, load_predictor, read
 from ggufkit.converters.pretokenizer import PreTokenizerMatch
 from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
 from ggufkit.converters.rewrite import stack_experts
+from ggufkit.converters.shape_check import check_shapes
 from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_shape
 from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
 from ggufkit.format.values import VT, Metadata
@@ -306,6 +307,7 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
                 raw.append((gguf_name, f"{file.name}:{key}", "FC1" if ".fc1." in gguf_name else "FC2", shape,
                             dtype, None))
                 loaders[gguf_name] = _predictor_loader(pred.directory, key, file)
+        check_shapes(arch, hp, [(r[0], r[1], r[2], r[3]) for r in raw])
         for gguf_name, source, _, _, _, transform in raw:
             if gguf_name not in loaders:
                 loaders[gguf_name] = _loader(ckpt, source, transform, heads)

@@ -142,20 +142,26 @@ def _as_stored(w: np.ndarray, ggml_type: Any, transform: str | None) -> np.ndarr
     return x if x.flags.writeable else x.copy()  # torch shares the memory: never a read-only memmap
 
 
-def _stored_weights(model_dir: Path, plan: ConvertPlan) -> Iterator[tuple[str, bool, np.ndarray]]:
+def _stored_weights(ckpt: Any, plan: ConvertPlan) -> Iterator[tuple[str, bool, np.ndarray]]:
     """(HF name, whether it is the output projection, values as stored) for each checkpoint tensor the
     GGUF holds; generated and predictor tensors have no transformers counterpart and are left out."""
-    from ggufkit.converters.checkpoint import Checkpoint
-
-    ckpt = Checkpoint(model_dir)
-    try:
-        for e in plan.entries:
-            if e.source not in ckpt.tensors:
-                continue
+    for e in plan.entries:
+        if e.source in ckpt.tensors:
             w = _widen(ckpt.read(e.source), ckpt.tensors[e.source].dtype)
             yield e.source, e.kind == "OUTPUT", _as_stored(w, e.ggml_type, e.transform)
-    finally:
-        ckpt.close()
+
+
+def _unroundable(ckpt: Any, plan: ConvertPlan) -> str | None:
+    """Why the reference cannot hold the GGUF's values (a rounded tensor built from several checkpoint
+    tensors, such as stacked experts), or None."""
+    from gguf import GGMLQuantizationType as Q
+
+    for e in plan.entries:
+        if e.source not in ckpt.tensors and e.source != "generated" and e.kind not in ("FC1", "FC2") \
+                and e.ggml_type != Q.F32:
+            return (f"{e.name} is built from several checkpoint tensors ({e.source}) and stored as "
+                    f"{e.ggml_type.name}; the reference cannot round it (check an f32 conversion instead)")
+    return None
 
 
 def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
@@ -163,23 +169,32 @@ def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
     import torch
     import transformers
 
-    reference = getattr(transformers, arch).from_pretrained(model_dir, dtype=torch.float32).eval()
-    params = dict(reference.named_parameters(remove_duplicate=False))
-    outputs: list[np.ndarray] = []
-    with torch.no_grad():
-        for name, is_output, values in _stored_weights(model_dir, plan):
-            if is_output:
-                outputs.append(values)  # after the others: a tied head must not overwrite the embedding
-                continue
-            if name not in params or tuple(params[name].shape) != values.shape:
-                return f"transformers' {arch} has no parameter {name} of shape {list(values.shape)}"
-            params[name].data = torch.from_numpy(values)
-        head = reference.get_output_embeddings()
-        for values in outputs:
-            if head is None or tuple(head.weight.shape) != values.shape:
-                return f"transformers' {arch} has no output projection of shape {list(values.shape)}"
-            head.weight = torch.nn.Parameter(torch.from_numpy(values))  # unties a tied head
-    return reference
+    from ggufkit.converters.checkpoint import Checkpoint
+
+    ckpt = Checkpoint(model_dir)
+    try:
+        why = _unroundable(ckpt, plan)
+        if why is not None:
+            return why
+        reference = getattr(transformers, arch).from_pretrained(model_dir, dtype=torch.float32).eval()
+        params = dict(reference.named_parameters(remove_duplicate=False))
+        outputs: list[np.ndarray] = []
+        with torch.no_grad():
+            for name, is_output, values in _stored_weights(ckpt, plan):
+                if is_output:
+                    outputs.append(values)  # after the others: a tied head must not overwrite the embedding
+                    continue
+                if name not in params or tuple(params[name].shape) != values.shape:
+                    return f"transformers' {arch} has no parameter {name} of shape {list(values.shape)}"
+                params[name].data = torch.from_numpy(values)
+            head = reference.get_output_embeddings()
+            for values in outputs:
+                if head is None or tuple(head.weight.shape) != values.shape:
+                    return f"transformers' {arch} has no output projection of shape {list(values.shape)}"
+                head.weight = torch.nn.Parameter(torch.from_numpy(values))  # unties a tied head
+        return reference
+    finally:
+        ckpt.close()
 
 
 def check_conversion(model_dir: str | Path, gguf: str | Path, plan: ConvertPlan, *,
