@@ -30,8 +30,10 @@ from ggufkit.quant.kquants import _f16_bits_x86
 from ggufkit.quant.kquants_math import (
     make_q3_quants,
     make_qkx_quants,
+    make_qkx_quants_lanes,
     make_qp_quants,
     make_qx_quants,
+    make_qx_quants_lanes,
     nearest_int_full,
 )
 
@@ -107,6 +109,23 @@ def q2k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
             sw[j] = sumw
             scales[j], mins[j] = make_qkx_quants(16, 3, xs, w, L[16 * j:16 * j + 16], Laux,
                                                  np.float32(-0.9), np.float32(0.05), 36, False)
+    else:
+        for j in range(16):
+            xs = x[16 * j:16 * j + 16]
+            for i in range(16):
+                w[i] = abs(xs[i])
+            scales[j], mins[j] = make_qkx_quants(16, 3, xs, w, L[16 * j:16 * j + 16], Laux,
+                                                 np.float32(-0.5), np.float32(0.1), 15, True)
+    _q2k_finish_block(use_qw, x, out, L, scales, mins, sw, Ls, Lm)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _q2k_finish_block(use_qw: bool, x: np.ndarray, out: np.ndarray, L: np.ndarray, scales: np.ndarray,
+                      mins: np.ndarray, sw: np.ndarray, Ls: np.ndarray, Lm: np.ndarray) -> None:
+    # Everything after the 16 sub-block fits (in L, scales, mins, and for the imatrix path sw): super-scales,
+    # requantization and packing. Shared by the scalar block function (CPU and CUDA) and the CPU kernel that
+    # fits many sub-blocks side by side.
+    if use_qw:
         dm = make_qp_quants(16, 15, scales, Ls, sw)
         mm = make_qp_quants(16, 15, mins, Lm, sw)
         d16 = _f16_bits_x86(dm)
@@ -117,11 +136,6 @@ def q2k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
         max_scale = np.float32(0.0)
         max_min = np.float32(0.0)
         for j in range(16):
-            xs = x[16 * j:16 * j + 16]
-            for i in range(16):
-                w[i] = abs(xs[i])
-            scales[j], mins[j] = make_qkx_quants(16, 3, xs, w, L[16 * j:16 * j + 16], Laux,
-                                                 np.float32(-0.5), np.float32(0.1), 15, True)
             if scales[j] > max_scale:
                 max_scale = scales[j]
             if mins[j] > max_min:
@@ -190,9 +204,6 @@ def q3k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
         out: uint8[110], written in full.
         L, w, scales, sw, Ls, buf: scratch (uint8[256], float32[16] x3, uint8[16], float32[64]).
     """
-    sc_bytes = out[96:108]
-    for j in range(12):
-        sc_bytes[j] = 0
     if use_qw:
         sigma2 = fmul(np.float32(2.0), _row_sigma2_sum(x)) / np.float32(256.0)
         for j in range(16):
@@ -203,6 +214,22 @@ def q3k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
                 sumw = fadd(sumw, w[i])
             sw[j] = sumw
             scales[j] = make_qx_quants(16, 4, xs, w, True, L[16 * j:16 * j + 16], buf)
+    else:
+        for j in range(16):
+            scales[j] = make_q3_quants(16, 4, x[16 * j:16 * j + 16], L[16 * j:16 * j + 16])
+    _q3k_finish_block(use_qw, x, out, L, scales, sw, Ls, buf)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _q3k_finish_block(use_qw: bool, x: np.ndarray, out: np.ndarray, L: np.ndarray, scales: np.ndarray,
+                      sw: np.ndarray, Ls: np.ndarray, buf: np.ndarray) -> None:
+    # Everything after the 16 sub-block fits (in L, scales, and for the imatrix path sw): the super-scale,
+    # requantization, high-bit mask and packing. Shared by the scalar block function (CPU and CUDA) and the
+    # CPU kernel that fits many sub-blocks side by side.
+    sc_bytes = out[96:108]
+    for j in range(12):
+        sc_bytes[j] = 0
+    if use_qw:
         d_block = make_qx_quants(16, 32, scales, sw, True, Ls, buf)
         for j in range(16):
             _pack_q3_scale(sc_bytes, j, np.int64(Ls[j]))
@@ -211,7 +238,6 @@ def q3k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
         max_scale = np.float32(0.0)
         amax = np.float32(0.0)
         for j in range(16):
-            scales[j] = make_q3_quants(16, 4, x[16 * j:16 * j + 16], L[16 * j:16 * j + 16])
             a = abs(scales[j])
             if a > amax:
                 amax = a
@@ -287,11 +313,23 @@ def quantize_rows_q2_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
 
     ``qw`` float32[n_per_row] is the imatrix (``quantize_row_q2_K_impl``), or float32[0] for the reference
     path (``quantize_row_q2_K_ref``). Byte-identical to ``ggml_quantize_chunk(GGML_TYPE_Q2_K)``.
+
+    The 16*_CHUNK sub-blocks of a chunk are fitted side by side
+    (:func:`~ggufkit.quant.kquants_math.make_qkx_quants_lanes`, same roundings); a block with a sub-block
+    the lanes cannot do exactly (constant, or extreme weights) takes ``q2k_quantize_block``.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_K
     total = n_rows * nb
     use_qw = qw.shape[0] > 0
+    if use_qw:
+        rmin = np.float32(-0.9)
+        rdelta = np.float32(0.05)
+        nstep = 36
+    else:
+        rmin = np.float32(-0.5)
+        rdelta = np.float32(0.1)
+        nstep = 15
     for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
         L = np.empty(QK_K, np.uint8)
         Laux = np.empty(32, np.float32)
@@ -301,12 +339,60 @@ def quantize_rows_q2_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         sw = np.empty(16, np.float32)
         Ls = np.empty(16, np.uint8)
         Lm = np.empty(16, np.uint8)
-        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+        # Lane 16*k + j is sub-block j of the chunk's k-th block; weight i of a lane at i*nl + lane.
+        t0 = c * _CHUNK
+        nblk = min(total, t0 + _CHUNK) - t0
+        nl = 16 * nblk
+        xt = np.empty(16 * nl, np.float32)
+        wt = np.empty(16 * nl, np.float32)
+        cur = np.empty(16 * nl, np.float32)
+        lf = np.empty(16 * nl, np.float32)
+        st = np.empty((16, nl), np.float32)
+        bad = np.empty(nl, np.int64)
+        swc = np.empty(nl, np.float32)
+        for k in range(nblk):
+            t = t0 + k
             r = t // nb
             b = t - r * nb
-            q2k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw[b * QK_K:(b + 1) * QK_K] if use_qw else qw,
-                               use_qw, out[r, b * Q2_K_BYTES:(b + 1) * Q2_K_BYTES], L, Laux, w, scales, mins, sw,
-                               Ls, Lm)
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            if use_qw:
+                sigma2 = _row_sigma2_sum(xb) / np.float32(256.0)
+                for j in range(16):
+                    sumw = np.float32(0.0)
+                    for i in range(16):
+                        xi = xb[16 * j + i]
+                        wi = fmul(qw[b * QK_K + 16 * j + i], np.float32(math.sqrt(fadd(sigma2, fmul(xi, xi)))))
+                        sumw = fadd(sumw, wi)
+                        xt[i * nl + 16 * k + j] = xi
+                        wt[i * nl + 16 * k + j] = wi
+                    swc[16 * k + j] = sumw
+            else:
+                for j in range(16):
+                    for i in range(16):
+                        xi = xb[16 * j + i]
+                        xt[i * nl + 16 * k + j] = xi
+                        wt[i * nl + 16 * k + j] = abs(xi)
+        make_qkx_quants_lanes(nl, 16, 3, xt, wt, rmin, rdelta, nstep, not use_qw, st, cur, lf, bad)
+        for k in range(nblk):
+            t = t0 + k
+            r = t // nb
+            b = t - r * nb
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            ob = out[r, b * Q2_K_BYTES:(b + 1) * Q2_K_BYTES]
+            n_bad = 0
+            for j in range(16):
+                n_bad += bad[16 * k + j]
+            if n_bad > 0:
+                q2k_quantize_block(xb, qw[b * QK_K:(b + 1) * QK_K] if use_qw else qw, use_qw, ob, L, Laux, w,
+                                   scales, mins, sw, Ls, Lm)
+                continue
+            for j in range(16):
+                scales[j] = st[0, 16 * k + j]
+                mins[j] = st[1, 16 * k + j]
+                sw[j] = swc[16 * k + j]
+                for i in range(16):
+                    L[16 * j + i] = np.int64(lf[i * nl + 16 * k + j])
+            _q2k_finish_block(use_qw, xb, ob, L, scales, mins, sw, Ls, Lm)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
@@ -326,6 +412,10 @@ def quantize_rows_q3_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
 
     ``qw`` float32[n_per_row] is the imatrix (``quantize_row_q3_K_impl``), or float32[0] for the reference
     path (``quantize_row_q3_K_ref``). Byte-identical to ``ggml_quantize_chunk(GGML_TYPE_Q3_K)``.
+
+    With an imatrix the 16*_CHUNK sub-blocks of a chunk are fitted side by side
+    (:func:`~ggufkit.quant.kquants_math.make_qx_quants_lanes`, same roundings); without one each block runs
+    ``q3k_quantize_block``.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_K
@@ -338,11 +428,50 @@ def quantize_rows_q3_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         sw = np.empty(16, np.float32)
         Ls = np.empty(16, np.uint8)
         buf = np.empty(64, np.float32)
-        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+        # Lane 16*k + j is sub-block j of the chunk's k-th block; weight i of a lane at i*nl + lane.
+        t0 = c * _CHUNK
+        nblk = min(total, t0 + _CHUNK) - t0
+        nl = 16 * nblk
+        xt = np.empty(16 * nl, np.float32)
+        wt = np.empty(16 * nl, np.float32)
+        wxt = np.empty(16 * nl, np.float32)
+        lf = np.empty(16 * nl, np.float32)
+        st = np.empty((8, nl), np.float32)
+        swc = np.empty(nl, np.float32)
+        for k in range(nblk):
+            t = t0 + k
             r = t // nb
             b = t - r * nb
-            q3k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw[b * QK_K:(b + 1) * QK_K] if use_qw else qw,
-                               use_qw, out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES], L, w, scales, sw, Ls, buf)
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            if use_qw:
+                sigma2 = fmul(np.float32(2.0), _row_sigma2_sum(xb)) / np.float32(256.0)
+                for j in range(16):
+                    sumw = np.float32(0.0)
+                    for i in range(16):
+                        xi = xb[16 * j + i]
+                        wi = fmul(qw[b * QK_K + 16 * j + i], np.float32(math.sqrt(fadd(sigma2, fmul(xi, xi)))))
+                        sumw = fadd(sumw, wi)
+                        xt[i * nl + 16 * k + j] = xi
+                        wt[i * nl + 16 * k + j] = wi
+                        wxt[i * nl + 16 * k + j] = fmul(wi, xi)
+                    swc[16 * k + j] = sumw
+        if use_qw:
+            make_qx_quants_lanes(nl, 4, xt, wt, wxt, st, lf)
+        for k in range(nblk):
+            t = t0 + k
+            r = t // nb
+            b = t - r * nb
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            ob = out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES]
+            if not use_qw:  # the reference fit (make_q3_quants), one sub-block after the other
+                q3k_quantize_block(xb, qw, use_qw, ob, L, w, scales, sw, Ls, buf)
+                continue
+            for j in range(16):
+                scales[j] = st[0, 16 * k + j]
+                sw[j] = swc[16 * k + j]
+                for i in range(16):
+                    L[16 * j + i] = np.int64(lf[i * nl + 16 * k + j])
+            _q3k_finish_block(use_qw, xb, ob, L, scales, sw, Ls, buf)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
