@@ -37,8 +37,8 @@ _THREADS = 64  # a Q2_K/Q3_K thread holds ~0.5 KB of local scratch; small thread
 
 _MODULE_FUNCS = (
     (kquants_low, ("_c_int8", "_store_f16", "_load_f16", "_pack_2bit", "_row_sigma2_sum", "_pack_q3_scale",
-                   "_q3_scale", "q2k_quantize_block", "q2k_dequantize_block", "q3k_quantize_block",
-                   "q3k_dequantize_block")),
+                   "_q3_scale", "_q2k_finish_block", "q2k_quantize_block", "q2k_dequantize_block",
+                   "_q3k_finish_block", "q3k_quantize_block", "q3k_dequantize_block")),
     (iq_nonlinear, ("best_index_iq4", "_nearest_value", "_fit_all", "iq4_quantize_block", "iq4_dequantize_block")),
     (ternary, ("_trit", "_absmax_scale", "_store_d", "tq1_0_quantize_block", "tq1_0_dequantize_block",
                "tq2_0_quantize_block", "tq2_0_dequantize_block")),

@@ -407,7 +407,7 @@ def _quantize_rows_q45k(x: np.ndarray, qw: np.ndarray, out: np.ndarray, nmax: in
                         xi = xb[32 * j + i]
                         xt[i * nl + 8 * k + j] = xi
                         wt[i * nl + 8 * k + j] = fadd(av_x, abs(xi))
-        make_qkx_quants_lanes(nl, nmax, xt, wt, rmin, rdelta, nstep, st, cur, lf, bad)
+        make_qkx_quants_lanes(nl, 32, nmax, xt, wt, rmin, rdelta, nstep, False, st, cur, lf, bad)
         for k in range(nblk):
             t = t0 + k
             r = t // nb

@@ -28,11 +28,15 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fsub
 from ggufkit.quant.kquants import _f16_bits_x86
 from ggufkit.quant.kquants_math import (
+    GROUP_MAX_EPS,
     make_q3_quants,
     make_qkx_quants,
+    make_qkx_quants_lanes,
     make_qp_quants,
     make_qx_quants,
+    make_qx_quants_lanes,
     nearest_int_full,
+    round_clamp,
 )
 
 QK_K = 256
@@ -107,6 +111,23 @@ def q2k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
             sw[j] = sumw
             scales[j], mins[j] = make_qkx_quants(16, 3, xs, w, L[16 * j:16 * j + 16], Laux,
                                                  np.float32(-0.9), np.float32(0.05), 36, False)
+    else:
+        for j in range(16):
+            xs = x[16 * j:16 * j + 16]
+            for i in range(16):
+                w[i] = abs(xs[i])
+            scales[j], mins[j] = make_qkx_quants(16, 3, xs, w, L[16 * j:16 * j + 16], Laux,
+                                                 np.float32(-0.5), np.float32(0.1), 15, True)
+    _q2k_finish_block(use_qw, x, out, L, scales, mins, sw, Ls, Lm)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _q2k_finish_block(use_qw: bool, x: np.ndarray, out: np.ndarray, L: np.ndarray, scales: np.ndarray,
+                      mins: np.ndarray, sw: np.ndarray, Ls: np.ndarray, Lm: np.ndarray) -> None:
+    # Everything after the 16 sub-block fits (in L, scales, mins, and for the imatrix path sw): super-scales,
+    # requantization and packing. Shared by the scalar block function (CPU and CUDA) and the CPU kernel that
+    # fits many sub-blocks side by side.
+    if use_qw:
         dm = make_qp_quants(16, 15, scales, Ls, sw)
         mm = make_qp_quants(16, 15, mins, Lm, sw)
         d16 = _f16_bits_x86(dm)
@@ -117,11 +138,6 @@ def q2k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
         max_scale = np.float32(0.0)
         max_min = np.float32(0.0)
         for j in range(16):
-            xs = x[16 * j:16 * j + 16]
-            for i in range(16):
-                w[i] = abs(xs[i])
-            scales[j], mins[j] = make_qkx_quants(16, 3, xs, w, L[16 * j:16 * j + 16], Laux,
-                                                 np.float32(-0.5), np.float32(0.1), 15, True)
             if scales[j] > max_scale:
                 max_scale = scales[j]
             if mins[j] > max_min:
@@ -190,9 +206,6 @@ def q3k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
         out: uint8[110], written in full.
         L, w, scales, sw, Ls, buf: scratch (uint8[256], float32[16] x3, uint8[16], float32[64]).
     """
-    sc_bytes = out[96:108]
-    for j in range(12):
-        sc_bytes[j] = 0
     if use_qw:
         sigma2 = fmul(np.float32(2.0), _row_sigma2_sum(x)) / np.float32(256.0)
         for j in range(16):
@@ -203,6 +216,22 @@ def q3k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
                 sumw = fadd(sumw, w[i])
             sw[j] = sumw
             scales[j] = make_qx_quants(16, 4, xs, w, True, L[16 * j:16 * j + 16], buf)
+    else:
+        for j in range(16):
+            scales[j] = make_q3_quants(16, 4, x[16 * j:16 * j + 16], L[16 * j:16 * j + 16])
+    _q3k_finish_block(use_qw, x, out, L, scales, sw, Ls, buf)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _q3k_finish_block(use_qw: bool, x: np.ndarray, out: np.ndarray, L: np.ndarray, scales: np.ndarray,
+                      sw: np.ndarray, Ls: np.ndarray, buf: np.ndarray) -> None:
+    # Everything after the 16 sub-block fits (in L, scales, and for the imatrix path sw): the super-scale,
+    # requantization, high-bit mask and packing. Shared by the scalar block function (CPU and CUDA) and the
+    # CPU kernel that fits many sub-blocks side by side.
+    sc_bytes = out[96:108]
+    for j in range(12):
+        sc_bytes[j] = 0
+    if use_qw:
         d_block = make_qx_quants(16, 32, scales, sw, True, Ls, buf)
         for j in range(16):
             _pack_q3_scale(sc_bytes, j, np.int64(Ls[j]))
@@ -211,7 +240,6 @@ def q3k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
         max_scale = np.float32(0.0)
         amax = np.float32(0.0)
         for j in range(16):
-            scales[j] = make_q3_quants(16, 4, x[16 * j:16 * j + 16], L[16 * j:16 * j + 16])
             a = abs(scales[j])
             if a > amax:
                 amax = a
@@ -226,19 +254,33 @@ def q3k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
             d16 = 0
     _store_f16(out, 108, d16)
     d = fp16_to_fp32(d16)
+    v = buf[:16]  # free again after the fits
     for j in range(16):
         dj = fmul(d, np.float32(_q3_scale(sc_bytes, j)))
         if dj == np.float32(0.0):
             continue
+        # nearest_int(x/dj) clamped to [-4, 3]: when every |x/dj| < 2^22 (not NaN), round_clamp gives the same
+        # ints without a branch per element; otherwise the exact bit-trick path.
+        ok = True
         for i in range(16):
-            L[16 * j + i] = max(-4, min(3, nearest_int_full(x[16 * j + i] / dj))) + 4
+            vi = x[16 * j + i] / dj
+            v[i] = vi
+            ok &= abs(vi) < np.float32(4e6)
+        if ok:
+            for i in range(16):
+                L[16 * j + i] = np.int64(round_clamp(v[i], np.float32(-4.0), np.float32(3.0))) + 4
+        else:
+            for i in range(16):
+                L[16 * j + i] = max(-4, min(3, nearest_int_full(v[i]))) + 4
+    # The high bit of quant j goes to bit j // 32 of hmask[j % 32].
     for m in range(32):
-        out[m] = 0
-    for j in range(QK_K):
-        lj = np.int64(L[j])
-        if lj > 3:
-            out[j % 32] = np.int64(out[j % 32]) | (1 << (j // 32))
-            L[j] = lj - 4
+        h = 0
+        for bit in range(8):
+            lj = np.int64(L[32 * bit + m])
+            hi = 1 if lj > 3 else 0
+            h |= hi << bit
+            L[32 * bit + m] = lj - 4 * hi
+        out[m] = h
     _pack_2bit(L, out[32:96])
 
 
@@ -278,6 +320,109 @@ def q3k_dequantize_block(blk: np.ndarray, y: np.ndarray) -> None:
                     y[128 * h + 32 * sh + m] = fmul(dl, np.float32(q))
 
 
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def make_q3_quants_lanes(nl: int, nmax: int, xt: np.ndarray, st: np.ndarray, lf: np.ndarray,
+                         bad: np.ndarray) -> None:
+    """:func:`~ggufkit.quant.kquants_math.make_q3_quants` on ``nl`` groups of 16 at once (CPU only).
+
+    The technique of :func:`~ggufkit.quant.kquants_math.make_qkx_quants_lanes`: innermost loops over the
+    groups ("lanes"), each lane doing the scalar function's float32 operations in its order; the C's
+    branches become per-lane selects, and a lane leaves the refinement passes after a pass that changes
+    nothing, as the C breaks out. A lane whose candidate ``x*sl2/slx`` leaves round_clamp's exact range
+    (|v| >= 4e6, NaN) is flagged in ``bad``: its outputs are meaningless and the caller must run the scalar
+    function on it.
+
+    Args:
+        nl: number of groups.
+        nmax: 4 (Q3_K).
+        xt: float32[16*nl], weight i of group j at ``i*nl + j``.
+        st: float32[>=8, >=nl] scratch; on return row 0 holds the scales.
+        lf: float32[16*nl] out: the quants (``l + nmax``, or 0 for an all-zero group), same layout.
+        bad: int64[>=nl] out.
+    """
+    zero = np.float32(0.0)
+    one = np.float32(1.0)
+    flag = np.float32(1000.0)  # added to a lane's change count when it leaves the exact range
+    lo = np.float32(-nmax)
+    hi = np.float32(nmax - 1)
+    sc = st[0]
+    amax = st[1]
+    mx = st[2]
+    sumlx = st[3]
+    suml2 = st[4]
+    alive = st[5]
+    nch = st[6]
+    isc = st[7]
+    for j in range(nl):
+        amax[j] = zero
+        mx[j] = zero
+        bad[j] = 0
+    for i in range(16):
+        b = i * nl
+        for j in range(nl):
+            xi = xt[b + j]
+            ax = abs(xi)
+            take = ax > amax[j]
+            amax[j] = ax if take else amax[j]
+            mx[j] = xi if take else mx[j]
+    for j in range(nl):
+        isc[j] = lo / mx[j] if amax[j] >= GROUP_MAX_EPS else zero  # all-zero lanes are replaced at the end
+        sumlx[j] = zero
+        suml2[j] = zero
+        alive[j] = one
+    for i in range(16):
+        b = i * nl
+        for j in range(nl):
+            xi = xt[b + j]
+            li = round_clamp(fmul(isc[j], xi), lo, hi)  # |iscale*x| <= nmax: the exact range
+            lf[b + j] = li
+            w = fmul(xi, xi)
+            sumlx[j] = fadd(sumlx[j], fmul(fmul(w, xi), li))
+            suml2[j] = fadd(suml2[j], fmul(fmul(w, li), li))
+    for _ in range(5):
+        for j in range(nl):
+            nch[j] = zero
+        for i in range(16):
+            b = i * nl
+            for j in range(nl):
+                # (Few arrays written here: with more, LLVM gives up its runtime alias checks and does not
+                # vectorize the loop.)
+                xi = xt[b + j]
+                fl = lf[b + j]
+                w = fmul(xi, xi)
+                wx = fmul(w, xi)
+                slx = fsub(sumlx[j], fmul(wx, fl))
+                sl2 = fsub(suml2[j], fmul(fmul(w, fl), fl))
+                v = fmul(xi, sl2) / slx
+                act = (alive[j] > zero) & (slx > zero)
+                ok = abs(v) < np.float32(4e6)
+                new = round_clamp(v if ok else zero, lo, hi)
+                slx2 = fadd(slx, fmul(wx, new))
+                sl22 = fadd(sl2, fmul(fmul(w, new), new))
+                acc = (act & ok & (new != fl) & (sl22 > zero)
+                       & (fmul(fmul(slx2, slx2), suml2[j]) > fmul(fmul(sumlx[j], sumlx[j]), sl22)))
+                lf[b + j] = new if acc else fl
+                sumlx[j] = slx2 if acc else sumlx[j]
+                suml2[j] = sl22 if acc else suml2[j]
+                nch[j] = fadd(nch[j], one if acc else (flag if act & (not ok) else zero))
+        n_alive = 0
+        for j in range(nl):
+            bad[j] = 1 if nch[j] >= flag else bad[j]
+            a = (alive[j] > zero) & (nch[j] > zero)
+            alive[j] = one if a else zero
+            n_alive += a
+        if n_alive == 0:
+            break
+    fnmax = np.float32(nmax)
+    for j in range(nl):
+        s = sumlx[j] / suml2[j] if suml2[j] > zero else zero
+        sc[j] = zero if amax[j] < GROUP_MAX_EPS else s
+    for i in range(16):
+        b = i * nl
+        for j in range(nl):
+            lf[b + j] = zero if amax[j] < GROUP_MAX_EPS else fadd(lf[b + j], fnmax)
+
+
 # --- CPU kernels (the registry's entry points) -------------------------------------------------------
 
 
@@ -287,11 +432,23 @@ def quantize_rows_q2_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
 
     ``qw`` float32[n_per_row] is the imatrix (``quantize_row_q2_K_impl``), or float32[0] for the reference
     path (``quantize_row_q2_K_ref``). Byte-identical to ``ggml_quantize_chunk(GGML_TYPE_Q2_K)``.
+
+    The 16*_CHUNK sub-blocks of a chunk are fitted side by side
+    (:func:`~ggufkit.quant.kquants_math.make_qkx_quants_lanes`, same roundings); a block with a sub-block
+    the lanes cannot do exactly (constant, or extreme weights) takes ``q2k_quantize_block``.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_K
     total = n_rows * nb
     use_qw = qw.shape[0] > 0
+    if use_qw:
+        rmin = np.float32(-0.9)
+        rdelta = np.float32(0.05)
+        nstep = 36
+    else:
+        rmin = np.float32(-0.5)
+        rdelta = np.float32(0.1)
+        nstep = 15
     for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
         L = np.empty(QK_K, np.uint8)
         Laux = np.empty(32, np.float32)
@@ -301,12 +458,60 @@ def quantize_rows_q2_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         sw = np.empty(16, np.float32)
         Ls = np.empty(16, np.uint8)
         Lm = np.empty(16, np.uint8)
-        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+        # Lane 16*k + j is sub-block j of the chunk's k-th block; weight i of a lane at i*nl + lane.
+        t0 = c * _CHUNK
+        nblk = min(total, t0 + _CHUNK) - t0
+        nl = 16 * nblk
+        xt = np.empty(16 * nl, np.float32)
+        wt = np.empty(16 * nl, np.float32)
+        cur = np.empty(16 * nl, np.float32)
+        lf = np.empty(16 * nl, np.float32)
+        st = np.empty((16, nl), np.float32)
+        bad = np.empty(nl, np.int64)
+        swc = np.empty(nl, np.float32)
+        for k in range(nblk):
+            t = t0 + k
             r = t // nb
             b = t - r * nb
-            q2k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw[b * QK_K:(b + 1) * QK_K] if use_qw else qw,
-                               use_qw, out[r, b * Q2_K_BYTES:(b + 1) * Q2_K_BYTES], L, Laux, w, scales, mins, sw,
-                               Ls, Lm)
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            if use_qw:
+                sigma2 = _row_sigma2_sum(xb) / np.float32(256.0)
+                for j in range(16):
+                    sumw = np.float32(0.0)
+                    for i in range(16):
+                        xi = xb[16 * j + i]
+                        wi = fmul(qw[b * QK_K + 16 * j + i], np.float32(math.sqrt(fadd(sigma2, fmul(xi, xi)))))
+                        sumw = fadd(sumw, wi)
+                        xt[i * nl + 16 * k + j] = xi
+                        wt[i * nl + 16 * k + j] = wi
+                    swc[16 * k + j] = sumw
+            else:
+                for j in range(16):
+                    for i in range(16):
+                        xi = xb[16 * j + i]
+                        xt[i * nl + 16 * k + j] = xi
+                        wt[i * nl + 16 * k + j] = abs(xi)
+        make_qkx_quants_lanes(nl, 16, 3, xt, wt, rmin, rdelta, nstep, not use_qw, st, cur, lf, bad)
+        for k in range(nblk):
+            t = t0 + k
+            r = t // nb
+            b = t - r * nb
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            ob = out[r, b * Q2_K_BYTES:(b + 1) * Q2_K_BYTES]
+            n_bad = 0
+            for j in range(16):
+                n_bad += bad[16 * k + j]
+            if n_bad > 0:
+                q2k_quantize_block(xb, qw[b * QK_K:(b + 1) * QK_K] if use_qw else qw, use_qw, ob, L, Laux, w,
+                                   scales, mins, sw, Ls, Lm)
+                continue
+            for j in range(16):
+                scales[j] = st[0, 16 * k + j]
+                mins[j] = st[1, 16 * k + j]
+                sw[j] = swc[16 * k + j]
+                for i in range(16):
+                    L[16 * j + i] = np.int64(lf[i * nl + 16 * k + j])
+            _q2k_finish_block(use_qw, xb, ob, L, scales, mins, sw, Ls, Lm)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
@@ -326,6 +531,10 @@ def quantize_rows_q3_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
 
     ``qw`` float32[n_per_row] is the imatrix (``quantize_row_q3_K_impl``), or float32[0] for the reference
     path (``quantize_row_q3_K_ref``). Byte-identical to ``ggml_quantize_chunk(GGML_TYPE_Q3_K)``.
+
+    The 16*_CHUNK sub-blocks of a chunk are fitted side by side (:func:`make_q3_quants_lanes`, or
+    :func:`~ggufkit.quant.kquants_math.make_qx_quants_lanes` with an imatrix; same roundings); a block with a
+    sub-block the lanes cannot do exactly takes ``q3k_quantize_block``.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_K
@@ -338,11 +547,60 @@ def quantize_rows_q3_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         sw = np.empty(16, np.float32)
         Ls = np.empty(16, np.uint8)
         buf = np.empty(64, np.float32)
-        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+        # Lane 16*k + j is sub-block j of the chunk's k-th block; weight i of a lane at i*nl + lane.
+        t0 = c * _CHUNK
+        nblk = min(total, t0 + _CHUNK) - t0
+        nl = 16 * nblk
+        xt = np.empty(16 * nl, np.float32)
+        wt = np.empty(16 * nl, np.float32)
+        wxt = np.empty(16 * nl, np.float32)
+        lf = np.empty(16 * nl, np.float32)
+        st = np.empty((8, nl), np.float32)
+        bad = np.zeros(nl, np.int64)
+        swc = np.empty(nl, np.float32)
+        for k in range(nblk):
+            t = t0 + k
             r = t // nb
             b = t - r * nb
-            q3k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw[b * QK_K:(b + 1) * QK_K] if use_qw else qw,
-                               use_qw, out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES], L, w, scales, sw, Ls, buf)
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            if use_qw:
+                sigma2 = fmul(np.float32(2.0), _row_sigma2_sum(xb)) / np.float32(256.0)
+                for j in range(16):
+                    sumw = np.float32(0.0)
+                    for i in range(16):
+                        xi = xb[16 * j + i]
+                        wi = fmul(qw[b * QK_K + 16 * j + i], np.float32(math.sqrt(fadd(sigma2, fmul(xi, xi)))))
+                        sumw = fadd(sumw, wi)
+                        xt[i * nl + 16 * k + j] = xi
+                        wt[i * nl + 16 * k + j] = wi
+                        wxt[i * nl + 16 * k + j] = fmul(wi, xi)
+                    swc[16 * k + j] = sumw
+            else:
+                for j in range(16):
+                    for i in range(16):
+                        xt[i * nl + 16 * k + j] = xb[16 * j + i]
+        if use_qw:
+            make_qx_quants_lanes(nl, 4, xt, wt, wxt, st, lf)
+        else:
+            make_q3_quants_lanes(nl, 4, xt, st, lf, bad)
+        for k in range(nblk):
+            t = t0 + k
+            r = t // nb
+            b = t - r * nb
+            xb = x[r, b * QK_K:(b + 1) * QK_K]
+            ob = out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES]
+            n_bad = 0
+            for j in range(16):
+                n_bad += bad[16 * k + j]
+            if n_bad > 0:  # the scalar fits, with ggml's exact nearest_int
+                q3k_quantize_block(xb, qw, use_qw, ob, L, w, scales, sw, Ls, buf)
+                continue
+            for j in range(16):
+                scales[j] = st[0, 16 * k + j]
+                sw[j] = swc[16 * k + j]
+                for i in range(16):
+                    L[16 * j + i] = np.int64(lf[i * nl + 16 * k + j])
+            _q3k_finish_block(use_qw, xb, ob, L, scales, sw, Ls, buf)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

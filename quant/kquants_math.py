@@ -475,10 +475,10 @@ def get_scale_min_k4(j: int, s: np.ndarray) -> tuple[int, int]:
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def make_qkx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rmin: np.float32,
-                          rdelta: np.float32, nstep: int, st: np.ndarray, cur: np.ndarray, lf: np.ndarray,
-                          bad: np.ndarray) -> None:
-    """:func:`make_qkx_quants` on ``nl`` groups of 32 at once (CPU only), each group one "lane".
+def make_qkx_quants_lanes(nl: int, n: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rmin: np.float32,
+                          rdelta: np.float32, nstep: int, use_mad: bool, st: np.ndarray, cur: np.ndarray,
+                          lf: np.ndarray, bad: np.ndarray) -> None:
+    """:func:`make_qkx_quants` on ``nl`` groups of ``n`` at once (CPU only), each group one "lane".
 
     A single group is a chain of dependent float32 additions (each sum runs in index order), so it is
     bound by add latency. Here the innermost loops run over the lanes, and every lane does exactly the
@@ -489,13 +489,14 @@ def make_qkx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rm
 
     Args:
         nl: number of groups.
-        nmax: largest quant (15 or 31).
-        xt: float32[32*nl], weight i of group j at ``i*nl + j``.
-        wt: float32[32*nl] importances, same layout.
-        rmin, rdelta, nstep: the search grid, as for :func:`make_qkx_quants`.
+        n: group size (32 for Q4_K/Q5_K, 16 for Q2_K).
+        nmax: largest quant (3, 15 or 31).
+        xt: float32[n*nl], weight i of group j at ``i*nl + j``.
+        wt: float32[n*nl] importances, same layout.
+        rmin, rdelta, nstep, use_mad: the search grid and error, as for :func:`make_qkx_quants`.
         st: float32[>=16, >=nl] scratch; on return row 0 holds the scales and row 1 the mins (``-min``).
-        cur: float32[32*nl] scratch.
-        lf: float32[32*nl] out: the quants (as floats), same layout.
+        cur: float32[n*nl] scratch.
+        lf: float32[n*nl] out: the quants (as floats), same layout.
         bad: int64[>=nl] out: nonzero for a group this function cannot do exactly (constant group, or
             subnormal/huge weights that leave round_clamp's range); its outputs are then meaningless and
             the caller must run :func:`make_qkx_quants` on it.
@@ -524,7 +525,7 @@ def make_qkx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rm
         mx[j] = xt[j]
         sw[j] = wt[j]
         sx[j] = fmul(wt[j], xt[j])
-    for i in range(1, 32):
+    for i in range(1, n):
         b = i * nl
         for j in range(nl):
             xi = xt[b + j]
@@ -546,13 +547,13 @@ def make_qkx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rm
         # _in_fast_range, without short-circuits so the loop stays branch-free.
         ok = (s > zero) & (fmul(s, mx[j] - m) < big) & (fmul(s, lo[j] - m) > -big) & (mx[j] != m)
         bad[j] = 0 if ok else 1
-    for i in range(32):
+    for i in range(n):
         b = i * nl
         for j in range(nl):
             xi = xt[b + j]
             lv = round_clamp(fmul(isc[j], xi - mn[j]), zero, fnmax)
             d = fsub(fadd(fmul(sc[j], lv), mn[j]), xi)
-            be[j] = fadd(be[j], fmul(wt[b + j], fmul(d, d)))
+            be[j] = fadd(be[j], fmul(wt[b + j], _qkx_err(d, use_mad)))
     for step in range(nstep + 1):
         num = fadd(fadd(rmin, fmul(rdelta, np.float32(step))), fnmax)
         for j in range(nl):
@@ -564,7 +565,7 @@ def make_qkx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rm
             sl2[j] = zero
             sxl[j] = zero
             err[j] = zero
-        for i in range(32):
+        for i in range(n):
             b = i * nl
             for j in range(nl):
                 xi = xt[b + j]
@@ -583,11 +584,11 @@ def make_qkx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rm
             tm[j] = zero if pos else t_m
             # The C skips the step when det <= 0: an infinite error never wins.
             err[j] = zero if det > zero else np.float32(np.inf)
-        for i in range(32):
+        for i in range(n):
             b = i * nl
             for j in range(nl):
                 d = fsub(fadd(fmul(ts[j], cur[b + j]), tm[j]), xt[b + j])
-                err[j] = fadd(err[j], fmul(wt[b + j], fmul(d, d)))
+                err[j] = fadd(err[j], fmul(wt[b + j], _qkx_err(d, use_mad)))
         for j in range(nl):
             take = err[j] < be[j]
             be[j] = err[j] if take else be[j]
@@ -595,7 +596,7 @@ def make_qkx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, rm
             bis[j] = isc[j] if take else bis[j]
             bmn[j] = mn[j] if take else bmn[j]
             mn[j] = tm[j] if take else mn[j]
-    for i in range(32):
+    for i in range(n):
         b = i * nl
         for j in range(nl):
             lf[b + j] = round_clamp(fmul(bis[j], xt[b + j] - bmn[j]), zero, fnmax)
@@ -689,3 +690,4 @@ def make_qx_quants_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, wxt
         for j in range(nl):
             lv = fadd(round_clamp(fmul(bis[j], xt[b + j]), lo, hi), fnmax)
             lf[b + j] = zero if amax[j] < GROUP_MAX_EPS else lv
+

@@ -1,0 +1,109 @@
+"""Kernel time of Q2_K, Q3_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 and Q1_0: ggufkit vs ggml, in process.
+
+Both sides quantize the same float32 tensor (default 4096 rows x 4096 = 16.8M weights, from F16 values of
+sigma 0.02) at the same thread count, without and with an imatrix:
+
+* ggufkit: the type's CPU kernel from ``ggufkit.quant.KERNELS`` with Numba's thread count set to N;
+* ggml: ``ggml_quantize_chunk`` (ctypes, libggml-base.so of llama-cpp-python 0.3.36) on N row chunks from N
+  Python threads (ctypes releases the GIL), as llama-quantize splits a tensor across its threads.
+
+Each timing is the best of ``--rounds``; the bytes of both sides are compared. Ratio = ggufkit's time /
+ggml's time (lower is better; the issue's target is <= 0.5). Run::
+
+    python benchmarks/bench_quant_lowbit.py [--rows 4096] [--threads N] [--rounds 2] [--types Q2_K,Q3_K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from ggml_oracle import libggml, row_bytes
+
+from ggufkit.quant import KERNELS
+
+TYPES = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.MXFP4, T.Q1_0]
+N_PER_ROW = 4096
+
+
+def cpu_description() -> str:
+    """CPU model and its AVX2 / AVX-512 flags, from /proc/cpuinfo where there is one."""
+    model, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    model = model or platform.processor() or "unknown CPU"
+    avx512 = sorted(f for f in flags if f.startswith("avx512"))
+    return (f"{model}; AVX2 {'yes' if 'avx2' in flags else 'no'}; "
+            f"AVX-512 {' '.join(avx512) if avx512 else 'no'}")
+
+
+def _ggml(x: np.ndarray, qtype: T, qw: np.ndarray | None, threads: int) -> np.ndarray:
+    out = np.empty((x.shape[0], row_bytes(qtype, x.shape[1])), np.uint8)
+    lib = libggml()
+    bounds = np.linspace(0, x.shape[0], threads + 1).astype(int)
+    qw_ptr = None if qw is None else qw.ctypes.data
+
+    def chunk(i: int) -> None:
+        r0, r1 = int(bounds[i]), int(bounds[i + 1])
+        lib.ggml_quantize_chunk(int(qtype), x.ctypes.data, out.ctypes.data, r0 * x.shape[1], r1 - r0, x.shape[1],
+                                qw_ptr)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(chunk, range(threads)))
+    return out
+
+
+def _best(fn, rounds: int) -> tuple[float, np.ndarray]:  # type: ignore[no-untyped-def]
+    best, out = float("inf"), None
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out  # type: ignore[return-value]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--types", default=",".join(t.name for t in TYPES))
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((args.rows, N_PER_ROW), dtype=np.float32) * 0.02).astype(np.float16).astype(np.float32)
+    imatrix = rng.gamma(0.5, 2.0, N_PER_ROW).astype(np.float32)
+    numba.set_num_threads(args.threads)
+    print(f"{x.size / 1e6:.1f}M weights, {args.threads} threads, best of {args.rounds}; {cpu_description()}")
+    print(f"{'type':7s} {'path':8s} {'ggufkit s':>10s} {'ggml s':>10s} {'ratio':>6s}  bytes")
+    for name in args.types.split(","):
+        qtype = T[name]
+        quantize_rows = KERNELS[qtype].cpu()[0]
+        for label, qw in (("ref", None), ("imatrix", imatrix)):
+            w = np.zeros(0, np.float32) if qw is None else qw
+            out = np.empty((x.shape[0], row_bytes(qtype, N_PER_ROW)), np.uint8)
+            quantize_rows(x[:2], w, out[:2])  # compile or load from the cache before timing
+
+            t_ours, a = _best(lambda f=quantize_rows, w=w, out=out: (f(x, w, out), out)[1], args.rounds)
+            t_ggml, b = _best(lambda t=qtype, qw=qw: _ggml(x, t, qw, args.threads), args.rounds)
+            same = "equal" if np.array_equal(a, b) else "DIFFER"
+            print(f"{name:7s} {label:8s} {t_ours:10.3f} {t_ggml:10.3f} {t_ours / t_ggml:6.2f}  {same}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
