@@ -105,10 +105,25 @@ def _entry(qtype: GGMLQuantizationType, family: str) -> QuantKernels:
     )
 
 
+def _grid_entry(qtype: GGMLQuantizationType, module: str) -> QuantKernels:
+    # The grid types (IQ1/IQ2/IQ3) have CPU kernels only: cuda_module "" marks "no CUDA kernel; runs on the
+    # CPU under --device cuda" (the issue allows it, if the plan says so).
+    t = qtype.name.lower()
+    return QuantKernels(qtype=qtype, cpu_module=f"ggufkit.quant.{module}", cpu_quantize=f"quantize_rows_{t}",
+                        cpu_dequantize=f"dequantize_rows_{t}", cuda_module="", cuda_quantize="", cuda_dequantize="")
+
+
 #: Every quantized type with kernels, in ggml type-id order.
 KERNELS: dict[GGMLQuantizationType, QuantKernels] = {
     **{t: _entry(t, "legacy") for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)},
     **{t: _entry(t, "kquants") for t in (T.Q4_K, T.Q5_K, T.Q6_K)},
+    T.IQ2_XXS: _grid_entry(T.IQ2_XXS, "iq2"),
+    T.IQ2_XS: _grid_entry(T.IQ2_XS, "iq2"),
+    T.IQ3_XXS: _grid_entry(T.IQ3_XXS, "iq3"),
+    T.IQ1_S: _grid_entry(T.IQ1_S, "iq1"),
+    T.IQ3_S: _grid_entry(T.IQ3_S, "iq3"),
+    T.IQ2_S: _grid_entry(T.IQ2_S, "iq2"),
+    T.IQ1_M: _grid_entry(T.IQ1_M, "iq1"),
 }
 
 #: Every type :func:`ggufkit.quant.quantize` can produce.
