@@ -198,3 +198,30 @@ def test_grids_from_gguf_py_equal_ggmls_kgrid_tables(qtype: QT, c_name: str) -> 
     off = t.kmap[t.kmap < 0]
     starts = -off - 1
     assert (t.neighbours[starts] > 0).all()
+
+
+_GGML_CHILD = r"""
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from ggml_oracle import ggml_quantize
+from gguf import GGMLQuantizationType
+x = (np.random.default_rng(1).standard_normal((1, 256)) * 1e16).astype(np.float32)
+ggml_quantize(x, GGMLQuantizationType[sys.argv[1]], np.ones(256, np.float32))
+"""
+
+
+@pytest.mark.parametrize("qtype", [QT.IQ2_XS, QT.IQ3_S], ids=lambda t: t.name)
+def test_rows_on_which_ggml_aborts_are_refused(qtype: QT) -> None:
+    # |x| ~ 1e16: the weighted squared distances overflow to inf, no grid point is "closer than FLT_MAX"
+    # and ggml stops with GGML_ASSERT(grid_index >= 0); ggufkit raises instead of writing anything.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-c", _GGML_CHILD, qtype.name, str(Path(__file__).parent)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "GGML_ASSERT(grid_index >= 0)" in proc.stderr
+    x = (np.random.default_rng(1).standard_normal((1, 256)) * 1e16).astype(np.float32)
+    with pytest.raises(QuantizationError, match="cannot be quantized"):
+        quantize(x, qtype, imatrix=np.ones(256, np.float32))
