@@ -64,7 +64,7 @@ def _stable_order(xb: np.ndarray, idx: np.ndarray) -> None:
         idx[k + 1] = v
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def _find_best_neighbour2(neigh: np.ndarray, start: int, qgrid: np.ndarray, xb: np.ndarray, off: int,
                           weight: np.ndarray, scale: np.float32, xx: np.ndarray, L: np.ndarray) -> int:
     """``iq1_find_best_neighbour2``: closest listed grid point to ``xb[off:off+8]`` with levels mapped
@@ -90,7 +90,7 @@ def _find_best_neighbour2(neigh: np.ndarray, start: int, qgrid: np.ndarray, xb: 
     return gi
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def _weights(xb: np.ndarray, qw: np.ndarray, off: int, use_qw: bool, sigma2: np.float32, weight: np.ndarray) -> None:
     for i in range(xb.size):
         if use_qw:
@@ -99,7 +99,7 @@ def _weights(xb: np.ndarray, qw: np.ndarray, off: int, use_qw: bool, sigma2: np.
             weight[i] = xb[i] * xb[i]
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def _amax(xb: np.ndarray) -> np.float32:
     mx = abs(xb[0])
     for i in range(1, xb.size):
@@ -258,7 +258,7 @@ def quantize_rows_iq1_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
 # --- IQ1_M ---------------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def _half_xx(best_k: int, k: int) -> np.ndarray:
     """The shifted levels of half ``k`` of a 16-weight sub-block: bit 1 of ``best_k`` for the first half,
     bit 0 for the second (0: +delta, 1: -delta)."""
@@ -293,8 +293,6 @@ def _iq1_m_split(xb: np.ndarray, weight: np.ndarray, idx: np.ndarray, px: np.nda
     besti1 = -1
     besti2 = -1
     best_k = -1
-    sqx = np.empty(4, np.float32)
-    sq2 = np.empty(4, np.float32)
     for i1 in range(17):
         for i2 in range(i1, 17):
             sx0 = px[0, i1] + px[0, i2]
@@ -307,18 +305,13 @@ def _iq1_m_split(xb: np.ndarray, weight: np.ndarray, idx: np.ndarray, px: np.nda
             q2p1 = pw[1, 16] * p2 * p2 + pw[1, i1] * cp1 + pw[1, i2] * cp2
             q2m0 = pw[0, 16] * m2 * m2 + pw[0, i1] * cm1 + pw[0, i2] * cm2
             q2m1 = pw[1, 16] * m2 * m2 + pw[1, i1] * cm1 + pw[1, i2] * cm2
-            sqx[0] = qxp0 + qxp1
-            sqx[1] = qxp0 + qxm1
-            sqx[2] = qxm0 + qxp1
-            sqx[3] = qxm0 + qxm1
-            sq2[0] = q2p0 + q2p1
-            sq2[1] = q2p0 + q2m1
-            sq2[2] = q2m0 + q2p1
-            sq2[3] = q2m0 + q2m1
+            # the four sign combinations, in ggml's k order (scalars: heap scratch would stay in memory)
             for k in range(4):
-                if sq2[k] > _F0 and sqx[k] * sqx[k] > best * sq2[k]:
-                    scale = sqx[k] / sq2[k]
-                    best = scale * sqx[k]
+                sqx = (qxp0 if k < 2 else qxm0) + (qxp1 if k % 2 == 0 else qxm1)
+                sq2 = (q2p0 if k < 2 else q2m0) + (q2p1 if k % 2 == 0 else q2m1)
+                if sq2 > _F0 and sqx * sqx > best * sq2:
+                    scale = sqx / sq2
+                    best = scale * sqx
                     besti1 = i1
                     besti2 = i2
                     best_k = k

@@ -45,7 +45,7 @@ _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def _round_levels(xval: np.ndarray, off: int, iscale: np.float32, Lout: np.ndarray) -> int:
     """``l = clamp(nearest_int(0.5*(id*x - 1)), 0, 2)`` for 8 values; returns their packed 2-bit index."""
     u = 0
@@ -57,7 +57,7 @@ def _round_levels(xval: np.ndarray, off: int, iscale: np.float32, Lout: np.ndarr
     return u
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def _packed(L: np.ndarray, off: int) -> int:
     u = 0
     for i in range(8):
@@ -65,7 +65,7 @@ def _packed(L: np.ndarray, off: int) -> int:
     return u
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def _fit(n: int, weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[np.float32, np.float32]:
     sumqx = _F0
     sumq2 = _F0

@@ -46,7 +46,7 @@ _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def _round_levels3(xval: np.ndarray, off: int, iscale: np.float32, Lout: np.ndarray) -> int:
     """``l = clamp(nearest_int(0.5*(id*x - 1)), 0, 7)`` for 4 values; returns their packed 3-bit index."""
     u = 0
@@ -58,7 +58,7 @@ def _round_levels3(xval: np.ndarray, off: int, iscale: np.float32, Lout: np.ndar
     return u
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def _fit32(weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[np.float32, np.float32]:
     sumqx = _F0
     sumq2 = _F0

@@ -36,14 +36,14 @@ def f16_bits(v: np.float32) -> int:
     return np.int64(fp32_to_fp16(v))
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def put_u16(out: np.ndarray, off: int, v: int) -> None:
     """Store ``v`` little-endian at ``out[off:off+2]``."""
     out[off] = v & 0xFF
     out[off + 1] = (v >> 8) & 0xFF
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def find_best_neighbour(neighbours: np.ndarray, start: int, qgrid: np.ndarray, xval: np.ndarray, off: int,
                         waux: np.ndarray, scale: np.float32, L: np.ndarray) -> int:
     """``iq2_find_best_neighbour`` / ``iq3_find_best_neighbour``: the listed grid point closest to
@@ -72,7 +72,7 @@ def find_best_neighbour(neighbours: np.ndarray, start: int, qgrid: np.ndarray, x
     return grid_index
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def signs_with_parity(xb: np.ndarray, off: int, weight: np.ndarray, xval: np.ndarray) -> int:
     """|x| of 8 weights into ``xval[off:off+8]`` and their 7 sign bits; an odd count of negatives flips
     the element with the smallest ``weight*x*x`` (its xval becomes negative, its bit toggles)."""
@@ -99,7 +99,7 @@ def signs_with_parity(xb: np.ndarray, off: int, weight: np.ndarray, xval: np.nda
     return s & 127
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def fmax(a: np.float32, b: np.float32) -> np.float32:
     """ggml's ``MAX(a, b)``: ``a > b ? a : b`` (NaN in a gives b)."""
     return a if a > b else b
