@@ -213,6 +213,8 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
             row = h[r].view(np.float16).astype(np.float32)
             _raise_non_finite(row, r * n_per_row, name)
         return out.reshape(out_shape)
+    if dev == "cuda" and not (t in KERNELS and KERNELS[t].cuda_module):
+        dev = "cpu"  # the grid types (IQ1/IQ2/IQ3) have CPU kernels only; the planner reports it
     if dev == "cuda" and x.dtype == np.float16 and t not in FLOAT_TYPES and rows and n_per_row:
         return _quantize_f16_on_gpu(t, x.reshape(rows, n_per_row), qw, name).reshape(out_shape)
     with numba_threads(threads):

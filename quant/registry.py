@@ -210,6 +210,13 @@ TYPES: dict[GGMLQuantizationType, TypeTraits] = dict((
     _row(T.MXFP4, "mxfp4", cuda_family="cuda_lowbit"),
     # ggml-quants.c quantize_row_q1_0_ref
     _row(T.Q1_0, "q1_0", scales=(0,), cuda_family="cuda_lowbit"),
+    # ggml-quants.c quantize_iq2_xxs ... quantize_iq1_m: searches over ggml's grids (tables built as
+    # iq2xs_init_impl / iq3xs_init_impl do). CPU only: under --device cuda they run on the CPU, and the plan
+    # says so. IQ1_M keeps its f16 scale spread over scales[] (ggml_validate_row_data reassembles it).
+    _row(T.IQ2_XXS, "iq2", cuda=False, scales=(0,)), _row(T.IQ2_XS, "iq2", cuda=False, scales=(0,)),
+    _row(T.IQ3_XXS, "iq3", cuda=False, scales=(0,)), _row(T.IQ1_S, "iq1", cuda=False, scales=(0,)),
+    _row(T.IQ3_S, "iq3", cuda=False, scales=(0,)), _row(T.IQ2_S, "iq2", cuda=False, scales=(0,)),
+    _row(T.IQ1_M, "iq1", cuda=False),
 ))
 
 #: Element-wise float targets (rows without a kernel module).

@@ -1,0 +1,499 @@
+"""IQ1_S / IQ1_M kernels: Numba CPU quantize/dequantize, byte-identical to ggml.
+
+Block layouts (ggml-common.h; 256 weights, little-endian):
+
+* IQ1_S, 50 bytes: f16 ``d`` @0, ``qs`` uint8[32] @2 (low 8 bits of 11-bit indices into ``iq1s_grid``,
+  one per 8 weights), ``qh`` uint16[8] @34 (per 32 weights: 3 high bits of each of its 4 indices, the
+  3-bit scale in bits 12-14 and the sign of the shift ``IQ1S_DELTA`` in bit 15).
+* IQ1_M, 56 bytes: ``qs`` uint8[32] @0, ``qh`` uint8[16] @32 (per 16 weights: two 3-bit high index parts,
+  each with a shift-sign bit 0x08 / 0x80), ``scales`` uint8[8] @48 (sixteen 3-bit scales, and the f16
+  super-scale spread over the top nibbles of the four uint16 words).
+
+Quantization follows ``ggml_quantize_chunk`` (ggml-quants.c: ``quantize_row_iq1_s_impl``,
+``quantize_row_iq1_m_impl``). IQ1_S requires an imatrix (``ggml_quantize_requires_imatrix``); IQ1_M
+weights each value by ``x*x`` without one. The exhaustive split search sorts a sub-block's weights with
+``qsort``: glibc up to 2.36 sorts these small arrays with a stable merge sort, so ties keep their index
+order, as the stable insertion sort here does. Dequantization: ``dequantize_row_iq1_s`` / ``_iq1_m``.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from ggufkit.quant.fp import fp16_to_fp32
+from ggufkit.quant.iq_common import (
+    FLT_MAX,
+    NEGATIVE_SCALE,
+    NO_GRID_POINT,
+    QK_K,
+    check_rows,
+    f16_bits,
+    fmax,
+    need_imatrix,
+    put_u16,
+)
+from ggufkit.quant.iq_grids import iq_tables
+from ggufkit.quant.kquants_math import nearest_int_full
+
+T = GGMLQuantizationType
+GROUP_MAX_EPS_IQ1_S = np.float32(1e-12)
+GROUP_MAX_EPS_IQ1_M = np.float32(1e-7)
+DELTA = np.float32(0.125)  # IQ1S_DELTA == IQ1M_DELTA
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+_HALF = np.float32(0.5)
+_X_P = np.array([-_F1 + DELTA, DELTA, _F1 + DELTA], np.float32)
+_X_M = np.array([-_F1 - DELTA, -DELTA, _F1 - DELTA], np.float32)
+_MASKS = np.array([0x00, 0x80, 0x08, 0x88], np.int64)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _stable_order(xb: np.ndarray, idx: np.ndarray) -> None:
+    """Indices of ``xb`` sorted ascending by value, ties in index order (glibc's merge-sort ``qsort``)."""
+    n = xb.size
+    for j in range(n):
+        idx[j] = j
+    for j in range(1, n):
+        v = idx[j]
+        k = j - 1
+        while k >= 0 and xb[idx[k]] > xb[v]:
+            idx[k + 1] = idx[k]
+            k -= 1
+        idx[k + 1] = v
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _find_best_neighbour2(neigh: np.ndarray, start: int, qgrid: np.ndarray, xb: np.ndarray, off: int,
+                          weight: np.ndarray, scale: np.float32, xx: np.ndarray, L: np.ndarray) -> int:
+    """``iq1_find_best_neighbour2``: closest listed grid point to ``xb[off:off+8]`` with levels mapped
+    through ``xx``; writes its levels into ``L[off:off+8]``. Returns -1 where ggml would fall back to a
+    (buggy, out-of-bounds) full search and then assert."""
+    num = np.int64(neigh[start])
+    best = FLT_MAX
+    gi = -1
+    for j in range(1, num + 1):
+        g = np.int64(neigh[start + j])
+        d2 = _F0
+        for i in range(8):
+            q = xx[(qgrid[g, i] - 1) // 2]
+            diff = scale * q - xb[off + i]
+            d2 += weight[off + i] * diff * diff
+        if d2 < best:
+            best = d2
+            gi = g
+    if gi < 0:
+        return -1
+    for i in range(8):
+        L[off + i] = (qgrid[gi, i] - 1) // 2
+    return gi
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _weights(xb: np.ndarray, qw: np.ndarray, off: int, use_qw: bool, sigma2: np.float32, weight: np.ndarray) -> None:
+    for i in range(xb.size):
+        if use_qw:
+            weight[i] = qw[off + i] * np.sqrt(sigma2 + xb[i] * xb[i])
+        else:
+            weight[i] = xb[i] * xb[i]
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _amax(xb: np.ndarray) -> np.float32:
+    mx = abs(xb[0])
+    for i in range(1, xb.size):
+        mx = fmax(mx, abs(xb[i]))
+    return mx
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _sigma2(xbl: np.ndarray) -> np.float32:
+    s = _F0
+    for i in range(QK_K):
+        s += xbl[i] * xbl[i]
+    return np.float32(2.0) * s / np.float32(QK_K)
+
+
+# --- IQ1_S ---------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
+                 neigh: np.ndarray) -> int:
+    """quantize_row_iq1_s_impl for one super-block (50 bytes); returns a failure code."""
+    scales = np.zeros(8, np.float32)
+    shifts = np.ones(8, np.int64)
+    weight = np.empty(32, np.float32)
+    sumx = np.zeros(33, np.float32)
+    sumw = np.zeros(33, np.float32)
+    idx = np.empty(32, np.int64)
+    L = np.zeros(32, np.int8)
+    index = np.zeros(4, np.int64)
+    qh = np.zeros(8, np.int64)
+    y[:] = 0
+    sigma2 = _sigma2(xbl)
+    max_scale = _F0
+    for ib in range(8):
+        xb = xbl[32 * ib:32 * ib + 32]
+        _weights(xb, qw, 32 * ib, True, sigma2, weight)
+        if _amax(xb) < GROUP_MAX_EPS_IQ1_S:
+            scales[ib] = _F0
+            shifts[ib] = 1
+            continue
+        _stable_order(xb, idx)
+        for j in range(32):
+            i = idx[j]
+            sumx[j + 1] = sumx[j] + weight[i] * xb[i]
+            sumw[j + 1] = sumw[j] + weight[i]
+        best = -FLT_MAX
+        scale = _amax(xb)
+        besti1 = -1
+        besti2 = -1
+        best_shift = 0
+        for i1 in range(33):
+            for i2 in range(i1, 33):
+                for sgn in range(2):
+                    xx = _X_P if sgn == 0 else _X_M
+                    sumqx = ((sumx[i1] - sumx[0]) * xx[0] + (sumx[i2] - sumx[i1]) * xx[1]
+                             + (sumx[32] - sumx[i2]) * xx[2])
+                    sumq2 = ((sumw[i1] - sumw[0]) * xx[0] * xx[0] + (sumw[i2] - sumw[i1]) * xx[1] * xx[1]
+                             + (sumw[32] - sumw[i2]) * xx[2] * xx[2])
+                    if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+                        scale = sumqx / sumq2
+                        best = scale * sumqx
+                        besti1 = i1
+                        besti2 = i2
+                        best_shift = 1 if sgn == 0 else -1
+        if besti1 < 0 or besti2 < 0 or best_shift == 0:
+            scales[ib] = _F0
+            shifts[ib] = 1
+            continue
+        for j in range(32):
+            L[idx[j]] = 0 if j < besti1 else (1 if j < besti2 else 2)
+        if scale < _F0:
+            for j in range(32):
+                L[j] = 2 - L[j]
+            scale = -scale
+            best_shift = -best_shift
+        xx = _X_P if best_shift == 1 else _X_M
+        all_on_grid = True
+        for k in range(4):
+            u = 0
+            for j in range(8):
+                u |= np.int64(L[8 * k + j]) << (2 * j)
+            g = np.int64(kmap[u])
+            if g < 0:
+                all_on_grid = False
+                g = _find_best_neighbour2(neigh, -kmap[u] - 1, qgrid, xb, 8 * k, weight, scale, xx, L)
+                if g < 0:
+                    return NO_GRID_POINT
+            index[k] = g
+        if not all_on_grid:
+            sumqx = _F0
+            sumq2 = _F0
+            for k in range(4):
+                for j in range(8):
+                    w = weight[8 * k + j]
+                    q = xx[(qgrid[index[k], j] - 1) // 2]
+                    sumqx += w * q * xb[8 * k + j]
+                    sumq2 += w * q * q
+            if sumqx > _F0 and sumq2 > _F0:
+                scale = sumqx / sumq2
+        h = 0
+        for k in range(4):
+            y[2 + 4 * ib + k] = index[k] & 255
+            h |= (index[k] >> 8) << (3 * k)
+        qh[ib] = h
+        if not scale >= _F0:
+            return NEGATIVE_SCALE
+        scales[ib] = scale
+        shifts[ib] = best_shift
+        max_scale = fmax(max_scale, scale)
+    if max_scale != _F0:
+        d = max_scale / np.float32(15.0)
+        put_u16(y, 0, f16_bits(d * np.float32(1.125)))
+        iscale = _F1 / d
+        for ib in range(8):
+            lv = max(0, min(7, nearest_int_full(_HALF * (iscale * scales[ib] - _F1))))
+            if shifts[ib] == -1:
+                lv |= 8
+            qh[ib] |= lv << 12
+    for ib in range(8):
+        put_u16(y, 34 + 2 * ib, qh[ib])
+    return 0
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
+def _iq1_s_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
+                neigh: np.ndarray, bad: np.ndarray) -> None:
+    nb = x.shape[1] // QK_K
+    for t in numba.prange(x.shape[0] * nb):
+        r = t // nb
+        b = t % nb
+        code = _iq1_s_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
+                            out[r, 50 * b:50 * (b + 1)], qgrid, kmap, neigh)
+        if code:
+            bad[r] = code
+
+
+def quantize_rows_iq1_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
+    """Quantize float32 rows to IQ1_S (``quantize_iq1_s``; an imatrix is required).
+
+    Args:
+        x: float32[n_rows, n_per_row], n_per_row a multiple of 256.
+        qw: float32[n_per_row] importance weights.
+        out: uint8[n_rows, n_per_row // 256 * 50].
+
+    Raises:
+        QuantizationError: no imatrix, or a row on which ggml aborts.
+    """
+    need_imatrix(qw, "IQ1_S")
+    t = iq_tables(T.IQ1_S)
+    bad = np.zeros(x.shape[0], np.uint8)
+    _iq1_s_rows(x, qw, out, t.qgrid, t.kmap, t.neighbours, bad)
+    check_rows(bad, "IQ1_S")
+
+
+# --- IQ1_M ---------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _half_xx(best_k: int, k: int) -> np.ndarray:
+    """The shifted levels of half ``k`` of a 16-weight sub-block: bit 1 of ``best_k`` for the first half,
+    bit 0 for the second (0: +delta, 1: -delta)."""
+    if k == 0:
+        return _X_P if best_k < 2 else _X_M
+    return _X_P if best_k % 2 == 0 else _X_M
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _iq1_m_split(xb: np.ndarray, weight: np.ndarray, idx: np.ndarray, px: np.ndarray,
+                 pw: np.ndarray) -> tuple[np.float32, int, int, int]:
+    """The exhaustive split search of quantize_row_iq1_m_impl: (scale, besti1, besti2, best_k)."""
+    _stable_order(xb, idx)
+    for h in range(2):
+        px[h, 0] = _F0
+        pw[h, 0] = _F0
+    for j in range(16):
+        i = idx[j]
+        h = 0 if i < 8 else 1
+        px[h, j + 1] = px[h, j] + weight[i] * xb[i]
+        px[1 - h, j + 1] = px[1 - h, j]
+        pw[h, j + 1] = pw[h, j] + weight[i]
+        pw[1 - h, j + 1] = pw[1 - h, j]
+    p2 = _X_P[2]
+    m2 = _X_M[2]
+    cp1 = _X_P[0] * _X_P[0] - _X_P[1] * _X_P[1]
+    cp2 = _X_P[1] * _X_P[1] - _X_P[2] * _X_P[2]
+    cm1 = _X_M[0] * _X_M[0] - _X_M[1] * _X_M[1]
+    cm2 = _X_M[1] * _X_M[1] - _X_M[2] * _X_M[2]
+    best = -FLT_MAX
+    scale = _amax(xb)
+    besti1 = -1
+    besti2 = -1
+    best_k = -1
+    for i1 in range(17):
+        for i2 in range(i1, 17):
+            sx0 = px[0, i1] + px[0, i2]
+            sx1 = px[1, i1] + px[1, i2]
+            qxp0 = px[0, 16] * p2 - sx0
+            qxp1 = px[1, 16] * p2 - sx1
+            qxm0 = px[0, 16] * m2 - sx0
+            qxm1 = px[1, 16] * m2 - sx1
+            q2p0 = pw[0, 16] * p2 * p2 + pw[0, i1] * cp1 + pw[0, i2] * cp2
+            q2p1 = pw[1, 16] * p2 * p2 + pw[1, i1] * cp1 + pw[1, i2] * cp2
+            q2m0 = pw[0, 16] * m2 * m2 + pw[0, i1] * cm1 + pw[0, i2] * cm2
+            q2m1 = pw[1, 16] * m2 * m2 + pw[1, i1] * cm1 + pw[1, i2] * cm2
+            # the four sign combinations, in ggml's k order (scalars: heap scratch would stay in memory)
+            for k in range(4):
+                sqx = (qxp0 if k < 2 else qxm0) + (qxp1 if k % 2 == 0 else qxm1)
+                sq2 = (q2p0 if k < 2 else q2m0) + (q2p1 if k % 2 == 0 else q2m1)
+                if sq2 > _F0 and sqx * sqx > best * sq2:
+                    scale = sqx / sq2
+                    best = scale * sqx
+                    besti1 = i1
+                    besti2 = i2
+                    best_k = k
+    return scale, besti1, besti2, best_k
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, qgrid: np.ndarray,
+                 kmap: np.ndarray, neigh: np.ndarray) -> int:
+    """quantize_row_iq1_m_impl for one super-block (56 bytes); returns a failure code."""
+    scales = np.zeros(16, np.float32)
+    shifts = np.zeros(16, np.int64)
+    weight = np.empty(16, np.float32)
+    idx = np.empty(16, np.int64)
+    px = np.zeros((2, 17), np.float32)
+    pw = np.zeros((2, 17), np.float32)
+    L = np.zeros(16, np.int8)
+    index = np.zeros(2, np.int64)
+    sc = np.zeros(4, np.int64)
+    y[:] = 0
+    sigma2 = _sigma2(xbl)
+    max_scale = _F0
+    for ib in range(16):
+        xb = xbl[16 * ib:16 * ib + 16]
+        _weights(xb, qw, 16 * ib, use_qw, sigma2, weight)
+        if _amax(xb) < GROUP_MAX_EPS_IQ1_M:
+            scales[ib] = _F0
+            shifts[ib] = 0
+            continue
+        scale, besti1, besti2, best_k = _iq1_m_split(xb, weight, idx, px, pw)
+        if besti1 < 0 or besti2 < 0 or best_k < 0:
+            scales[ib] = _F0
+            shifts[ib] = 0
+            continue
+        for j in range(16):
+            L[idx[j]] = 0 if j < besti1 else (1 if j < besti2 else 2)
+        if scale < _F0:
+            for j in range(16):
+                L[j] = 2 - L[j]
+            scale = -scale
+            best_k = 3 - best_k
+        all_on_grid = True
+        for k in range(2):
+            xx = _half_xx(best_k, k)
+            u = 0
+            for j in range(8):
+                u |= np.int64(L[8 * k + j]) << (2 * j)
+            g = np.int64(kmap[u])
+            if g < 0:
+                all_on_grid = False
+                g = _find_best_neighbour2(neigh, -kmap[u] - 1, qgrid, xb, 8 * k, weight, scale, xx, L)
+                if g < 0:
+                    return NO_GRID_POINT
+            index[k] = g
+        if not all_on_grid:
+            sumqx = _F0
+            sumq2 = _F0
+            for k in range(2):
+                xx = _half_xx(best_k, k)
+                for j in range(8):
+                    w = weight[8 * k + j]
+                    q = xx[(qgrid[index[k], j] - 1) // 2]
+                    sumqx += w * q * xb[8 * k + j]
+                    sumq2 += w * q * q
+            if sumqx > _F0 and sumq2 > _F0:
+                scale = sumqx / sumq2
+        y[2 * ib] = index[0] & 255
+        y[2 * ib + 1] = index[1] & 255
+        y[32 + ib] = (index[0] >> 8) | ((index[1] >> 8) << 4)
+        if not scale >= _F0:
+            return NEGATIVE_SCALE
+        scales[ib] = scale
+        shifts[ib] = best_k
+        max_scale = fmax(max_scale, scale)
+    if max_scale == _F0:
+        return 0
+    d = max_scale / np.float32(15.0)
+    iscale = _F1 / d
+    sumqx = _F0
+    sumq2 = _F0
+    for ib in range(16):
+        lv = max(0, min(7, nearest_int_full(_HALF * (iscale * scales[ib] - _F1))))
+        sc[ib // 4] |= lv << (3 * (ib % 4))
+        y[32 + ib] |= _MASKS[shifts[ib]]
+        xb = xbl[16 * ib:16 * ib + 16]
+        _weights(xb, qw, 16 * ib, use_qw, sigma2, weight)
+        qh = np.int64(y[32 + ib])
+        for k in range(2):
+            xx = _half_xx(shifts[ib], k)
+            g = np.int64(y[2 * ib + k]) + ((qh << (8 - 4 * k)) & 0x700)
+            for j in range(8):
+                w = weight[8 * k + j]
+                q = xx[(qgrid[g, j] - 1) // 2] * np.float32(2 * lv + 1)
+                sumqx += w * q * xb[8 * k + j]
+                sumq2 += w * q * q
+    if sumq2 > _F0:
+        d = sumqx / sumq2
+    s = f16_bits(d * np.float32(1.1125))
+    sc[0] |= (s & 0x000F) << 12
+    sc[1] |= (s & 0x00F0) << 8
+    sc[2] |= (s & 0x0F00) << 4
+    sc[3] |= s & 0xF000
+    for i in range(4):
+        put_u16(y, 48 + 2 * i, sc[i])
+    return 0
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
+def _iq1_m_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
+                neigh: np.ndarray, bad: np.ndarray) -> None:
+    nb = x.shape[1] // QK_K
+    use_qw = qw.size > 0
+    for t in numba.prange(x.shape[0] * nb):
+        r = t // nb
+        b = t % nb
+        qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
+        code = _iq1_m_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, out[r, 56 * b:56 * (b + 1)],
+                            qgrid, kmap, neigh)
+        if code:
+            bad[r] = code
+
+
+def quantize_rows_iq1_m(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
+    """Quantize float32 rows to IQ1_M (``quantize_iq1_m``; ``qw`` of length 0 = no imatrix).
+
+    Raises:
+        QuantizationError: a row on which ggml aborts.
+    """
+    t = iq_tables(T.IQ1_M)
+    bad = np.zeros(x.shape[0], np.uint8)
+    _iq1_m_rows(x, qw, out, t.qgrid, t.kmap, t.neighbours, bad)
+    check_rows(bad, "IQ1_M")
+
+
+# --- dequantization ------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
+def _iq1_dequant(blocks: np.ndarray, out: np.ndarray, is_m: bool, dgrid: np.ndarray) -> None:
+    nb = out.shape[1] // QK_K
+    bs = 56 if is_m else 50
+    for t in numba.prange(blocks.shape[0] * nb):
+        r = t // nb
+        b = t % nb
+        blk = blocks[r, bs * b:bs * (b + 1)]
+        y = out[r, QK_K * b:QK_K * (b + 1)]
+        if is_m:
+            sc0 = np.int64(blk[48]) | (np.int64(blk[49]) << 8)
+            sc1 = np.int64(blk[50]) | (np.int64(blk[51]) << 8)
+            sc2 = np.int64(blk[52]) | (np.int64(blk[53]) << 8)
+            sc3 = np.int64(blk[54]) | (np.int64(blk[55]) << 8)
+            d = fp16_to_fp32(np.uint16((sc0 >> 12) | ((sc1 >> 8) & 0x00F0) | ((sc2 >> 4) & 0x0F00)
+                                       | (sc3 & 0xF000)))
+            for ib in range(8):
+                w = np.int64(blk[48 + 2 * (ib // 2)]) | (np.int64(blk[49 + 2 * (ib // 2)]) << 8)
+                dl1 = d * np.float32(2 * ((w >> (6 * (ib % 2))) & 0x7) + 1)
+                dl2 = d * np.float32(2 * ((w >> (6 * (ib % 2) + 3)) & 0x7) + 1)
+                for gl in range(4):
+                    qh = np.int64(blk[32 + 2 * ib + gl // 2])
+                    g = np.int64(blk[4 * ib + gl]) | ((qh << (8 if gl % 2 == 0 else 4)) & 0x700)
+                    bit = 0x08 if gl % 2 == 0 else 0x80
+                    delta = -DELTA if qh & bit else DELTA
+                    dl = dl1 if gl < 2 else dl2
+                    for j in range(8):
+                        y[32 * ib + 8 * gl + j] = dl * (dgrid[g, j] + delta)
+        else:
+            d = fp16_to_fp32(np.uint16(blk[0] | (np.int64(blk[1]) << 8)))
+            for ib in range(8):
+                qh = np.int64(blk[34 + 2 * ib]) | (np.int64(blk[35 + 2 * ib]) << 8)
+                dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
+                delta = -DELTA if qh & 0x8000 else DELTA
+                for gl in range(4):
+                    g = np.int64(blk[2 + 4 * ib + gl]) | (((qh >> (3 * gl)) & 7) << 8)
+                    for j in range(8):
+                        y[32 * ib + 8 * gl + j] = dl * (dgrid[g, j] + delta)
+
+
+def dequantize_rows_iq1_s(blocks: np.ndarray, out: np.ndarray) -> None:
+    """``dequantize_row_iq1_s`` over uint8[n_rows, row_bytes] into float32[n_rows, n_per_row]."""
+    _iq1_dequant(blocks, out, False, iq_tables(T.IQ1_S).dgrid)
+
+
+def dequantize_rows_iq1_m(blocks: np.ndarray, out: np.ndarray) -> None:
+    """``dequantize_row_iq1_m`` over uint8[n_rows, row_bytes] into float32[n_rows, n_per_row]."""
+    _iq1_dequant(blocks, out, True, iq_tables(T.IQ1_M).dgrid)

@@ -1,0 +1,453 @@
+"""IQ2_XXS / IQ2_XS / IQ2_S kernels: Numba CPU quantize/dequantize, byte-identical to ggml.
+
+Block layouts (ggml-common.h; 256 weights, f16 ``d`` at byte 0, little-endian):
+
+* IQ2_XXS, 66 bytes: ``qs`` uint16[32] @2, read as 8 pairs of uint32 per 32 weights: the first holds four
+  8-bit indices into ``iq2xxs_grid`` (8 weights each), the second four 7-bit sign indices into
+  ``ksigns_iq2xs`` and the 4-bit sub-block scale in its top bits.
+* IQ2_XS, 74 bytes: ``qs`` uint16[32] @2 (9-bit index into ``iq2xs_grid`` | 7-bit signs << 9, per 8
+  weights), ``scales`` uint8[8] @66 (two 4-bit scales, one per 16 weights).
+* IQ2_S, 82 bytes: ``qs`` uint8[64] @2 (32 low index bytes, then 32 sign bytes), ``qh`` uint8[8] @66
+  (2 high index bits per 8 weights), ``scales`` uint8[8] @74.
+
+Quantization follows ``ggml_quantize_chunk`` (ggml-quants.c: ``quantize_row_iq2_xxs_impl``,
+``quantize_row_iq2_xs_impl``, ``quantize_row_iq2_s_impl``). IQ2_XXS and IQ2_XS have no reference path
+(``ggml_quantize_requires_imatrix``): without an imatrix they raise. IQ2_S without one weights each value
+by ``0.25*sigma2 + x*x``. Dequantization: ``dequantize_row_iq2_xxs`` / ``_xs`` / ``_s``.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from ggufkit.quant.fp import fp16_to_fp32
+from ggufkit.quant.iq_common import (
+    NEGATIVE_SCALE,
+    NO_GRID_POINT,
+    QK_K,
+    check_rows,
+    f16_bits,
+    find_best_neighbour,
+    fmax,
+    need_imatrix,
+    put_u16,
+    signs_with_parity,
+)
+from ggufkit.quant.iq_grids import iq_tables, ksigns_iq2xs
+from ggufkit.quant.kquants_math import GROUP_MAX_EPS, make_qp_quants, nearest_int_full
+
+T = GGMLQuantizationType
+GROUP_MAX_EPS_IQ2_S = np.float32(1e-8)
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+_HALF = np.float32(0.5)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _round_levels(xval: np.ndarray, off: int, iscale: np.float32, Lout: np.ndarray) -> int:
+    """``l = clamp(nearest_int(0.5*(id*x - 1)), 0, 2)`` for 8 values; returns their packed 2-bit index."""
+    u = 0
+    for i in range(8):
+        lv = nearest_int_full(_HALF * (iscale * xval[off + i] - _F1))
+        lv = max(0, min(2, lv))
+        Lout[off + i] = lv
+        u |= lv << (2 * i)
+    return u
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _packed(L: np.ndarray, off: int) -> int:
+    u = 0
+    for i in range(8):
+        u |= np.int64(L[off + i]) << (2 * i)
+    return u
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _fit(n: int, weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[np.float32, np.float32]:
+    sumqx = _F0
+    sumq2 = _F0
+    for i in range(n):
+        w = weight[i]
+        q = np.float32(2 * L[i] + 1)
+        sumqx += w * xval[i] * q
+        sumq2 += w * q * q
+    return sumqx, sumq2
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
+               kmap: np.ndarray, neigh: np.ndarray, L: np.ndarray, Laux: np.ndarray) -> tuple[np.float32, int]:
+    """The scale search of IQ2_XS / IQ2_S over 16 weights (two groups of 8): returns (scale, fail)."""
+    best = _F0
+    scale = mx / np.float32(5.0)
+    on0 = True
+    on1 = True
+    for is_ in range(-9, 10):
+        iscale = (np.float32(5.0) + np.float32(is_) * np.float32(0.1)) / mx
+        this_scale = _F1 / iscale
+        aux0 = True
+        aux1 = True
+        for k in range(2):
+            u = _round_levels(xval, 8 * k, iscale, Laux)
+            if kmap[u] < 0:
+                if k == 0:
+                    aux0 = False
+                else:
+                    aux1 = False
+                if find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, this_scale, Laux) < 0:
+                    return scale, NO_GRID_POINT
+        sumqx, sumq2 = _fit(16, weight, xval, Laux)
+        if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+            scale = sumqx / sumq2
+            best = scale * sumqx
+            for i in range(16):
+                L[i] = Laux[i]
+            on0 = aux0
+            on1 = aux1
+    if (not on0 or not on1) and scale > _F0:
+        iscale = _F1 / scale
+        for k in range(2):
+            if (on0 if k == 0 else on1):
+                continue
+            u = _round_levels(xval, 8 * k, iscale, L)
+            if kmap[u] < 0 and find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, scale, L) < 0:
+                return scale, NO_GRID_POINT
+        sumqx, sumq2 = _fit(16, weight, xval, L)
+        if sumq2 > _F0:
+            scale = sumqx / sumq2
+    return scale, 0
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _sumx2(xbl: np.ndarray) -> np.float32:
+    s = _F0
+    for i in range(QK_K):
+        s += xbl[i] * xbl[i]
+    return s
+
+
+# --- IQ2_XXS ---------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
+                   neigh: np.ndarray) -> int:
+    """quantize_row_iq2_xxs_impl for one super-block: writes ``y`` (66 bytes); returns a failure code."""
+    scales = np.zeros(8, np.float32)
+    weight = np.empty(32, np.float32)
+    waux = np.empty(32, np.float32)
+    xval = np.empty(32, np.float32)
+    L = np.zeros(32, np.int8)
+    Laux = np.zeros(32, np.int8)
+    Lq = np.zeros(32, np.uint8)
+    bsigns = np.zeros(4, np.int64)
+    q2 = np.zeros(16, np.int64)
+    sigma2 = _sumx2(xbl) / np.float32(QK_K)
+    max_scale = _F0
+    for ib in range(8):
+        xb = xbl[32 * ib:32 * ib + 32]
+        for i in range(32):
+            weight[i] = qw[32 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i])
+        for i in range(32):
+            waux[i] = np.sqrt(weight[i])
+        for k in range(4):
+            bsigns[k] = signs_with_parity(xb, 8 * k, weight, xval)
+        mx = xval[0]
+        for i in range(1, 32):
+            mx = fmax(mx, xval[i])
+        if mx < GROUP_MAX_EPS:
+            scales[ib] = _F0
+            continue
+        scale = make_qp_quants(32, 4, xval, Lq, weight)
+        eff_max = scale * np.float32(3.0)
+        if eff_max <= _F0:
+            scales[ib] = _F0
+            continue
+        best = _F0
+        for is_ in range(-6, 7):
+            iscale = (np.float32(5.0) + np.float32(is_) * np.float32(0.1)) / eff_max
+            this_scale = _F1 / iscale
+            for k in range(4):
+                u = _round_levels(xval, 8 * k, iscale, Laux)
+                if (kmap[u] < 0
+                        and find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, this_scale, Laux) < 0):
+                    return NO_GRID_POINT
+            sumqx, sumq2 = _fit(32, weight, xval, Laux)
+            if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+                scale = sumqx / sumq2
+                best = scale * sumqx
+                for i in range(32):
+                    L[i] = Laux[i]
+        if scale > _F0:
+            iscale = _F1 / scale
+            for k in range(4):
+                u = _round_levels(xval, 8 * k, iscale, L)
+                g = kmap[u]
+                if g < 0:
+                    g = find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, scale, L)
+                    if g < 0:
+                        return NO_GRID_POINT
+                for i in range(8):
+                    L[8 * k + i] = (qgrid[g, i] - 1) // 2
+            sumqx, sumq2 = _fit(32, weight, xval, L)
+            if sumq2 > _F0:
+                scale = sumqx / sumq2
+        if scale < _F0:
+            scale = -scale
+            for k in range(4):
+                bsigns[k] = (~bsigns[k]) & 127
+        for k in range(4):
+            g = kmap[_packed(L, 8 * k)]
+            if g < 0:
+                return NO_GRID_POINT
+            q2[2 * ib] |= np.int64(g) << (8 * k)
+            q2[2 * ib + 1] |= bsigns[k] << (7 * k)
+        if not scale >= _F0:
+            return NEGATIVE_SCALE
+        scales[ib] = scale
+        max_scale = fmax(max_scale, scale)
+    y[:] = 0
+    if max_scale == _F0:
+        return 0
+    d = max_scale / np.float32(31.0)
+    put_u16(y, 0, f16_bits(d))
+    iscale = _F1 / d
+    for ib in range(8):
+        lv = max(0, min(15, nearest_int_full(_HALF * (iscale * scales[ib] - _F1))))
+        q2[2 * ib + 1] |= np.int64(lv) << 28
+    for j in range(16):
+        for b in range(4):
+            y[2 + 4 * j + b] = (q2[j] >> (8 * b)) & 0xFF
+    return 0
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
+def _iq2_xxs_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
+                  neigh: np.ndarray, bad: np.ndarray) -> None:
+    nb = x.shape[1] // QK_K
+    for t in numba.prange(x.shape[0] * nb):
+        r = t // nb
+        b = t % nb
+        code = _iq2_xxs_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
+                              out[r, 66 * b:66 * (b + 1)], qgrid, kmap, neigh)
+        if code:
+            bad[r] = code
+
+
+def quantize_rows_iq2_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
+    """Quantize float32 rows to IQ2_XXS (``quantize_iq2_xxs``; an imatrix is required).
+
+    Args:
+        x: float32[n_rows, n_per_row], n_per_row a multiple of 256.
+        qw: float32[n_per_row] importance weights.
+        out: uint8[n_rows, n_per_row // 256 * 66].
+
+    Raises:
+        QuantizationError: no imatrix, or a row on which ggml aborts.
+    """
+    need_imatrix(qw, "IQ2_XXS")
+    t = iq_tables(T.IQ2_XXS)
+    bad = np.zeros(x.shape[0], np.uint8)
+    _iq2_xxs_rows(x, qw, out, t.qgrid, t.kmap, t.neighbours, bad)
+    check_rows(bad, "IQ2_XXS")
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
+def _iq2_xxs_dequant(blocks: np.ndarray, out: np.ndarray, dgrid: np.ndarray, ksigns: np.ndarray) -> None:
+    nb = out.shape[1] // QK_K
+    for t in numba.prange(blocks.shape[0] * nb):
+        r = t // nb
+        b = t % nb
+        blk = blocks[r, 66 * b:66 * (b + 1)]
+        y = out[r, QK_K * b:QK_K * (b + 1)]
+        d = fp16_to_fp32(np.uint16(blk[0] | (np.int64(blk[1]) << 8)))
+        for ib in range(8):
+            o = 2 + 8 * ib
+            aux1 = (np.int64(blk[o + 4]) | (np.int64(blk[o + 5]) << 8) | (np.int64(blk[o + 6]) << 16)
+                    | (np.int64(blk[o + 7]) << 24))
+            db = d * (_HALF + np.float32(aux1 >> 28)) * np.float32(0.25)
+            for gl in range(4):
+                g = np.int64(blk[o + gl])
+                signs = ksigns[(aux1 >> (7 * gl)) & 127]
+                for j in range(8):
+                    v = db * dgrid[g, j]
+                    y[32 * ib + 8 * gl + j] = -v if signs & (1 << j) else v
+
+
+def dequantize_rows_iq2_xxs(blocks: np.ndarray, out: np.ndarray) -> None:
+    """``dequantize_row_iq2_xxs`` over uint8[n_rows, row_bytes] into float32[n_rows, n_per_row]."""
+    _iq2_xxs_dequant(blocks, out, iq_tables(T.IQ2_XXS).dgrid, ksigns_iq2xs())
+
+
+# --- IQ2_XS / IQ2_S -----------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.ndarray, qgrid: np.ndarray,
+                  kmap: np.ndarray, neigh: np.ndarray) -> int:
+    """quantize_row_iq2_xs_impl (``is_s`` False, 74 bytes) or quantize_row_iq2_s_impl (``is_s``, 82 bytes)
+    for one super-block; returns a failure code."""
+    scales = np.zeros(16, np.float32)
+    weight = np.empty(16, np.float32)
+    waux = np.empty(16, np.float32)
+    xval = np.empty(16, np.float32)
+    L = np.zeros(16, np.int8)
+    Laux = np.zeros(16, np.int8)
+    bsigns = np.zeros(2, np.int64)
+    y[:] = 0
+    sumx2 = _sumx2(xbl)
+    sigma2 = np.float32(2.0) * sumx2 / np.float32(QK_K) if is_s else sumx2 / np.float32(QK_K)
+    eps = GROUP_MAX_EPS_IQ2_S if is_s else GROUP_MAX_EPS
+    max_scale = _F0
+    for ib in range(16):
+        xb = xbl[16 * ib:16 * ib + 16]
+        if use_qw:
+            for i in range(16):
+                weight[i] = qw[16 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i])
+        else:
+            for i in range(16):
+                weight[i] = np.float32(0.25) * sigma2 + xb[i] * xb[i]
+        for i in range(16):
+            waux[i] = np.sqrt(weight[i])
+        for k in range(2):
+            if is_s:
+                s = 0
+                for i in range(8):
+                    v = xb[8 * k + i]
+                    if v >= _F0:
+                        xval[8 * k + i] = v
+                    else:
+                        xval[8 * k + i] = -v
+                        s |= 1 << i
+                bsigns[k] = s
+            else:
+                bsigns[k] = signs_with_parity(xb, 8 * k, weight, xval)
+        mx = xval[0]
+        for i in range(1, 16):
+            mx = fmax(mx, xval[i])
+        for i in range(16):
+            L[i] = 0
+        if mx < eps:
+            scales[ib] = _F0
+            continue
+        scale, fail = _search_16(xval, weight, waux, mx, qgrid, kmap, neigh, L, Laux)
+        if fail:
+            return fail
+        if scale < _F0:
+            scale = -scale
+            for k in range(2):
+                bsigns[k] = (~bsigns[k]) & (0xFF if is_s else 127)
+        for k in range(2):
+            g = np.int64(kmap[_packed(L, 8 * k)])
+            if g < 0:
+                return NO_GRID_POINT
+            if is_s:
+                i8 = 2 * ib + k
+                y[2 + i8] = g & 255
+                y[66 + i8 // 4] |= (g >> 8) << (2 * (i8 % 4))
+                y[2 + 32 + i8] = bsigns[k]
+            else:
+                put_u16(y, 2 + 2 * (2 * ib + k), g | (bsigns[k] << 9))
+        if not scale >= _F0:
+            return NEGATIVE_SCALE
+        scales[ib] = scale
+        max_scale = fmax(max_scale, scale)
+    if max_scale == _F0:
+        if not is_s:  # IQ2_XS clears qs; IQ2_S keeps what it wrote (its d stays 0)
+            y[:] = 0
+        return 0
+    d = max_scale / np.float32(31.0)
+    put_u16(y, 0, f16_bits(d * np.float32(0.9875)) if is_s else f16_bits(d))
+    iscale = _F1 / d
+    so = 74 if is_s else 66
+    for ib in range(16):
+        lv = max(0, min(15, nearest_int_full(_HALF * (iscale * scales[ib] - _F1))))
+        if ib % 2 == 0:
+            y[so + ib // 2] = lv
+        else:
+            y[so + ib // 2] |= lv << 4
+    return 0
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
+def _iq2_16_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, qgrid: np.ndarray, kmap: np.ndarray,
+                 neigh: np.ndarray, bad: np.ndarray) -> None:
+    nb = x.shape[1] // QK_K
+    bs = 82 if is_s else 74
+    use_qw = qw.size > 0
+    for t in numba.prange(x.shape[0] * nb):
+        r = t // nb
+        b = t % nb
+        qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
+        code = _iq2_16_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)],
+                             qgrid, kmap, neigh)
+        if code:
+            bad[r] = code
+
+
+def quantize_rows_iq2_xs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
+    """Quantize float32 rows to IQ2_XS (``quantize_iq2_xs``; an imatrix is required).
+
+    Raises:
+        QuantizationError: no imatrix, or a row on which ggml aborts.
+    """
+    need_imatrix(qw, "IQ2_XS")
+    t = iq_tables(T.IQ2_XS)
+    bad = np.zeros(x.shape[0], np.uint8)
+    _iq2_16_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, bad)
+    check_rows(bad, "IQ2_XS")
+
+
+def quantize_rows_iq2_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
+    """Quantize float32 rows to IQ2_S (``quantize_iq2_s``; ``qw`` of length 0 = no imatrix).
+
+    Raises:
+        QuantizationError: a row on which ggml aborts.
+    """
+    t = iq_tables(T.IQ2_S)
+    bad = np.zeros(x.shape[0], np.uint8)
+    _iq2_16_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, bad)
+    check_rows(bad, "IQ2_S")
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
+def _iq2_16_dequant(blocks: np.ndarray, out: np.ndarray, is_s: bool, dgrid: np.ndarray, ksigns: np.ndarray) -> None:
+    nb = out.shape[1] // QK_K
+    bs = 82 if is_s else 74
+    so = 74 if is_s else 66
+    for t in numba.prange(blocks.shape[0] * nb):
+        r = t // nb
+        b = t % nb
+        blk = blocks[r, bs * b:bs * (b + 1)]
+        y = out[r, QK_K * b:QK_K * (b + 1)]
+        d = fp16_to_fp32(np.uint16(blk[0] | (np.int64(blk[1]) << 8)))
+        for ib in range(8):
+            sc = np.int64(blk[so + ib])
+            db0 = d * (_HALF + np.float32(sc & 0xF)) * np.float32(0.25)
+            db1 = d * (_HALF + np.float32(sc >> 4)) * np.float32(0.25)
+            for gl in range(4):
+                i8 = 4 * ib + gl
+                if is_s:
+                    g = np.int64(blk[2 + i8]) | ((np.int64(blk[66 + ib]) << (8 - 2 * gl)) & 0x300)
+                    signs = np.int64(blk[2 + 32 + i8])
+                else:
+                    q = np.int64(blk[2 + 2 * i8]) | (np.int64(blk[3 + 2 * i8]) << 8)
+                    g = q & 511
+                    signs = np.int64(ksigns[q >> 9])
+                dl = db0 if gl < 2 else db1
+                for j in range(8):
+                    v = dl * dgrid[g, j]
+                    y[32 * ib + 8 * gl + j] = -v if signs & (1 << j) else v
+
+
+def dequantize_rows_iq2_xs(blocks: np.ndarray, out: np.ndarray) -> None:
+    """``dequantize_row_iq2_xs`` over uint8[n_rows, row_bytes] into float32[n_rows, n_per_row]."""
+    _iq2_16_dequant(blocks, out, False, iq_tables(T.IQ2_XS).dgrid, ksigns_iq2xs())
+
+
+def dequantize_rows_iq2_s(blocks: np.ndarray, out: np.ndarray) -> None:
+    """``dequantize_row_iq2_s`` over uint8[n_rows, row_bytes] into float32[n_rows, n_per_row]."""
+    _iq2_16_dequant(blocks, out, True, iq_tables(T.IQ2_S).dgrid, ksigns_iq2xs())
