@@ -255,6 +255,25 @@ DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]]
 }
 
 
+def _dequantize_on_cpu(raw: torch.Tensor, qtype: GGMLQuantizationType, n_per_row: int) -> torch.Tensor:
+    """Types without a torch kernel here (the grid types IQ1/IQ2/IQ3, whose decoding is table lookups):
+    the quantizer's own Numba dequantizer, bit-identical to ggml's ``dequantize_row_*``, on the CPU, then
+    copied to ``raw``'s device."""
+    from ggufkit.quant import dequantize as quant_dequantize
+    from ggufkit.quant.registry import KERNELS
+
+    if qtype not in KERNELS:
+        supported = ", ".join(t.name for t in sorted({*DEQUANTIZERS, *KERNELS}, key=int))
+        raise EvaluationError(f"tensor type {qtype.name} is not supported by the evaluator (supported: {supported})")
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    n_rows = raw.shape[0] if raw.dim() > 1 else 1
+    if n_per_row % block_size or raw.numel() != n_rows * (n_per_row // block_size) * type_size:
+        raise EvaluationError(f"{raw.numel()} bytes do not hold {n_rows} rows of {n_per_row} {qtype.name} values")
+    host = raw.detach().to("cpu").contiguous().numpy()
+    out = quant_dequantize(host, qtype, (n_rows, n_per_row))
+    return torch.from_numpy(out).to(raw.device)
+
+
 def dequantize(raw: torch.Tensor, qtype: GGMLQuantizationType, n_per_row: int) -> torch.Tensor:
     """Dequantize rows of raw GGUF bytes.
 
@@ -271,8 +290,7 @@ def dequantize(raw: torch.Tensor, qtype: GGMLQuantizationType, n_per_row: int) -
     """
     kernel = DEQUANTIZERS.get(qtype)
     if kernel is None:
-        supported = ", ".join(t.name for t in DEQUANTIZERS)
-        raise EvaluationError(f"tensor type {qtype.name} is not supported by the evaluator (supported: {supported})")
+        return _dequantize_on_cpu(raw, qtype, n_per_row)
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     if qtype in (Q.F32, Q.F16, Q.BF16):
         type_size, block_size = type_size, 1

@@ -5,19 +5,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from ggml_oracle import ggml_dequantize, ggml_quantize
+from ggml_oracle import ggml_dequantize, ggml_quantize, ggml_requires_imatrix
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
 from ggufkit.errors import EvaluationError
 from ggufkit.eval.dequant import DEQUANTIZERS, dequantize
+from ggufkit.quant.registry import KERNELS
 
-BLOCK_TYPES = [t for t in DEQUANTIZERS if t not in (Q.F32, Q.F16, Q.BF16)]
+#: Every block type: torch kernels where the evaluator has one, the quantizer's Numba dequantizer for the rest.
+BLOCK_TYPES = sorted({t for t in DEQUANTIZERS if t not in (Q.F32, Q.F16, Q.BF16)} | set(KERNELS), key=int)
 #: Types gguf-py 0.19.0 cannot dequantize: compared with ggml's to_float only.
 NO_GGUF_PY = {Q.Q1_0}
 #: Byte offsets of the f16 scales in a block, where not (0,) (MXFP4 has none: its byte 1 is quants).
-F16_OFFSETS = {Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.TQ1_0: (52,), Q.TQ2_0: (64,)}
+#: IQ1_M spreads its f16 scale over the top nibbles of scales[] (bytes 48..55): masking byte 55 (offset 54 + 1)
+#: clears the sign and the top exponent bit.
+F16_OFFSETS = {Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.TQ1_0: (52,), Q.TQ2_0: (64,), Q.IQ1_M: (54,)}
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -35,7 +39,8 @@ def test_blocks_from_ggmls_quantizer_dequantize_exactly_as_gguf_py_and_ggml(qtyp
     x = rng.standard_normal((6, 512)).astype(np.float32) * rng.uniform(0.01, 10, (6, 1)).astype(np.float32)
     x[0] = 0.0  # an all-zero row
     x[1, 1:] = 0.0  # one non-zero value
-    raw = ggml_quantize(x, qtype)
+    # the grid types need an importance matrix in ggml: a constant one
+    raw = ggml_quantize(x, qtype, np.ones(512, np.float32) if ggml_requires_imatrix(qtype) else None)
     got = dequantize(torch.from_numpy(raw), qtype, 512).numpy()
     if qtype not in NO_GGUF_PY:
         np.testing.assert_array_equal(_bits(got), _bits(gguf_dequantize(raw, qtype)))
@@ -68,8 +73,8 @@ def test_float_types_widen_exactly(qtype: Q) -> None:
 
 
 def test_an_unsupported_type_is_a_clear_error() -> None:
-    with pytest.raises(EvaluationError, match="IQ2_XXS is not supported by the evaluator"):
-        dequantize(torch.zeros((1, 66), dtype=torch.uint8), Q.IQ2_XXS, 256)
+    with pytest.raises(EvaluationError, match="Q8_1 is not supported by the evaluator"):
+        dequantize(torch.zeros((1, 36), dtype=torch.uint8), Q.Q8_1, 32)
 
 
 def test_a_byte_count_that_does_not_fit_the_row_length_is_refused() -> None:
