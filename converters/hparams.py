@@ -47,7 +47,7 @@ def _head_dim(config: Mapping[str, Any]) -> Any:
 
 
 def _partial_rotary_dim(config: Mapping[str, Any]) -> Any:
-    # transformers 5 moved rotary_pct into rope_parameters.partial_rotary_factor (convert.md §1.2).
+    # transformers 5 moved rotary_pct into rope_parameters.partial_rotary_factor (transformers 5 GPTNeoXConfig).
     pct = first_of(config, ["rotary_pct", "partial_rotary_factor", "rope_parameters.partial_rotary_factor"])
     head = _head_dim(config)
     if head is _MISSING:
@@ -115,7 +115,7 @@ def rope_scaling(config: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def rope_scaling_keys(arch: str, config: Mapping[str, Any]) -> dict[str, tuple[VT, Any]]:
-    """``{arch}.rope.scaling.*`` as llama.cpp writes them (convert.md §1.0): linear, yarn, longrope; llama3
+    """``{arch}.rope.scaling.*`` as llama.cpp writes them (convert_hf_to_gguf.py: TextModel.set_gguf_parameters): linear, yarn, longrope; llama3
     writes none (a rope_freqs tensor instead), default/unknown none."""
     scaling = rope_scaling(config)
     if not scaling:

@@ -13,7 +13,7 @@ from ggufkit.converters.hparams import DERIVE, first_of, rope_scaling
 
 def extra_tensors(config: Mapping[str, Any]) -> list[tuple[str, np.ndarray]]:
     """``rope_freqs.weight`` for ``rope_type == "llama3"``: one correction factor per inverse frequency
-    (reference/convert.md §2.4; llama.cpp writes no rope.scaling key for it)."""
+    (convert_hf_to_gguf.py: LlamaModel.generate_extra_tensors; llama.cpp writes no rope.scaling key for it)."""
     scaling = rope_scaling(config)
     if not scaling or scaling.get("rope_type", scaling.get("type")) != "llama3":
         return []

@@ -1,4 +1,4 @@
-"""OPT hooks: refuse OPT variants PowerInfer's OPT graph cannot run (reference/powerinfer.md §3)."""
+"""OPT hooks: refuse OPT variants PowerInfer's OPT graph cannot run (PowerInfer llama.cpp: llm_load_tensors and the OPT graph)."""
 
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ def resolve_outtype(outtype: str, first_2d_dtypes: list[str]) -> str:
 
 def float_type(name: str, kind: str, shape: tuple[int, ...], target: GGMLQuantizationType,
                powerinfer: bool) -> tuple[GGMLQuantizationType, str]:
-    """Output type of one tensor for a float outtype, with the reason (convert.md §2.5)."""
+    """Output type of one tensor for a float outtype, with the reason (convert_hf_to_gguf.py: ModelBase.prepare_tensors)."""
     if len(shape) <= 1:
         return Q.F32, "1-D: F32"
     if name.endswith("_norm.weight"):
@@ -283,7 +283,7 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
                 experts[len(raw)] = _expert_of(entry, rule, hf)
             kind, transform = rule.tensor, rule.transform
             if powerinfer and kind == "FFN_DOWN":
-                # PowerInfer stores the down projection transposed, one neuron per row (powerinfer.md §2.3).
+                # PowerInfer stores the down projection transposed, one neuron per row (PowerInfer llama.cpp: llm_load_tensors, ffn_down_t).
                 kind, transform = "FFN_DOWN_T", "transpose"
                 gguf_name = gguf_name.replace(".ffn_down.", ".ffn_down_t.")
             raw.append((gguf_name, hf, kind, transformed_shape(transform, st.shape), st.dtype, transform))

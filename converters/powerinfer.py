@@ -2,7 +2,7 @@
 
 A predictor directory holds ``model_0.pt`` ... ``model_{L-1}.pt`` (``torch.save``d state dicts with exactly
 ``fc1.weight`` [r_N, n_embd] and ``fc2.weight`` [n_ff, r_N]) and optionally ``config.json`` with
-``sparse_threshold`` (reference/powerinfer.md §1.1). PowerInfer's loader checks almost none of this
+``sparse_threshold`` (PowerInfer convert.py: the predictor merge). PowerInfer's loader checks almost none of this
 (fc2 is requested with a wildcard first dimension, so nothing about it is checked), so every rule is
 checked here, before any output exists.
 """

@@ -2,7 +2,7 @@
 
 Two ways, tried in order:
 
-1. **Hash**, as llama.cpp's converter does (``get_vocab_base_pre``, reference/convert.md §3.6): sha256 of
+1. **Hash**, as llama.cpp's converter does (``get_vocab_base_pre`` in convert_hf_to_gguf.py): sha256 of
    ``str(tokenizer.encode(CHKTXT))`` looked up in llama.cpp's table (:data:`CHKHSH_TABLE`).
 2. **Behaviour**, when the hash is unknown (a fine-tune added a token, a new model reused a known
    pre-tokenizer): run llama.cpp's BPE, as the runtime would with each known pre-tokenizer's regexes
@@ -55,7 +55,7 @@ BEHAVIOUR_TEXT = CHKTXT + (
 )
 
 # chkhsh -> tokenizer.ggml.pre, from llama.cpp conversion/base.py get_vocab_base_pre (llama-cpp-python 0.3.36
-# sdist, llama.cpp 0c1e570; reference/convert.md Appendix A). Rows are in code order; the code checks them
+# sdist, llama.cpp 0c1e570; convert_hf_to_gguf.py: get_vocab_base_pre). Rows are in code order; the code checks them
 # with a chain of `if`s, so for a repeated hash the later row wins, and dict() keeps exactly that.
 _CHKHSH_ROWS: tuple[tuple[str, str], ...] = (
     ("b6e8e1518dc4305be2fe39c313ed643381c4da5db34a98f6a04c093f8afbe99b", "chatglm-bpe"),
@@ -251,7 +251,7 @@ def bpe_tokenize(text: str, name: str, *, token_to_id: dict[str, int], ranks: di
                  user_defined: Sequence[str] = ()) -> list[int]:
     """Token ids llama.cpp's BPE tokenizer gives ``text`` with pre-tokenizer ``name`` (no BOS/EOS).
 
-    Follows src/llama-vocab.cpp as described in reference/perplexity.md §4.2 and §4.4: user-defined tokens
+    Follows src/llama-vocab.cpp (llama_vocab::impl::load, tokenizer_st_partition): user-defined tokens
     are cut out of the raw text first (longest first), each remaining fragment is split by the
     pre-tokenizer's regexes, byte-level encoded and merged by lowest merge rank (leftmost on ties);
     symbols missing from the vocabulary are dropped, as the runtime does.

@@ -37,7 +37,7 @@ from ggufkit.errors import RegistryError
 #: repository's registry.yaml; wheels and sdists carry the file itself), read through importlib.resources.
 DEFAULT_REGISTRY = resources.files("ggufkit").joinpath("registry.yaml")
 
-#: PowerInfer's tensors, which ``gguf`` does not know (reference/powerinfer.md §2.3).
+#: PowerInfer's tensors, which ``gguf`` does not know (PowerInfer gguf-py constants.py: FFN_DOWN_T, FC1, FC2).
 EXTRA_TENSORS: dict[str, str] = {
     "FFN_DOWN_T": TENSOR_POWERINFER_FFN_DOWN_T,
     "FC1": TENSOR_POWERINFER_FC1,

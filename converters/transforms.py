@@ -25,7 +25,7 @@ class Heads:
 
 def _permute(arr: np.ndarray, n: int, what: str) -> np.ndarray:
     # HF's rotate-half rope pairs row i with i + d/2 inside each head; llama.cpp's NORM rope pairs
-    # (2i, 2i+1). Row h*d + 2i + j takes old row h*d + j*d/2 + i (reference/convert.md §2.2).
+    # (2i, 2i+1). Row h*d + 2i + j takes old row h*d + j*d/2 + i (convert_hf_to_gguf.py: LlamaModel.permute).
     rows = arr.shape[0]
     if n <= 0 or rows % (2 * n):
         raise TensorMappingError(f"{what}: {rows} rows cannot be split into {n} heads of even size")
@@ -47,7 +47,7 @@ def neox_qkv(arr: np.ndarray, heads: Heads) -> np.ndarray:
     """GPT-NeoX fused QKV: per-head interleaved [q_h, k_h, v_h, ...] -> [all Q | all K | all V].
 
     Weight ``[n_head*3*d, n_embd]`` viewed as ``(n_head, 3, d, n_embd)``; bias ``[n_head*3*d]`` as
-    ``(n_head, 3, d)``; the q, k and v parts are concatenated along rows (reference/convert.md §2.3).
+    ``(n_head, 3, d)``; the q, k and v parts are concatenated along rows (convert_hf_to_gguf.py: GPTNeoXModel.modify_tensors).
     """
     n = heads.n_head
     rows = arr.shape[0]

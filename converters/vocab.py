@@ -1,6 +1,6 @@
 """Vocabulary conversion: the ``tokenizer.*`` metadata of a GGUF file, from a Hugging Face checkpoint.
 
-Three sources, as llama.cpp's converter reads them (reference/convert.md §3):
+Three sources, as llama.cpp's converter reads them (convert_hf_to_gguf.py: TextModel._set_vocab_sentencepiece, _set_vocab_gpt2, _set_vocab_qwen):
 
 - ``spm``: ``tokenizer.model`` through sentencepiece: pieces, scores and token types (byte pieces included),
   then ``added_tokens.json`` and ``tokenizer_config.json`` ``added_tokens_decoder`` on top.
@@ -66,7 +66,7 @@ def looks_special(token: str) -> bool:
 
 
 def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (byte-level BPE's alphabet; reference/perplexity.md §4.4)."""
+    """GPT-2's byte -> printable character map (byte-level BPE's alphabet; llama.cpp unicode.cpp: unicode_byte_to_utf8_map)."""
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     mapping: dict[int, str] = {b: chr(b) for b in printable}
     extra = 0
@@ -478,7 +478,7 @@ def _tiktoken_vocab(model_dir: Path, vocab_size: int, pre_tokenizer: str | None)
     for i, text in enumerate(QWEN1_SPECIALS[:vocab_size - n]):
         tokens[n + i], types[n + i] = text, int(TokenType.CONTROL)
     # Qwen 1's PAT_STR (tokenization_qwen.py) is the Qwen2 regex, and its ids match Qwen1.5's vocabulary,
-    # which llama.cpp's table names qwen2 (reference/convert.md §3.6).
+    # which llama.cpp's table names qwen2 (convert_hf_to_gguf.py: get_vocab_base_pre).
     if pre_tokenizer is not None:
         match = PreTokenizerMatch(known_pre_tokenizer(pre_tokenizer), "override", "")
     else:

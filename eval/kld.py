@@ -1,4 +1,4 @@
-"""KL divergence of a model against a baseline, with llama-perplexity's statistics (reference §2.2-§2.3).
+"""KL divergence of a model against a baseline, with llama-perplexity's statistics (tools/perplexity/perplexity.cpp: kl_divergence).
 
 Both models score the same chunks side by side when they fit in memory together, so nothing is written to
 disk (when they do not, eval/kld_store.py keeps a compact record per position of the baseline in a temporary

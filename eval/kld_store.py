@@ -66,7 +66,7 @@ def record_dtype(k: int) -> np.dtype:
 
 
 def llama_perplexity_row_bytes(n_vocab: int) -> int:
-    """Bytes llama-perplexity's ``--kl-divergence-base`` file spends per scored position (reference §2.1)."""
+    """Bytes llama-perplexity's ``--kl-divergence-base`` file spends per scored position (tools/perplexity/perplexity.cpp: kl_divergence)."""
     return 2 * (2 * ((n_vocab + 1) // 2) + 4)
 
 

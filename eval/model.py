@@ -436,7 +436,7 @@ def _check_ffn_widths(tensors: dict[str, QTensor], hp: HParams, path: Path) -> N
 
 
 def _to_rotate_half(tensors: dict[str, QTensor], hp: HParams) -> None:
-    """Undo the converter's LLaMA Q/K permutation (reference/convert.md §2.2) on the raw rows.
+    """Undo the converter's LLaMA Q/K permutation (convert_hf_to_gguf.py: LlamaModel.permute) on the raw rows.
 
     NORM RoPE rotates adjacent pairs (2i, 2i+1); transformers' rotate-half pairs (i, i + d/2). Moving row
     ``h*d + 2i + j`` back to ``h*d + j*d/2 + i`` once at load lets the forward use the rotate-half path with

@@ -1,4 +1,4 @@
-"""Perplexity by llama-perplexity's exact method (reference/perplexity.md §1).
+"""Perplexity by llama-perplexity's exact method (tools/perplexity/perplexity.cpp: perplexity).
 
 The whole text is tokenized once (BOS prepended iff the vocabulary adds one, never EOS); it is cut into
 ``n_ctx``-token chunks, the tail shorter than a chunk is dropped, and at least ``2*n_ctx`` tokens are needed.

@@ -1,7 +1,7 @@
 """The tokenizer of a GGUF file, rebuilt from ``tokenizer.ggml.*`` to give llama.cpp's token ids exactly.
 
 llama-perplexity scores the ids that llama.cpp's own tokenizer produces, so ours must agree token for token,
-including llama.cpp's departures from Hugging Face (reference/perplexity.md §4). The rules mirrored here are
+including llama.cpp's departures from Hugging Face (src/llama-vocab.cpp). The rules mirrored here are
 those of ``src/llama-vocab.cpp`` in the llama.cpp tree vendored by llama-cpp-python 0.3.36:
 
 * Vocabulary loading (``llama_vocab::impl::load``): defaults per ``tokenizer.ggml.model`` and

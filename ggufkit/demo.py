@@ -2,8 +2,9 @@
 
 It trains a byte-level BPE tokenizer and a small LLaMA (transformers' real ``LlamaForCausalLM``) for a few
 steps on the first part of the bundled English sample, saves them as a Hugging Face checkpoint, then runs
-convert (F16) -> quantize (every type of the quantizer's registry, plus the Q4_K_M preset) -> set-meta ->
-ppl with KL divergence against the F16 file on held-out text, and returns one row per file. Everything is
+convert (F16) -> importance matrix (on the training text) -> quantize (every type of the quantizer's registry,
+plus the Q4_K_M preset, all with the importance matrix, which the IQ1/IQ2 types require) -> set-meta -> ppl
+with KL divergence against the F16 file on held-out text, and returns one row per file. Everything is
 seeded, so two runs give the same table.
 """
 
@@ -23,6 +24,7 @@ DEMO_PRESET = "q4_k_m"
 TRAIN_CHARS = 200_000
 SCORE_CTX = 128
 SCORE_CHUNKS = 16
+IMATRIX_CHUNKS = 16
 #: The tiny model (LlamaConfig fields) and its tokenizer's vocabulary size.
 MODEL_SHAPE: dict[str, Any] = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
                                "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -113,7 +115,7 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
         One :class:`DemoRow` per file, F16 first.
     """
     from ggufkit.converters import convert
-    from ggufkit.eval import perplexity
+    from ggufkit.eval import collect_imatrix, perplexity
     from ggufkit.eval.perplexity import sample_text
     from ggufkit.format import open_gguf
     from ggufkit.metadata_edit import edit_metadata
@@ -131,11 +133,15 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
     f16 = workdir / "tiny-llama-f16.gguf"
     convert(checkpoint, f16, outtype="f16", progress=progress)
     files = [("f16", "converted from the checkpoint", f16)]
+    stage(f"collecting an importance matrix on the training text ({IMATRIX_CHUNKS} chunks of {SCORE_CTX} tokens)")
+    imatrix = workdir / "tiny-llama-imatrix.gguf"
+    collect_imatrix(f16, text=train, output=imatrix, ctx=SCORE_CTX, chunks=IMATRIX_CHUNKS, compute_ppl=False,
+                    device="cpu", progress=progress)
     for target, pure in demo_targets() if targets is None else targets:
         recipe = f"every quantizable tensor {target.upper()} (--pure)" if pure else f"{target.upper()} preset mixture"
         stage(f"quantizing to {target}" + (" (--pure)" if pure else ""))
         out = workdir / f"tiny-llama-{target}.gguf"
-        quantize_file(f16, out, target, pure=pure, progress=progress)
+        quantize_file(f16, out, target, pure=pure, imatrix=imatrix, progress=progress)
         files.append((target, recipe, out))
 
     stage("setting general.name on every file (in place)")
@@ -181,6 +187,8 @@ def describe(train_steps: int, rows: Sequence[DemoRow]) -> list[str]:
         f"{VOCAB_SIZE}-token BPE vocabulary) for {train_steps} steps on {TRAIN_CHARS:,} characters of the "
         "bundled English sample",
         "converted the checkpoint to an F16 GGUF file (ggufkit convert)",
+        f"collected an importance matrix of the F16 file on the training text ({IMATRIX_CHUNKS} chunks of "
+        f"{SCORE_CTX} tokens; ggufkit imatrix), used by every quantization below",
         f"quantized the F16 file to each of the {n_pure} other types ggufkit's quantizer has, one file per type "
         f"with every quantizable tensor in that type (--pure), and to the {DEMO_PRESET.upper()} preset "
         "(llama.cpp's per-tensor mixture)",

@@ -4,7 +4,7 @@ The per-block functions of :mod:`ggufkit.quant.kquants` and the subroutines of
 :mod:`ggufkit.quant.kquants_math` are compiled again as CUDA device functions with
 :func:`ggufkit.quant.cuda_legacy.retarget`: ``fmul``/``fadd``/``fsub`` become libdevice's ``*_rn``
 intrinsics, which NVVM never contracts into a fused multiply-add (it does by default; NVIDIA/numba-cuda#118),
-so every step rounds once, as in ggml's reference build (reference/quant.md §8). Under the CUDA simulator
+so every step rounds once, as in ggml's reference build (NVIDIA/numba-cuda issue 118). Under the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) the same code runs as Python on NumPy float32 scalars.
 
 Launch layout: one thread per 256-weight super-block (``cuda.grid(1)``), scratch in ``cuda.local.array``,

@@ -5,7 +5,7 @@ The per-block functions of :mod:`ggufkit.quant.legacy` are compiled again as CUD
 are libdevice's ``fmul_rn``/``fadd_rn``/``fsub_rn`` and every other block function is its own CUDA
 version. Round-to-nearest intrinsics are never contracted into a fused multiply-add, which NVVM otherwise
 does by default (NVIDIA/numba-cuda#118); with every product that feeds a sum (and every sum) going through
-them, each step rounds exactly once, as ggml's reference (reference/quant.md §8). Under the CUDA simulator
+them, each step rounds exactly once, as ggml's reference (NVIDIA/numba-cuda issue 118). Under the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) the same rebinding runs the block math as plain Python on NumPy float32
 scalars, a second, independent execution of the code.
 

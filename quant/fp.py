@@ -1,6 +1,6 @@
 """Float32-exact scalar helpers shared by every quantization kernel (CPU prange loops and CUDA kernels).
 
-Everything here mirrors one routine of ggml (reference/quant.md §1):
+Everything here mirrors one routine of ggml (ggml-impl.h, ggml.c):
 
 * :func:`fp32_to_fp16` - ``GGML_FP32_TO_FP16`` (software path of ``ggml-impl.h``): IEEE binary16,
   round-to-nearest-even, subnormals rounded too, ``|x| >= 65520`` -> inf, sign of zero kept, NaN ->
@@ -19,7 +19,7 @@ is exact (widening an f32, scaling by powers of two, rint of values below 2^51).
 
 The vectorised NumPy helpers at the end (:func:`f32_to_f16_array`, :func:`f32_to_bf16_array`) convert
 whole tensors for the F16/BF16 targets; numpy's float16 cast is the same RNE (verified exhaustively in
-reference/quant.md §1.2 for every non-NaN input).
+ggml-impl.h ggml_compute_fp32_to_fp16 for every non-NaN input).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Both give, per weight tensor name, one f32 per column (and per expert for 3-D tensors): the mean squared
 activation that the weighted quantizers (``quantize_*_impl``) use as ``quant_weights``. The arithmetic is
-``common_imatrix_load`` + quantize.cpp ``load_imatrix`` (reference/quant.md §7.5):
+``common_imatrix_load`` + quantize.cpp ``load_imatrix`` (common/common.cpp, tools/quantize/quantize.cpp):
 
 - GGUF: tensors ``<name>.in_sum2`` (f32 ``[n_experts, n_per_row]``) and ``<name>.counts`` (f32
   ``[n_experts, 1]``); value = ``in_sum2 / f32(lround(count))`` in f32, and 1.0 where the count is 0.

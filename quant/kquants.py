@@ -1,6 +1,6 @@
 """K-quant kernels (Q4_K, Q5_K, Q6_K): Numba CPU quantize/dequantize, byte-identical to ggml.
 
-Block layouts (reference/quant.md §2; all f16 fields little-endian):
+Block layouts (ggml-common.h block_q4_K, block_q5_K, block_q6_K; all f16 fields little-endian):
 
 * Q4_K, 256 weights in 144 bytes: ``d`` f16 @0, ``dmin`` f16 @2, ``scales[12]`` @4 (8 six-bit scales and
   8 six-bit mins, packed as ``get_scale_min_k4`` reads them), ``qs[128]`` @16 (4-bit quants: byte
@@ -22,7 +22,7 @@ no fallback needed) and finishes each block with ``_q6k_finish_block``.
 
 Quantization follows ``ggml_quantize_chunk``: without an imatrix (``qw`` of length 0) the reference
 quantizers ``quantize_row_q{4,5,6}_K_ref``; with one (``qw`` float32[n_per_row]) the weighted
-``quantize_row_q{4,5,6}_K_impl`` paths (quant.md §3.7-3.9, §4). Inputs must be finite and the row
+``quantize_row_q{4,5,6}_K_impl`` paths (ggml-quants.c quantize_row_q4_K_ref ... quantize_q6_K). Inputs must be finite and the row
 length a multiple of 256; the dispatch layer (:func:`ggufkit.quant.quantize`) checks both.
 """
 

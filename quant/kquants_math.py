@@ -1,10 +1,10 @@
 """Float32-exact subroutines of ggml's k-quants, written once for the CPU and the CUDA target.
 
-Each function mirrors one static routine of ``ggml-quants.c`` (reference/quant.md §3.6, §1.3):
+Each function mirrors one static routine of ``ggml-quants.c`` (make_qkx2_quants, make_qkx3_quants, make_qx_quants, nearest_int):
 ``make_qkx2_quants``/``make_qkx3_quants`` (:func:`make_qkx_quants`), ``make_qx_quants``,
 ``make_qp_quants`` and ``nearest_int`` over its whole input range (:func:`nearest_int_full`).
 
-Conventions that keep the bytes identical to the stock x86-64 build of ggml (quant.md §1, §8):
+Conventions that keep the bytes identical to the stock x86-64 build of ggml (ggml-impl.h, ggml-quants.c; compiled without FMA contraction):
 
 * every value is float32 and every literal is ``np.float32`` (Numba widens ``f32 * 3`` to float64);
 * sums run sequentially in index order, exactly as the C loops;

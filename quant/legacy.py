@@ -2,7 +2,7 @@
 
 Byte-identical to ``ggml_quantize_chunk`` (``ggml-quants.c``): the ``quantize_row_*_ref`` routines when
 no importance matrix is given, the per-row ``quantize_row_*_impl`` routines with one (Q8_0 ignores it,
-as ggml does). reference/quant.md §2-§5 describes the algorithms; the code follows its evaluation order.
+as ggml does). ggml-quants.c (quantize_row_q4_0_ref ... quantize_q8_0) holds the algorithms; the code follows its evaluation order.
 
 Layout of the block math (numba-cuda's "write once, run on both targets" pattern):
 
@@ -12,7 +12,7 @@ Layout of the block math (numba-cuda's "write once, run on both targets" pattern
   caller), so ``quant/cuda_legacy.py`` compiles the *same Python functions* as CUDA device functions.
 * Every product whose result is then added to or subtracted from goes through :func:`fp.fmul`. On the
   CPU that is a plain float32 multiply (Numba with ``fastmath=False`` never contracts); on CUDA the same
-  name is bound to ``libdevice.fmul_rn``, which NVVM cannot fuse into an FMA (reference/quant.md §8).
+  name is bound to ``libdevice.fmul_rn``, which NVVM cannot fuse into an FMA (NVIDIA/numba-cuda issue 118: NVVM contracts a*b+c by default).
 * ``quantize_rows_<t>`` / ``dequantize_rows_<t>`` are the CPU entry points: ``prange`` over blocks (or
   rows, with an imatrix, because ggml's weights depend on a whole-row statistic); each iteration writes
   only its own output block, so the thread count cannot change the bytes.

@@ -41,8 +41,9 @@ def test_demo_builds_converts_quantizes_every_type_edits_and_scores(tmp_path: Pa
     assert rows["q8_0"]["bits_per_weight"] > rows["q4_k_m"]["bits_per_weight"] > 4.0
     assert rows["q8_0"]["same_top_p"] > 0.9
     # The report says what was done (one line per stage) and what each printed figure means.
-    assert len(report["steps"]) == 5 and "20 steps" in report["steps"][0]
-    assert f"each of the {len(rows) - 2} other types" in report["steps"][2]
+    assert len(report["steps"]) == 6 and "20 steps" in report["steps"][0]
+    assert "importance matrix" in report["steps"][2]
+    assert f"each of the {len(rows) - 2} other types" in report["steps"][3]
     assert report["columns"] == COLUMNS
     text = _render(report)
     for step in report["steps"]:

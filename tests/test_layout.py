@@ -194,15 +194,7 @@ def test_the_format_layer_has_no_dead_functions() -> None:
 
 #: A citation of notes that are not in this repository; cite upstream (file and function) instead.
 NOTES_CITATION = re.compile(r"reference/|shared/|\breference §|\b(?:convert|quant|powerinfer|perplexity)\.md\b")
-#: Folders still citing the notes until the lead's final sweep (their edits are in flight on other branches).
-#: strict: once a folder is clean this xfail turns into a failure, so the mark is removed with the sweep.
-NOT_YET_SWEPT = pytest.mark.xfail(strict=True, reason="passes after the lead's final citation sweep; then drop this mark")
-
-
-@pytest.mark.parametrize("folder", ["ggufkit", pytest.param("converters", marks=NOT_YET_SWEPT),
-                                    pytest.param("quant", marks=NOT_YET_SWEPT),
-                                    pytest.param("eval", marks=NOT_YET_SWEPT),
-                                    pytest.param("registry.yaml", marks=NOT_YET_SWEPT)])
+@pytest.mark.parametrize("folder", ["ggufkit", "converters", "quant", "eval", "registry.yaml"])
 def test_package_code_cites_upstream_sources_not_notes_outside_the_repository(folder: str) -> None:
     target = ROOT / folder
     paths = [target] if target.is_file() else sorted(target.rglob("*.py"))
