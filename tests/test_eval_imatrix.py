@@ -296,3 +296,19 @@ def test_moe_experts_are_summed_and_counted_per_routed_token(files: dict[str, Pa
         llama_imatrix("-m", files["f32"], *args, "-o", d / f"moe-ref.{fmt}")
         ours(*args, "-o", d / f"moe-ours.{fmt}")
         assert (d / f"moe-ours.{fmt}").read_bytes() == (d / f"moe-ref.{fmt}").read_bytes(), fmt
+
+
+def test_json_result_and_usage_errors(files: dict[str, Path]) -> None:
+    d = files["dir"]
+    res = ours(files["f32"], "-f", files["text"], "-c", CTX, "--chunks", 2, "-o", d / "j.gguf")
+    for key in ("output", "output_format", "entries", "chunks", "chunk_count", "chunk_size", "ppl", "ppl_error",
+                "chunk_ppl", "datasets", "model_sha256", "device", "seconds", "tokens_per_second"):
+        assert key in res, key
+    assert (res["entries"], res["chunks"], len(res["chunk_ppl"]), res["datasets"]) == (14, 2, 2, [str(files["text"])])
+    assert ours(files["f32"], "-f", files["text"], "-c", CTX, "--chunks", 2, "--no-ppl", "-o",
+                d / "j2.gguf")["ppl"] is None
+    for args in (["--show-statistics"], ["--in-file", d / "j.gguf", "--in-file", d / "j.gguf", "--show-statistics"],
+                 [files["f32"]], ["-f", files["text"]], [], [files["f32"], "-f", files["text"], "-c", "8"]):
+        r = invoke("imatrix", *map(str, args), "-o", str(d / "never.gguf"))
+        assert r.exit_code == 2 and r.stderr.startswith("ggufkit: error:"), (args, r.stderr)
+    assert not (d / "never.gguf").exists()
