@@ -24,6 +24,9 @@ _Dim = tuple[int | None, str]
 #: The one loader that does not read feed_forward_length as the FFN width: Qwen 1's halves it
 #: (src/models/qwen.cpp, ffn_gate/ffn_up ``{n_embd, n_ff/2}``).
 _FFN_DIVISOR = {"qwen": 2}
+#: Loaders whose ffn_up holds gate and up fused, twice the FFN width (llama-model.cpp, LLM_ARCH_PHI3:
+#: ``ffn_up {n_embd, 2 * n_ff}``).
+_FUSED_GATE_UP = frozenset({"phi3"})
 #: Weights stored transposed (input dimension first), whose bias follows their last dimension.
 _TRANSPOSED = frozenset({"FFN_DOWN_T"})
 
@@ -63,13 +66,15 @@ def _rules(arch: str, hp: Mapping[str, tuple[Any, Any]], n_vocab: int | None) ->
     qkv_rows = None if q[0] is None or k[0] is None or v[0] is None else q[0] + k[0] + v[0]
     qkv: _Dim = (qkv_rows, f"q+k+v={q[0]}+{k[0]}+{v[0]}")
     head: _Dim = (head_k, f"head_dim={head_k}")
+    up: _Dim = (None if n_ff is None else 2 * n_ff, f"2*feed_forward_length=2*{n_ff_key}") \
+        if arch in _FUSED_GATE_UP else ff
     any_rows: _Dim = (None, "")
     return {
         "TOKEN_EMBD": (vocab, embd), "OUTPUT": (vocab, embd), "POS_EMBD": (any_rows, embd),
         "OUTPUT_NORM": (embd,), "ATTN_NORM": (embd,), "ATTN_NORM_2": (embd,), "FFN_NORM": (embd,),
         "ATTN_Q": (q, embd), "ATTN_K": (k, embd), "ATTN_V": (v, embd), "ATTN_QKV": (qkv, embd),
         "ATTN_OUT": (embd, o), "ATTN_Q_NORM": (head,), "ATTN_K_NORM": (head,),
-        "FFN_UP": (ff, embd), "FFN_GATE": (ff, embd), "FFN_DOWN": (embd, ff),
+        "FFN_UP": (up, embd), "FFN_GATE": (ff, embd), "FFN_DOWN": (embd, ff),
         "FFN_DOWN_T": (ff, embd),  # PowerInfer: ffn_down transposed, one FFN neuron per row
         "ROPE_FREQS": ((None if n_rot is None else n_rot // 2, f"rope.dimension_count/2={n_rot}/2"),),
     }

@@ -33,14 +33,17 @@ VOCAB_SIZE = 512
 
 def demo_targets() -> list[tuple[str, bool]]:
     """``(quantize target, pure)`` for every file the demo makes from the F16 one: each type the quantizer's
-    registry has (F32, BF16 and every kernel type, with ``--pure`` so the whole file is that type), then the
-    Q4_K_M preset. Read from :mod:`ggufkit.quant.registry`, so a type added there is demonstrated too."""
+    registry has (F32, BF16 and every kernel type, with ``--pure`` so the whole file is that type, or as the
+    preset of that name for the types that need an importance matrix), then the Q4_K_M preset. Read from :mod:`ggufkit.quant.registry`, so a type added there is demonstrated too."""
     from gguf import GGMLQuantizationType
 
     from ggufkit.quant.registry import KERNELS, SUPPORTED_TYPES
 
     floats = sorted((t for t in SUPPORTED_TYPES if t not in KERNELS and t != GGMLQuantizationType.F16), key=int)
-    return [(t.name.lower(), True) for t in (*floats, *KERNELS)] + [(DEMO_PRESET, False)]
+    # The types that need an importance matrix are made as llama-quantize's preset of that name: --pure would
+    # give token_embd (which no imatrix covers) that type too, which llama-quantize refuses.
+    return [(t.name.lower(), not (t in KERNELS and KERNELS[t].needs_imatrix)) for t in (*floats, *KERNELS)] + \
+        [(DEMO_PRESET, False)]
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ def describe(train_steps: int, rows: Sequence[DemoRow]) -> list[str]:
     """What :func:`run_demo` did, one line per stage, for the report under the table."""
     shape = MODEL_SHAPE
     n_pure = sum(r.recipe.endswith("(--pure)") for r in rows)
+    n_mix = len(rows) - 2 - n_pure  # besides F16 and the Q4_K_M preset
     return [
         f"trained a tiny LLaMA ({shape['num_hidden_layers']} layers, hidden size {shape['hidden_size']}, "
         f"{VOCAB_SIZE}-token BPE vocabulary) for {train_steps} steps on {TRAIN_CHARS:,} characters of the "
@@ -189,8 +193,9 @@ def describe(train_steps: int, rows: Sequence[DemoRow]) -> list[str]:
         "converted the checkpoint to an F16 GGUF file (ggufkit convert)",
         f"collected an importance matrix of the F16 file on the training text ({IMATRIX_CHUNKS} chunks of "
         f"{SCORE_CTX} tokens; ggufkit imatrix), used by every quantization below",
-        f"quantized the F16 file to each of the {n_pure} other types ggufkit's quantizer has, one file per type "
-        f"with every quantizable tensor in that type (--pure), and to the {DEMO_PRESET.upper()} preset "
+        f"quantized the F16 file to each of the {n_pure + n_mix} other types ggufkit's quantizer has, one file "
+        f"per type: {n_pure} with every quantizable tensor in that type (--pure), the {n_mix} that need an "
+        f"importance matrix as llama-quantize's preset of that name; and to the {DEMO_PRESET.upper()} preset "
         "(llama.cpp's per-tensor mixture)",
         "set general.name in every file, in place (ggufkit set-meta)",
         f"scored every file on held-out text ({SCORE_CHUNKS} chunks of {SCORE_CTX} tokens): perplexity, and KL "
