@@ -79,7 +79,8 @@ def _fit(n: int, weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[n
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
-               kmap: np.ndarray, neigh: np.ndarray, L: np.ndarray, Laux: np.ndarray) -> tuple[np.float32, int]:
+               kmap: np.ndarray, neigh: np.ndarray, L: np.ndarray, Laux: np.ndarray,
+               terms: np.ndarray) -> tuple[np.float32, int]:
     """The scale search of IQ2_XS / IQ2_S over 16 weights (two groups of 8): returns (scale, fail)."""
     best = _F0
     scale = mx / np.float32(5.0)
@@ -97,7 +98,7 @@ def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.fl
                     aux0 = False
                 else:
                     aux1 = False
-                if find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, this_scale, Laux) < 0:
+                if find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, this_scale, Laux, terms) < 0:
                     return scale, NO_GRID_POINT
         sumqx, sumq2 = _fit(16, weight, xval, Laux)
         if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
@@ -113,7 +114,7 @@ def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.fl
             if (on0 if k == 0 else on1):
                 continue
             u = _round_levels(xval, 8 * k, iscale, L)
-            if kmap[u] < 0 and find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, scale, L) < 0:
+            if kmap[u] < 0 and find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, scale, L, terms) < 0:
                 return scale, NO_GRID_POINT
         sumqx, sumq2 = _fit(16, weight, xval, L)
         if sumq2 > _F0:
@@ -143,6 +144,7 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
     L = np.zeros(32, np.int8)
     Laux = np.zeros(32, np.int8)
     Lq = np.zeros(32, np.uint8)
+    terms = np.empty(32, np.float32)
     bsigns = np.zeros(4, np.int64)
     q2 = np.zeros(16, np.int64)
     sigma2 = _sumx2(xbl) / np.float32(QK_K)
@@ -173,7 +175,7 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
             for k in range(4):
                 u = _round_levels(xval, 8 * k, iscale, Laux)
                 if (kmap[u] < 0
-                        and find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, this_scale, Laux) < 0):
+                        and find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, this_scale, Laux, terms) < 0):
                     return NO_GRID_POINT
             sumqx, sumq2 = _fit(32, weight, xval, Laux)
             if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
@@ -187,7 +189,7 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
                 u = _round_levels(xval, 8 * k, iscale, L)
                 g = kmap[u]
                 if g < 0:
-                    g = find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, scale, L)
+                    g = find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, scale, L, terms)
                     if g < 0:
                         return NO_GRID_POINT
                 for i in range(8):
@@ -297,6 +299,7 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
     L = np.zeros(16, np.int8)
     Laux = np.zeros(16, np.int8)
     bsigns = np.zeros(2, np.int64)
+    terms = np.empty(32, np.float32)
     y[:] = 0
     sumx2 = _sumx2(xbl)
     sigma2 = np.float32(2.0) * sumx2 / np.float32(QK_K) if is_s else sumx2 / np.float32(QK_K)
@@ -333,7 +336,7 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
         if mx < eps:
             scales[ib] = _F0
             continue
-        scale, fail = _search_16(xval, weight, waux, mx, qgrid, kmap, neigh, L, Laux)
+        scale, fail = _search_16(xval, weight, waux, mx, qgrid, kmap, neigh, L, Laux, terms)
         if fail:
             return fail
         if scale < _F0:

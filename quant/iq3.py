@@ -85,6 +85,7 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
     on_grid = np.zeros(8, np.bool_)
     on_aux = np.zeros(8, np.bool_)
     sas = np.zeros(8, np.int64)  # IQ3_XXS scales_and_signs
+    terms = np.empty(32, np.float32)  # unused by the 4-wide grids (find_best_neighbour's 8-wide path)
     y[:] = 0
     sumx2 = _F0
     for i in range(QK_K):
@@ -136,7 +137,7 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
                 on_aux[k] = True
                 if kmap[u] < 0:
                     on_aux[k] = False
-                    if find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 4 * k, waux, this_scale, Laux) < 0:
+                    if find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 4 * k, waux, this_scale, Laux, terms) < 0:
                         return NO_GRID_POINT
             sumqx, sumq2 = _fit32(weight, xval, Laux)
             if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
@@ -158,7 +159,7 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
                 u = _round_levels3(xval, 4 * k, iscale, Laux)
                 g = kmap[u]
                 if g < 0:
-                    g = find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 4 * k, waux, scale, L)
+                    g = find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 4 * k, waux, scale, L, terms)
                     if g < 0:
                         return NO_GRID_POINT
                 for i in range(4):

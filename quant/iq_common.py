@@ -45,9 +45,13 @@ def put_u16(out: np.ndarray, off: int, v: int) -> None:
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
 def find_best_neighbour(neighbours: np.ndarray, start: int, qgrid: np.ndarray, xval: np.ndarray, off: int,
-                        waux: np.ndarray, scale: np.float32, L: np.ndarray) -> int:
+                        waux: np.ndarray, scale: np.float32, L: np.ndarray, terms: np.ndarray) -> int:
     """``iq2_find_best_neighbour`` / ``iq3_find_best_neighbour``: the listed grid point closest to
     ``xval[off:off+E]`` in the ``waux``-weighted sense; writes its levels into ``L[off:off+E]``.
+
+    For the 8-wide grids (3 levels per element) the terms ``waux*diff*diff`` of each element and level are
+    computed once into ``terms`` (float32[32] scratch) and each neighbour's distance sums them in ggml's
+    element order: the same float32 operations on the same operands as ggml's loop, so the same bits.
 
     Returns:
         The grid index, or -1 where ggml asserts (every distance NaN or >= FLT_MAX).
@@ -56,6 +60,24 @@ def find_best_neighbour(neighbours: np.ndarray, start: int, qgrid: np.ndarray, x
     num = np.int64(neighbours[start])
     best_d2 = FLT_MAX
     grid_index = -1
+    if n_el == 8:
+        for i in range(8):
+            for lv in range(3):
+                diff = scale * np.float32(2 * lv + 1) - xval[off + i]
+                terms[4 * i + lv] = waux[off + i] * diff * diff
+        for j in range(1, num + 1):
+            g = np.int64(neighbours[start + j])
+            d2 = np.float32(0.0)
+            for i in range(8):
+                d2 += terms[4 * i + ((qgrid[g, i] - 1) >> 1)]
+            if d2 < best_d2:
+                best_d2 = d2
+                grid_index = g
+        if grid_index < 0:
+            return -1
+        for i in range(n_el):
+            L[off + i] = (qgrid[grid_index, i] - 1) // 2
+        return grid_index
     for j in range(1, num + 1):
         g = np.int64(neighbours[start + j])
         d2 = np.float32(0.0)
