@@ -123,6 +123,7 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
     from ggufkit.format import open_gguf
     from ggufkit.metadata_edit import edit_metadata
     from ggufkit.quant import quantize_file
+    from ggufkit.quant.presets import TYPE_CHOICES
 
     stage = on_stage or (lambda _: None)
     text = sample_text()
@@ -144,7 +145,11 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
         recipe = f"every quantizable tensor {target.upper()} (--pure)" if pure else f"{target.upper()} preset mixture"
         stage(f"quantizing to {target}" + (" (--pure)" if pure else ""))
         out = workdir / f"tiny-llama-{target}.gguf"
-        quantize_file(f16, out, target, pure=pure, imatrix=imatrix, progress=progress)
+        if target in TYPE_CHOICES:
+            quantize_file(f16, out, target, pure=pure, imatrix=imatrix, progress=progress)
+        else:  # a type with no llama-quantize TYPE of its own (MXFP4): every weight through --tensor-type
+            quantize_file(f16, out, "q8_0", pure=True, imatrix=imatrix, tensor_types=[(".*", target)],
+                          progress=progress)
         files.append((target, recipe, out))
 
     stage("setting general.name on every file (in place)")
