@@ -255,6 +255,13 @@ DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]]
 }
 
 
+def can_dequantize(qtype: GGMLQuantizationType) -> bool:
+    """Whether :func:`dequantize` decodes ``qtype`` (torch kernels, or the quantizer's for the grid types)."""
+    from ggufkit.quant.registry import KERNELS
+
+    return qtype in DEQUANTIZERS or qtype in KERNELS
+
+
 def _dequantize_on_cpu(raw: torch.Tensor, qtype: GGMLQuantizationType, n_per_row: int) -> torch.Tensor:
     """Types without a torch kernel here (the grid types IQ1/IQ2/IQ3, whose decoding is table lookups):
     the quantizer's own Numba dequantizer, bit-identical to ggml's ``dequantize_row_*``, on the CPU, then

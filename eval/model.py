@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType
 
 from ggufkit.errors import DeviceUnavailableError, EvaluationError
 from ggufkit.eval.arch import SUPPORTED_ARCHS, HParams, expected_shapes, read_hparams
-from ggufkit.eval.dequant import DEQUANTIZERS, dequantize
+from ggufkit.eval.dequant import can_dequantize, dequantize
 from ggufkit.format.reader import GGUFModel, TensorInfo, open_gguf
 
 __all__ = ["DTYPES", "SUPPORTED_ARCHS", "GGUFCausalLM", "HParams", "QTensor", "load_model", "read_hparams",
@@ -510,7 +510,7 @@ def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str
             if len(want) != len(info.shape) or any(w not in (-1, s) for w, s in zip(want, info.shape)):
                 raise EvaluationError(f"tensor {info.name!r} has shape {list(info.shape)}, expected "
                                       f"{[w if w >= 0 else '*' for w in want]}", path=model.path)
-            if info.ggml_type not in DEQUANTIZERS:
+            if not can_dequantize(info.ggml_type):
                 raise EvaluationError(f"tensor {info.name!r} has type {info.ggml_type.name}, which the evaluator "
                                       f"cannot dequantize", path=model.path)
             tensors[info.name] = _load_tensor(model, info, dev, hasher)
