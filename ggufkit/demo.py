@@ -33,17 +33,20 @@ VOCAB_SIZE = 512
 
 def demo_targets() -> list[tuple[str, bool]]:
     """``(quantize target, pure)`` for every file the demo makes from the F16 one: each type the quantizer's
-    registry has (F32, BF16 and every kernel type, with ``--pure`` so the whole file is that type, or as the
-    preset of that name for the types that need an importance matrix), then the Q4_K_M preset. Read from :mod:`ggufkit.quant.registry`, so a type added there is demonstrated too."""
+    registry has (F32, BF16 and every kernel type, with ``--pure`` so the whole file is that type; see
+    :data:`UNCOVERED` for the types that need an importance matrix), then the Q4_K_M preset. Read from :mod:`ggufkit.quant.registry`, so a type added there is demonstrated too."""
     from gguf import GGMLQuantizationType
 
     from ggufkit.quant.registry import KERNELS, SUPPORTED_TYPES
 
     floats = sorted((t for t in SUPPORTED_TYPES if t not in KERNELS and t != GGMLQuantizationType.F16), key=int)
-    # The types that need an importance matrix are made as llama-quantize's preset of that name: --pure would
-    # give token_embd (which no imatrix covers) that type too, which llama-quantize refuses.
-    return [(t.name.lower(), not (t in KERNELS and KERNELS[t].needs_imatrix)) for t in (*floats, *KERNELS)] + \
-        [(DEMO_PRESET, False)]
+    return [(t.name.lower(), True) for t in (*floats, *KERNELS)] + [(DEMO_PRESET, False)]
+
+
+#: What the files of the types that need an importance matrix keep in Q8_0: no importance matrix covers the token
+#: embedding (a lookup, not a matmul) or the output head (llama-imatrix skips it without --process-output), and
+#: llama-quantize refuses those types without one.
+UNCOVERED = "token_embd and output Q8_0"
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
     from ggufkit.format import open_gguf
     from ggufkit.metadata_edit import edit_metadata
     from ggufkit.quant import quantize_file
-    from ggufkit.quant.presets import TYPE_CHOICES
+    from ggufkit.quant.presets import TENSOR_TYPES, TYPE_CHOICES
+    from ggufkit.quant.registry import KERNELS
 
     stage = on_stage or (lambda _: None)
     text = sample_text()
@@ -142,11 +146,16 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
     collect_imatrix(f16, text=train, output=imatrix, ctx=SCORE_CTX, chunks=IMATRIX_CHUNKS, compute_ppl=False,
                     device="cpu", progress=progress)
     for target, pure in demo_targets() if targets is None else targets:
-        recipe = f"every quantizable tensor {target.upper()} (--pure)" if pure else f"{target.upper()} preset mixture"
+        qtype = TENSOR_TYPES.get(target)
+        uncovered = qtype in KERNELS and KERNELS[qtype].needs_imatrix
+        recipe = (f"every quantizable tensor {target.upper()} (--pure)" + (f", {UNCOVERED}" if uncovered else "")
+                  if pure else f"{target.upper()} preset mixture")
         stage(f"quantizing to {target}" + (" (--pure)" if pure else ""))
         out = workdir / f"tiny-llama-{target}.gguf"
+        wide = "q8_0" if uncovered else None
         if target in TYPE_CHOICES:
-            quantize_file(f16, out, target, pure=pure, imatrix=imatrix, progress=progress)
+            quantize_file(f16, out, target, pure=pure, imatrix=imatrix, token_embedding_type=wide,
+                          output_tensor_type=wide, progress=progress)
         else:  # a type with no llama-quantize TYPE of its own (MXFP4): every weight through --tensor-type
             quantize_file(f16, out, "q8_0", pure=True, imatrix=imatrix, tensor_types=[(".*", target)],
                           progress=progress)
@@ -189,8 +198,8 @@ COLUMNS: dict[str, str] = {
 def describe(train_steps: int, rows: Sequence[DemoRow]) -> list[str]:
     """What :func:`run_demo` did, one line per stage, for the report under the table."""
     shape = MODEL_SHAPE
-    n_pure = sum(r.recipe.endswith("(--pure)") for r in rows)
-    n_mix = len(rows) - 2 - n_pure  # besides F16 and the Q4_K_M preset
+    n_pure = sum("(--pure)" in r.recipe for r in rows)
+    n_uncovered = sum(r.recipe.endswith(UNCOVERED) for r in rows)
     return [
         f"trained a tiny LLaMA ({shape['num_hidden_layers']} layers, hidden size {shape['hidden_size']}, "
         f"{VOCAB_SIZE}-token BPE vocabulary) for {train_steps} steps on {TRAIN_CHARS:,} characters of the "
@@ -198,9 +207,9 @@ def describe(train_steps: int, rows: Sequence[DemoRow]) -> list[str]:
         "converted the checkpoint to an F16 GGUF file (ggufkit convert)",
         f"collected an importance matrix of the F16 file on the training text ({IMATRIX_CHUNKS} chunks of "
         f"{SCORE_CTX} tokens; ggufkit imatrix), used by every quantization below",
-        f"quantized the F16 file to each of the {n_pure + n_mix} other types ggufkit's quantizer has, one file "
-        f"per type: {n_pure} with every quantizable tensor in that type (--pure), the {n_mix} that need an "
-        f"importance matrix as llama-quantize's preset of that name; and to the {DEMO_PRESET.upper()} preset "
+        f"quantized the F16 file to each of the {n_pure} other types ggufkit's quantizer has, one file per type "
+        f"with every quantizable tensor in that type (--pure; the {n_uncovered} types that need an importance "
+        f"matrix keep {UNCOVERED}, which no importance matrix covers), and to the {DEMO_PRESET.upper()} preset "
         "(llama.cpp's per-tensor mixture)",
         "set general.name in every file, in place (ggufkit set-meta)",
         f"scored every file on held-out text ({SCORE_CHUNKS} chunks of {SCORE_CTX} tokens): perplexity, and KL "

@@ -10,7 +10,7 @@ from cli_helpers import invoke
 from gguf import GGMLQuantizationType
 
 from ggufkit.cli.demo import _render
-from ggufkit.demo import COLUMNS, demo_targets
+from ggufkit.demo import COLUMNS, UNCOVERED, demo_targets
 from ggufkit.format import open_gguf
 from ggufkit.quant.registry import KERNELS, SUPPORTED_TYPES
 
@@ -34,8 +34,9 @@ def test_demo_builds_converts_quantizes_every_type_edits_and_scores(tmp_path: Pa
             types = {t.ggml_type for t in model.tensors}
         if row["type"] != "q4_k_m":  # each pure file really holds its type
             assert GGMLQuantizationType[row["type"].upper()] in types, row["type"]
-    # pure files, except the types that need an importance matrix: llama-quantize's preset of that name
-    assert all(rows[t.name.lower()]["recipe"].endswith("(--pure)") != r.needs_imatrix for t, r in KERNELS.items())
+    # pure files; the types that need an importance matrix keep token_embd and output (which none covers) in Q8_0
+    assert all("(--pure)" in rows[t.name.lower()]["recipe"] for t in KERNELS)
+    assert all(rows[t.name.lower()]["recipe"].endswith(UNCOVERED) == r.needs_imatrix for t, r in KERNELS.items())
     assert rows["f16"]["mean_kld"] is None
     # Fewer bits, more divergence from F16: Q8_0 is near-lossless, 4-bit types are not.
     assert 0 <= rows["q8_0"]["mean_kld"] < rows["q4_0"]["mean_kld"]
