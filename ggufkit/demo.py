@@ -126,7 +126,7 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
     from ggufkit.format import open_gguf
     from ggufkit.metadata_edit import edit_metadata
     from ggufkit.quant import quantize_file
-    from ggufkit.quant.presets import TENSOR_TYPES, TYPE_CHOICES
+    from ggufkit.quant.presets import TENSOR_TYPES, TYPE_CHOICES, get_preset
     from ggufkit.quant.registry import KERNELS
 
     stage = on_stage or (lambda _: None)
@@ -153,12 +153,12 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
         stage(f"quantizing to {target}" + (" (--pure)" if pure else ""))
         out = workdir / f"tiny-llama-{target}.gguf"
         wide = "q8_0" if uncovered else None
-        if target in TYPE_CHOICES:
+        if target in TYPE_CHOICES and (not pure or get_preset(target).default_type == qtype):
             quantize_file(f16, out, target, pure=pure, imatrix=imatrix, token_embedding_type=wide,
                           output_tensor_type=wide, progress=progress)
-        else:  # a type with no llama-quantize TYPE of its own (MXFP4): every weight through --tensor-type
+        else:  # no llama-quantize TYPE is this type when --pure (MXFP4; IQ2_S's is IQ2_XS): --tensor-type
             quantize_file(f16, out, "q8_0", pure=True, imatrix=imatrix, tensor_types=[(".*", target)],
-                          progress=progress)
+                          token_embedding_type=wide, output_tensor_type=wide, progress=progress)
         files.append((target, recipe, out))
 
     stage("setting general.name on every file (in place)")
