@@ -148,17 +148,20 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
     for target, pure in demo_targets() if targets is None else targets:
         qtype = TENSOR_TYPES.get(target)
         uncovered = qtype in KERNELS and KERNELS[qtype].needs_imatrix
-        recipe = (f"every quantizable tensor {target.upper()} (--pure)" + (f", {UNCOVERED}" if uncovered else "")
-                  if pure else f"{target.upper()} preset mixture")
-        stage(f"quantizing to {target}" + (" (--pure)" if pure else ""))
-        out = workdir / f"tiny-llama-{target}.gguf"
         wide = "q8_0" if uncovered else None
-        if target in TYPE_CHOICES and (not pure or get_preset(target).default_type == qtype):
-            quantize_file(f16, out, target, pure=pure, imatrix=imatrix, token_embedding_type=wide,
+        out = workdir / f"tiny-llama-{target}.gguf"
+        stage(f"quantizing to {target}" + (" (--pure)" if pure else ""))
+        if not pure:
+            recipe = f"{target.upper()} preset mixture"
+            quantize_file(f16, out, target, imatrix=imatrix, progress=progress)
+        elif target in TYPE_CHOICES and get_preset(target).default_type == qtype:
+            recipe = f"every quantizable tensor {target.upper()} (--pure)" + (f", {UNCOVERED}" if uncovered else "")
+            quantize_file(f16, out, target, pure=True, imatrix=imatrix, token_embedding_type=wide,
                           output_tensor_type=wide, progress=progress)
-        else:  # no llama-quantize TYPE is this type when --pure (MXFP4; IQ2_S's is IQ2_XS): --tensor-type
-            quantize_file(f16, out, "q8_0", pure=True, imatrix=imatrix, tensor_types=[(".*", target)],
-                          token_embedding_type=wide, output_tensor_type=wide, progress=progress)
+        else:  # no llama-quantize TYPE starts from this type (MXFP4; IQ2_S's starts from IQ2_XS): --tensor-type
+            recipe = f"every block tensor {target.upper()} (--tensor-type), token_embd and output Q8_0"
+            quantize_file(f16, out, "q8_0", pure=True, imatrix=imatrix, tensor_types=[(r"blk\..*", target)],
+                          progress=progress)
         files.append((target, recipe, out))
 
     stage("setting general.name on every file (in place)")
@@ -198,7 +201,7 @@ COLUMNS: dict[str, str] = {
 def describe(train_steps: int, rows: Sequence[DemoRow]) -> list[str]:
     """What :func:`run_demo` did, one line per stage, for the report under the table."""
     shape = MODEL_SHAPE
-    n_pure = sum("(--pure)" in r.recipe for r in rows)
+    n_pure = sum("(--pure)" in r.recipe or "(--tensor-type)" in r.recipe for r in rows)
     n_uncovered = sum(r.recipe.endswith(UNCOVERED) for r in rows)
     return [
         f"trained a tiny LLaMA ({shape['num_hidden_layers']} layers, hidden size {shape['hidden_size']}, "
@@ -209,7 +212,8 @@ def describe(train_steps: int, rows: Sequence[DemoRow]) -> list[str]:
         f"{SCORE_CTX} tokens; ggufkit imatrix), used by every quantization below",
         f"quantized the F16 file to each of the {n_pure} other types ggufkit's quantizer has, one file per type "
         f"with every quantizable tensor in that type (--pure; the {n_uncovered} types that need an importance "
-        f"matrix keep {UNCOVERED}, which no importance matrix covers), and to the {DEMO_PRESET.upper()} preset "
+        f"matrix keep {UNCOVERED}, which no importance matrix covers; a type no llama-quantize TYPE starts from "
+        "is set on every block tensor with --tensor-type), and to the {DEMO_PRESET.upper()} preset "
         "(llama.cpp's per-tensor mixture)",
         "set general.name in every file, in place (ggufkit set-meta)",
         f"scored every file on held-out text ({SCORE_CHUNKS} chunks of {SCORE_CTX} tokens): perplexity, and KL "

@@ -35,8 +35,9 @@ def test_demo_builds_converts_quantizes_every_type_edits_and_scores(tmp_path: Pa
         if row["type"] != "q4_k_m":  # each pure file really holds its type
             assert GGMLQuantizationType[row["type"].upper()] in types, row["type"]
     # pure files; the types that need an importance matrix keep token_embd and output (which none covers) in Q8_0
-    assert all("(--pure)" in rows[t.name.lower()]["recipe"] for t in KERNELS)
-    assert all(rows[t.name.lower()]["recipe"].endswith(UNCOVERED) == r.needs_imatrix for t, r in KERNELS.items())
+    recipes = {t: rows[t.name.lower()]["recipe"] for t in KERNELS}
+    assert all("(--pure)" in r or "(--tensor-type)" in r for r in recipes.values())
+    assert all(r.endswith(UNCOVERED) == KERNELS[t].needs_imatrix for t, r in recipes.items() if "(--pure)" in r)
     assert rows["f16"]["mean_kld"] is None
     # Fewer bits, more divergence from F16: Q8_0 is near-lossless, 4-bit types are not.
     assert 0 <= rows["q8_0"]["mean_kld"] < rows["q4_0"]["mean_kld"]
