@@ -162,9 +162,14 @@ def _as_stored(w: np.ndarray, ggml_type: Any, transform: str | None) -> np.ndarr
 
 def _stored_weights(ckpt: Any, plan: ConvertPlan) -> Iterator[tuple[str, bool, np.ndarray]]:
     """(HF name, whether it is the output projection, values as stored) for each checkpoint tensor the
-    GGUF holds; generated and predictor tensors have no transformers counterpart and are left out."""
+    GGUF rounds. F32 tensors hold the checkpoint's values exactly, as transformers' float32 model does
+    (however transformers renames them on load); generated and predictor tensors have no transformers
+    counterpart."""
+    from gguf import GGMLQuantizationType as Q
+
     for e in plan.entries:
-        if e.source in ckpt.tensors:
+        # the output projection always: a tied head must be untied when the embedding is rounded
+        if e.source in ckpt.tensors and (e.ggml_type != Q.F32 or e.kind == "OUTPUT"):
             w = _widen(ckpt.read(e.source), ckpt.tensors[e.source].dtype)
             yield e.source, e.kind == "OUTPUT", _as_stored(w, e.ggml_type, e.transform)
 
