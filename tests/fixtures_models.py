@@ -89,6 +89,15 @@ SUPPORTED = (*_CLASSES, "QWenLMHeadModel")
 
 def _write_tokenizer(dir: Path, kind: str) -> int:
     """Tokenizer files of ``kind``; returns the number of tokens."""
+    if kind == "llama-hf":
+        # a Llama-2 style tokenizer saved by transformers as tokenizer.json only (no tokenizer.model)
+        import transformers
+
+        ft.make_spm_tokenizer(dir, 320)
+        tok = transformers.AutoTokenizer.from_pretrained(dir)
+        (dir / "tokenizer.model").unlink()
+        tok.save_pretrained(dir)
+        return 320
     if kind in ("spm", "spm-no-prefix"):
         ft.make_spm_tokenizer(dir, 320, dummy_prefix=kind == "spm")
         return 320

@@ -38,6 +38,8 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("gemma3", "Gemma3ForCausalLM", {}),
     # Phi-3's specials after the sentencepiece pieces, the embedding padded beyond them ([PAD{i}] rows).
     ("phi3", "Phi3ForCausalLM", {"extra_vocab": 8}),
+    # tokenizer.json only (byte-fallback BPE): llama.cpp's LlamaHfVocab path.
+    ("llama-hf-vocab", "LlamaForCausalLM", {"vocab": "llama-hf"}),
 ]
 CTX = 32
 #: Keys ggufkit writes and llama.cpp's converter leaves out, each equal to what llama.cpp's loader assumes
@@ -156,7 +158,14 @@ def test_ggufkit_ppl_equals_llama_cpps(case: dict[str, Any]) -> None:
 def test_check_passes_and_fails_on_other_weights(case: dict[str, Any], tmp_path: Path) -> None:
     hf_class, overrides = next((c[1], c[2]) for c in CASES if c[0] == case["name"])
     ok = check_conversion(case["dir"], case["ours"], outtype="f32", n_params=100_000, device="cpu")
-    assert ok.ok and ok.skipped is None, ok.failures
+    if case["name"] == "llama-hf-vocab":
+        # llama.cpp's LlamaHfVocab scores every piece -1000, so its SPM tokenizer merges in another order
+        # than the checkpoint's BPE on some texts (whitespace runs, text around special tokens): the file is
+        # llama.cpp's, and --check says where it tokenizes differently; the weights agree.
+        assert not ok.ok and ok.failures and all(f.startswith("tokens differ") for f in ok.failures)
+        assert ok.top1_agreement == 1.0 and ok.rel_diff < 1e-4
+    else:
+        assert ok.ok and ok.skipped is None, ok.failures
     other = make_checkpoint(tmp_path / "other", hf_class, seed=7, **overrides)
     if hf_class == "Phi3ForCausalLM":
         add_phi3_specials(other)
