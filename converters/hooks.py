@@ -5,8 +5,9 @@ A hooks module ``ggufkit.converters.<family>`` defines any of these module-level
     return warnings (a list of strings) where llama.cpp computes something harmlessly different.
     ``extra_tensors(config) -> list[(gguf_name, float32 array)]``: tensors computed from the config, written
     before the checkpoint's tensors (as llama.cpp's ``generate_extra_tensors``).
-    ``rewrite_tensors(tensors, config) -> list[PlannedTensor]``: merge, split or rewrite planned tensors
-    (see :mod:`ggufkit.converters.rewrite`) after the registry's mapping, before output types are chosen.
+    ``rewrite_tensors(raw, loaders, config) -> raw``: merge, split or rewrite planned tensors (``Raw`` tuples
+    of :mod:`ggufkit.converters.rewrite`; new ones get a loader in ``loaders``) after the registry's mapping
+    and expert stacking, before output types are chosen.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors")
 #: Families with a hooks module (registry.yaml ``hooks:`` values).
-HOOK_FAMILIES = frozenset({"llama", "opt"})
+HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3"})
 
 
 def hooks_module(family: str) -> Any:

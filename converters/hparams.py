@@ -104,11 +104,13 @@ def resolve_hparams(entry: ArchEntry, config: Mapping[str, Any]) -> dict[str, tu
 
 
 def rope_scaling(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The rope scaling dict (``rope_scaling``, or transformers 5's ``rope_parameters``), or None."""
+    """The rope scaling dict (``rope_scaling``, or transformers 5's ``rope_parameters``; per layer type, the
+    ``full_attention`` one, as llama.cpp's TextModel reads it), or None."""
     for key in ("rope_scaling", "rope_parameters"):
         value = config.get(key)
         if isinstance(value, Mapping):
-            return dict(value)
+            full = value.get("full_attention")
+            return dict(full) if isinstance(full, Mapping) else dict(value)
     return None
 
 

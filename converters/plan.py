@@ -25,6 +25,7 @@ from ggufkit.converters.metadata import build_metadata, default_name, output_pat
 from ggufkit.converters.powerinfer import check_activation, load_predictor, read_predictor
 from ggufkit.converters.pretokenizer import PreTokenizerMatch
 from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
+from ggufkit.converters.rewrite import stack_experts
 from ggufkit.converters.shape_check import check_shapes
 from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_shape
 from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
@@ -38,8 +39,9 @@ OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_
 FLOAT_OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16}
 FLOAT_FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
                     "bf16": LlamaFileType.MOSTLY_BF16}
-#: GGUF tensors llama.cpp's converter always keeps in F32 whatever the outtype (convert.md §2.5).
-_F32_KINDS = frozenset({"POS_EMBD", "TOKEN_TYPES"})
+#: GGUF tensors llama.cpp's converter always keeps in F32 whatever the outtype (conversion/base.py:
+#: ModelBase.prepare_tensors).
+_F32_KINDS = frozenset({"POS_EMBD", "TOKEN_TYPES", "FFN_GATE_INP", "FFN_GATE_INP_SHEXP"})
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class ConvertPlan:
 # -- mapping -------------------------------------------------------------------------------------------
 def _compile(rule: TensorRule) -> re.Pattern[str]:
     body = re.escape(rule.hf_template).replace(re.escape("{bid}"), r"(?P<bid>\d+)")
+    body = body.replace(re.escape("{xid}"), r"(?P<xid>\d+)")
     return re.compile(rf"^{body}(?P<suffix>\.weight|\.bias)?$")
 
 
@@ -274,14 +277,24 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
             raw.append((gguf_name, "generated", "", arr.shape, "F32", None))
             loaders[gguf_name] = _constant(arr)
         mapped, ignored = map_tensors(entry, list(ckpt.tensors), n_layer)
+        experts: dict[int, tuple[int, int, str]] = {}  # raw index -> (block, expert id, weight name)
         for hf, gguf_name, rule in mapped:
             st = ckpt.tensors[hf]
+            if "{xid}" in rule.hf_template:
+                experts[len(raw)] = _expert_of(entry, rule, hf)
             kind, transform = rule.tensor, rule.transform
             if powerinfer and kind == "FFN_DOWN":
                 # PowerInfer stores the down projection transposed, one neuron per row (powerinfer.md §2.3).
                 kind, transform = "FFN_DOWN_T", "transpose"
                 gguf_name = gguf_name.replace(".ffn_down.", ".ffn_down_t.")
             raw.append((gguf_name, hf, kind, transformed_shape(transform, st.shape), st.dtype, transform))
+        n_expert = hp.get(f"{arch}.expert_count")
+        raw, stack_loaders = stack_experts(raw, experts, None if n_expert is None else int(n_expert[1]),
+                                           lambda source, transform: _loader(ckpt, source, transform, heads)())
+        loaders.update(stack_loaders)
+        rewrite = hooks_for(entry.hooks).get("rewrite_tensors")
+        if rewrite is not None:
+            raw = rewrite(raw, loaders, config)
         kinds = {r[2] for r in raw}
         # A tied head where the loader needs output.weight (PowerInfer's llama loader too): write the embedding
         # again under that name.
@@ -319,6 +332,14 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
                       LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_"), vocab_only)
     return ConvertPlan(entry.hf_class, arch, resolved, file_type, POWERINFER_MAGIC if powerinfer else GGUF_MAGIC,
                        meta, entries, ignored, out, loaders, pre_match)
+
+
+def _expert_of(entry: ArchEntry, rule: TensorRule, hf: str) -> tuple[int, int, str]:
+    """(block, expert id, HF weight name after the expert id) of an expert tensor."""
+    local = hf.removeprefix(entry.strip_prefix) if entry.strip_prefix else hf
+    m = _compile(rule).match(local)
+    assert m is not None
+    return int(m.group("bid") or 0), int(m.group("xid")), rule.hf_template.split("{xid}", 1)[1]
 
 
 def _constant(arr: np.ndarray) -> Callable[[], np.ndarray]:

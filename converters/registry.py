@@ -41,15 +41,15 @@ EXTRA_TENSORS: dict[str, str] = {
     "FC2": TENSOR_POWERINFER_FC2,
 }
 #: Transforms a registry entry may name (implemented in ggufkit.converters.transforms).
-TRANSFORM_NAMES = frozenset({"permute_q", "permute_k", "neox_qkv", "transpose"})
+TRANSFORM_NAMES = frozenset({"permute_q", "permute_k", "neox_qkv", "transpose", "add_one"})
 #: Derive rules an hparam may name (implemented in ggufkit.converters.hparams).
 DERIVE_NAMES = frozenset({"head_dim", "partial_rotary_dim"})
-VOCAB_KINDS = frozenset({"spm", "bpe", "tiktoken"})
+VOCAB_KINDS = frozenset({"spm", "llama_hf", "bpe", "tiktoken"})
 OUTPUT_MODES = frozenset({"optional", "required", "drop"})
 VALUE_TYPES = frozenset({"u32", "i32", "f32", "bool", "str"})
 
 _ENTRY_FIELDS = {"arch", "vocab", "hparams", "rope_scaling", "tensors", "transforms", "ignore", "output",
-                 "strip_prefix", "powerinfer", "hooks"}
+                 "strip_prefix", "powerinfer", "hooks", "add_space_prefix", "special_by_flag"}
 #: Fields that merge key by key with the base entry's (the others replace it).
 _MERGED_FIELDS = ("hparams", "tensors", "transforms")
 _HPARAM_FIELDS = {"from", "default", "required", "type", "derive"}
@@ -119,6 +119,8 @@ class ArchEntry:
     strip_prefix: str = ""
     powerinfer: bool = False
     hooks: str | None = None
+    add_space_prefix: bool | None = None
+    special_by_flag: bool = False
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -205,6 +207,9 @@ class _EntryParser:
             strip_prefix=self.typed("strip_prefix", raw.get("strip_prefix", ""), str, "a string"),
             powerinfer=self.typed("powerinfer", raw.get("powerinfer", False), bool, "true or false"),
             hooks=self.hooks(raw.get("hooks")),
+            add_space_prefix=None if raw.get("add_space_prefix") is None else
+            self.typed("add_space_prefix", raw["add_space_prefix"], bool, "true or false"),
+            special_by_flag=self.typed("special_by_flag", raw.get("special_by_flag", False), bool, "true or false"),
         )
 
     def hooks(self, value: Any) -> str | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ggufkit.converters.stream import bf16_from_float32, to_float32
 from ggufkit.errors import TensorMappingError
 
 
@@ -63,7 +64,19 @@ def transpose(arr: np.ndarray, heads: Heads) -> np.ndarray:
     return np.ascontiguousarray(arr.T)
 
 
+def add_one(arr: np.ndarray, heads: Heads) -> np.ndarray:
+    """``w + 1`` in the source's own precision, as llama.cpp's Gemma converters add it to the torch tensor
+    (conversion/gemma.py ``modify_tensors``: Gemma's RMSNorm multiplies by ``1 + w``). The result keeps the
+    source's representation: bf16 bits (uint16), float16 or float32."""
+    if arr.dtype == np.uint16:  # bf16 bits
+        return bf16_from_float32(to_float32(arr, "BF16") + np.float32(1))
+    if arr.dtype == np.float16:
+        return (arr + np.float16(1)).astype(np.float16)
+    return np.asarray(arr, dtype=np.float32) + np.float32(1)
+
+
 TRANSFORMS: dict[str, Callable[[np.ndarray, Heads], np.ndarray]] = {
+    "add_one": add_one,
     "permute_q": permute_q,
     "permute_k": permute_k,
     "neox_qkv": neox_qkv,

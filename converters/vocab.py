@@ -39,7 +39,7 @@ K = Keys.Tokenizer
 
 __all__ = ["QWEN1_SPECIALS", "VOCAB_KINDS", "build_vocab", "bytes_to_unicode", "looks_special", "read_tiktoken"]
 
-VOCAB_KINDS = ("spm", "bpe", "tiktoken")
+VOCAB_KINDS = ("spm", "llama_hf", "bpe", "tiktoken")
 
 #: The special-token roles SpecialVocab knows, in its order (gguf-py vocab.py). ``cls`` has no GGUF key.
 _SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
@@ -96,27 +96,32 @@ class _Vocab:
     pre_match: PreTokenizerMatch | None = None
 
 
-def build_vocab(model_dir: Path, kind: str, *, vocab_size: int, pre_tokenizer: str | None = None) -> Metadata:
+def build_vocab(model_dir: Path, kind: str, *, vocab_size: int, pre_tokenizer: str | None = None,
+                special_by_flag: bool = False) -> Metadata:
     """The ``tokenizer.*`` KV pairs of a checkpoint's vocabulary, in llama.cpp's order.
 
     As :func:`build_vocab_and_pre`, without saying how the pre-tokenizer was chosen.
     """
-    return build_vocab_and_pre(model_dir, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer)[0]
+    return build_vocab_and_pre(model_dir, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
+                               special_by_flag=special_by_flag)[0]
 
 
-def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int,
-                        pre_tokenizer: str | None = None) -> tuple[Metadata, PreTokenizerMatch | None]:
+def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int, pre_tokenizer: str | None = None,
+                        special_by_flag: bool = False) -> tuple[Metadata, PreTokenizerMatch | None]:
     """The ``tokenizer.*`` KV pairs of a checkpoint's vocabulary, in llama.cpp's order, and how
     ``tokenizer.ggml.pre`` was chosen.
 
     Args:
         model_dir: Hugging Face checkpoint directory (tokenizer files, optionally ``config.json``).
-        kind: ``"spm"`` (``tokenizer.model``), ``"bpe"`` (``tokenizer.json``) or ``"tiktoken"``
+        kind: ``"spm"`` (``tokenizer.model``), ``"llama_hf"`` (a LLaMA byte-fallback ``tokenizer.json``
+            written as llama.cpp's LlamaHfVocab does), ``"bpe"`` (``tokenizer.json``) or ``"tiktoken"``
             (``qwen.tiktoken``, Qwen 1).
         vocab_size: rows of the model's token embedding; the token list is padded to it with
             ``[PAD{i}]`` fillers (type UNUSED).
         pre_tokenizer: ``tokenizer.ggml.pre`` to write instead of detecting it (BPE and tiktoken only);
             must be a name llama.cpp knows.
+        special_by_flag: SPM added tokens are CONTROL only when marked ``special`` (llama.cpp's Phi-3
+            vocabulary, conversion/phi.py), not also when their text merely looks special.
 
     Returns:
         (Metadata holding only ``tokenizer.*`` keys: ``ggml.model``, ``ggml.pre``, ``ggml.tokens``,
@@ -138,7 +143,12 @@ def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int,
     config = _read_json(model_dir / "config.json") or {}
     added_json: list[dict[str, Any]] = []
     if kind == "spm":
-        vocab = _spm_vocab(model_dir, vocab_size)
+        vocab = _spm_vocab(model_dir, vocab_size, special_by_flag)
+    elif kind == "llama_hf":
+        from ggufkit.converters.vocab_llama_hf import llama_hf_tokens
+
+        tokens, scores, types = llama_hf_tokens(model_dir, vocab_size)
+        vocab = _Vocab("llama", tokens, types, scores, pre="default")
     elif kind == "bpe":
         vocab, added_json = _bpe_vocab(model_dir, vocab_size, pre_tokenizer)
     else:
@@ -156,7 +166,7 @@ def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int,
     for role, tid in vocab.fallback_ids.items():
         if 0 <= tid < len(vocab.tokens):
             special.ids.setdefault(role, tid)
-    if kind != "spm" and "bos" not in special.ids and "eos" in special.ids:
+    if kind not in ("spm", "llama_hf") and "bos" not in special.ids and "eos" in special.ids:
         # with no bos id in the file llama.cpp's BPE falls back to id 11, an ordinary token; Qwen-style
         # vocabularies without a bos use their end-of-text token in both roles (as llama.cpp's qwen2 files do)
         special.ids["bos"] = special.ids["eos"]
@@ -230,7 +240,7 @@ def _check_fits(n_tokens: int, vocab_size: int, source: Path) -> None:
 
 # --- SPM ----------------------------------------------------------------------------------------
 
-def _spm_vocab(model_dir: Path, vocab_size: int) -> _Vocab:
+def _spm_vocab(model_dir: Path, vocab_size: int, special_by_flag: bool = False) -> _Vocab:
     import sentencepiece
 
     path = model_dir / "tokenizer.model"
@@ -283,7 +293,7 @@ def _spm_vocab(model_dir: Path, vocab_size: int) -> _Vocab:
         tid = int(key)
         if tid >= vocab_size:
             continue
-        if entry.get("special") or looks_special(text):
+        if entry.get("special") or (not special_by_flag and looks_special(text)):
             types[tid] = TokenType.CONTROL
         else:
             # a user-defined token is matched in raw text, where spaces are still spaces
@@ -499,6 +509,29 @@ def _token_name(entry: Any) -> str | None:
     return None
 
 
+def _pair_adds_sep(pair: Any, first: str | None, last: str | None, sep: str | None,
+                   eos: str | None) -> bool | None:
+    """add_sep from a TemplateProcessing ``pair`` template ``[first] A <middle> B [last]``, as gguf-py's
+    SpecialVocab._try_load_from_tokenizer_json reads it: None when the template says nothing."""
+    if not isinstance(pair, list) or not pair or not all(isinstance(p, dict) for p in pair):
+        return None
+
+    def special(item: dict[str, Any]) -> Any:
+        return (item.get("SpecialToken") or {}).get("id")
+
+    start = 1 if first and special(pair[0]) == first else 0
+    stop = -1 if last and special(pair[-1]) == last else None
+    body = pair[start:stop]
+    if not body or (body[0].get("Sequence") or {}).get("id") != "A" or \
+            (body[-1].get("Sequence") or {}).get("id") != "B" or not body[1:-1]:
+        return None
+    middle = body[1:-1]
+    add = special(middle[0]) in (sep, eos) and special(middle[0]) is not None and not last
+    if len(middle) == 2 and special(middle[1]) is not None and special(middle[1]) in (sep, eos):
+        add = True
+    return add
+
+
 def _special_tokens(model_dir: Path, config: Mapping[str, Any], added_json: list[dict[str, Any]],
                     token_to_id: Mapping[str, int], n_vocab: int) -> _Special:
     """Special ids (first source wins), add_* flags and chat template, as gguf-py's SpecialVocab."""
@@ -539,6 +572,11 @@ def _special_tokens(model_dir: Path, config: Mapping[str, Any], added_json: list
                         names[roles[-1]] = names["eos"]
                     names["eos"] = last
                     result.add["eos"] = True
+            else:
+                first = last = None
+            sep = _pair_adds_sep(proc.get("pair"), first, last, names["sep"], names["eos"])
+            if sep is not None:
+                result.add["sep"] = sep
 
     for role in _SPECIAL_TYPES:
         flag = tok_cfg.get(f"add_{role}_token")

@@ -8,6 +8,7 @@ agrees with; a file's keys fill in the numbers. An architecture without a row is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,8 @@ class ArchTraits:
     Attributes:
         norm: ``rms`` (RMSNorm) or ``layer`` (LayerNorm with bias).
         rope: ``norm`` (adjacent pairs; the converter permuted Q/K rows), ``neox`` (split halves), ``none``.
-        ffn: ``silu`` (SiLU-gated), ``gelu`` (exact erf GELU, ungated), ``relu`` (``relu(gate)*up``, or
+        ffn: ``silu`` (SiLU-gated), ``silu_fused`` (``ffn_up`` holds [gate; up], Phi-3), ``gelu_tanh``
+            (GELU-tanh-gated), ``gelu`` (exact erf GELU, ungated), ``relu`` (``relu(gate)*up``, or
             ``relu(up)`` when ungated), ``relu_sym`` (``relu(gate)*relu(up)``).
         powerinfer_ffn: the FFN PowerInfer's sparse graph computes for a PWRI file of this arch (None: same).
         parallel_residual: default of ``{arch}.use_parallel_residual`` (None: never parallel, key ignored).
@@ -30,6 +32,15 @@ class ArchTraits:
         eps_fallback_key: another epsilon key older converters wrote instead (Qwen 1's LayerNorm key).
         learned_positions: ``position_embd`` read at ``pos + 2`` (OPT), and the head always tied to the
             embedding.
+        moe_norm_topk: a MoE file's top-k expert weights are renormalised to sum to one (llama.cpp's
+            ``norm_w`` argument of build_moe_ffn for this arch).
+        embd_scale: embeddings multiplied by ``sqrt(n_embd)`` (Gemma).
+        gemma_27b_layers: when set, queries are scaled by ``1/sqrt(head_dim)``, or by ``1/sqrt(n_embd/n_head)``
+            with this many layers (llama.cpp's Gemma "27B" type), whatever query_pre_attn_scalar said.
+        swa_pattern: with a ``{arch}.attention.sliding_window`` key, layer ``il`` uses the window when
+            ``il % swa_pattern < swa_pattern - 1`` (0: no sliding-window layers).
+        swa_default: the window when the file has no key (gemma2's loader default).
+        softcap_keys: read ``{arch}.attn_logit_softcapping`` / ``final_logit_softcapping``.
     """
 
     norm: str = "rms"
@@ -40,12 +51,22 @@ class ArchTraits:
     eps_default: float | None = None
     eps_fallback_key: str | None = None
     learned_positions: bool = False
+    moe_norm_topk: bool = False
+    embd_scale: bool = False
+    gemma_27b_layers: int = 0
+    swa_pattern: int = 0
+    swa_default: int = 0
+    softcap_keys: bool = False
 
+
+#: src/models/gemma2.cpp / gemma3.cpp (load_arch_hparams and the graph): GELU-tanh gated FFN, sandwich norms,
+#: scaled embeddings; every 2nd (gemma2) or 6th (gemma3) layer global, the others sliding-window.
+_GEMMA = {"ffn": "gelu_tanh", "embd_scale": True, "softcap_keys": True}
 
 #: GGUF architecture -> traits. A new LLaMA-like architecture is a row here (and none if it writes ``llama``).
 ARCH_TRAITS: dict[str, ArchTraits] = {
-    # src/models/llama.cpp: RMSNorm, NORM rope, SiLU-gated FFN.
-    "llama": ArchTraits(rope="norm", powerinfer_ffn="relu"),
+    # src/models/llama.cpp: RMSNorm, NORM rope, SiLU-gated FFN; Mixtral's experts renormalised.
+    "llama": ArchTraits(rope="norm", powerinfer_ffn="relu", moe_norm_topk=True),
     # PowerInfer's bamboo graph: relu(gate) * relu(up); no eps key in its files.
     "bamboo": ArchTraits(rope="norm", ffn="relu_sym", eps_default=1e-5),
     "qwen2": ArchTraits(),
@@ -53,6 +74,14 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen": ArchTraits(eps_fallback_key="attention.layer_norm_epsilon"),
     "gptneox": ArchTraits(norm="layer", ffn="gelu", parallel_residual=True),
     "opt": ArchTraits(norm="layer", rope="none", ffn="relu", learned_positions=True),
+    # src/models/qwen2moe.cpp: top-k weights as they are, plus a sigmoid-gated shared expert.
+    "qwen2moe": ArchTraits(),
+    # src/models/qwen3moe.cpp: top-k weights always renormalised; per-head q/k norms as qwen3.
+    "qwen3moe": ArchTraits(moe_norm_topk=True),
+    # src/models/phi3.cpp: fused attn_qkv, ffn_up = [gate; up] (LLM_FFN_SWIGLU), NEOX rope.
+    "phi3": ArchTraits(ffn="silu_fused"),
+    "gemma2": ArchTraits(**_GEMMA, gemma_27b_layers=46, swa_pattern=2, swa_default=4096),  # type: ignore[arg-type]
+    "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=62, swa_pattern=6),  # type: ignore[arg-type]
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -79,6 +108,16 @@ class HParams:
     ffn: str  # "silu", "gelu", "relu" (relu(gate)*up or relu(up) when ungated), "relu_sym"
     powerinfer: bool
     learned_positions: bool = False
+    n_expert: int = 0
+    n_expert_used: int = 0
+    moe_norm_topk: bool = False
+    embd_scale: bool = False
+    attn_scale: float | None = None
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    n_swa: int = 0
+    swa_pattern: int = 1
+    rope_base_swa: float = 10000.0
 
 
 def traits_for(arch: str, path: Any = None) -> ArchTraits:
@@ -151,11 +190,29 @@ def read_hparams(model: GGUFModel) -> HParams:
     ffn = tr.powerinfer_ffn if model.is_powerinfer and tr.powerinfer_ffn else tr.ffn
     parallel = False if tr.parallel_residual is None else \
         bool(model.get(f"{a}.use_parallel_residual", tr.parallel_residual))
-    return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=key(model, f"{a}.block_count", int),
+    n_expert = key(model, f"{a}.expert_count", int, 0) if f"{a}.expert_count" in model.kv else 0
+    n_expert_used = key(model, f"{a}.expert_used_count", int) if n_expert else 0
+    if n_expert_used > n_expert:
+        raise EvaluationError(f"{n_expert_used} experts used of {n_expert}", path=model.path)
+    n_layer = key(model, f"{a}.block_count", int)
+    attn_scale = None
+    if tr.gemma_27b_layers:
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == tr.gemma_27b_layers else head_dim)
+    n_swa = 0
+    if tr.swa_pattern:
+        n_swa = int(model.get(f"{a}.attention.sliding_window", tr.swa_default) or 0)
+    rope_base = key(model, f"{a}.rope.freq_base", float, 10000.0)
+    softcap = (key(model, f"{a}.attn_logit_softcapping", float, 0.0) if tr.softcap_keys else 0.0,
+               key(model, f"{a}.final_logit_softcapping", float, 0.0) if tr.softcap_keys else 0.0)
+    return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=n_layer,
                    n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
-                   rope_base=key(model, f"{a}.rope.freq_base", float, 10000.0), rope_scale=rope_scale,
+                   rope_base=rope_base, rope_scale=rope_scale,
                    rope_mode=tr.rope, norm=tr.norm, eps=eps, parallel_residual=parallel, ffn=ffn,
-                   powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions)
+                   powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions, n_expert=n_expert,
+                   n_expert_used=n_expert_used, moe_norm_topk=tr.moe_norm_topk, embd_scale=tr.embd_scale,
+                   attn_scale=attn_scale, attn_softcap=softcap[0], final_softcap=softcap[1], n_swa=n_swa,
+                   swa_pattern=max(tr.swa_pattern, 1),
+                   rope_base_swa=key(model, f"{a}.rope.freq_base_swa", float, rope_base))
 
 
 def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
@@ -191,8 +248,14 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
             out[b + "attn_q_norm.weight"] = (hd,)
             out[b + "attn_k_norm.weight"] = (hd,)
         out[b + "attn_output.weight"] = (e, q)
+        if b + "post_attention_norm.weight" in names:
+            out[b + "post_attention_norm.weight"] = (e,)
+            out[b + "post_ffw_norm.weight"] = (e,)
         if b + "attn_output.bias" in names:
             out[b + "attn_output.bias"] = (e,)
+        if hp.n_expert:
+            _moe_shapes(out, hp, b, names)
+            continue
         out[b + "ffn_up.weight"] = (-1, e)
         if b + "ffn_up.bias" in names:
             out[b + "ffn_up.bias"] = (-1,)
@@ -207,3 +270,17 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
         if bias in names:
             out[bias] = (e,)
     return out
+
+
+def _moe_shapes(out: dict[str, tuple[int, ...]], hp: HParams, b: str, names: set[str]) -> None:
+    """Router, stacked experts and the optional shared expert of one MoE block."""
+    e, n = hp.n_embd, hp.n_expert
+    out[b + "ffn_gate_inp.weight"] = (n, e)
+    out[b + "ffn_gate_exps.weight"] = (n, -1, e)
+    out[b + "ffn_up_exps.weight"] = (n, -1, e)
+    out[b + "ffn_down_exps.weight"] = (n, e, -1)
+    if b + "ffn_up_shexp.weight" in names:
+        out[b + "ffn_up_shexp.weight"] = (-1, e)
+        out[b + "ffn_gate_shexp.weight"] = (-1, e)
+        out[b + "ffn_down_shexp.weight"] = (e, -1)
+        out[b + "ffn_gate_inp_shexp.weight"] = (1, e)

@@ -118,7 +118,7 @@ class GGUFCausalLM:
         self.dtype = dtype
         self.model_sha256 = model_sha256
         self.file = file  # kept open: CPU tensors are zero-copy views of its mmap
-        self._rope_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_cache: dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def n_vocab(self) -> int:
@@ -164,13 +164,13 @@ class GGUFCausalLM:
         y = F.linear(x.to(w.dtype), w).to(torch.float32)
         return y if b is None else y + b
 
-    def _rope(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, t: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``[t, n_rot]`` in transformers' rotate-half layout, computed as transformers does."""
-        cached = self._rope_cache.get(t)
+        cached = self._rope_cache.get((t, base))
         if cached is not None:
             return cached
         hp = self.hparams
-        inv_freq = 1.0 / (hp.rope_base ** (torch.arange(0, hp.n_rot, 2, dtype=torch.int64).float() / hp.n_rot))
+        inv_freq = 1.0 / (base ** (torch.arange(0, hp.n_rot, 2, dtype=torch.int64).float() / hp.n_rot))
         factors = self.tensors.get("rope_freqs.weight")
         if factors is not None:  # llama3 long-context correction: theta_i / factor_i (llama.cpp rope_freqs)
             inv_freq = inv_freq / factors.float().cpu()
@@ -179,10 +179,10 @@ class GGUFCausalLM:
         freqs = torch.outer(torch.arange(t, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         result = (emb.cos().to(self.device), emb.sin().to(self.device))
-        self._rope_cache[t] = result
+        self._rope_cache[(t, base)] = result
         return result
 
-    def _apply_rope(self, x: torch.Tensor) -> torch.Tensor:
+    def _apply_rope(self, x: torch.Tensor, base: float) -> torch.Tensor:
         """x: [B, T, H, hd] float32."""
         hp = self.hparams
         if hp.rope_mode == "none":
@@ -191,7 +191,7 @@ class GGUFCausalLM:
         # one rotate-half path serves both modes.
         n = hp.n_rot
         rot, rest = x[..., :n], x[..., n:]
-        cos, sin = self._rope(x.shape[1])
+        cos, sin = self._rope(x.shape[1], base)
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]
         half = torch.cat([-rot[..., n // 2:], rot[..., : n // 2]], dim=-1)
         rot = rot * cos + half * sin
@@ -218,9 +218,16 @@ class GGUFCausalLM:
         if q_norm is not None:  # qwen3: RMSNorm of each head before RoPE
             q = _rms_norm(q, q_norm, hp.eps)
             k = _rms_norm(k, self._r(p + "attn_k_norm.weight"), hp.eps)
-        q, k = self._apply_rope(q), self._apply_rope(k)
+        swa = hp.n_swa > 0 and int(p.split(".")[1]) % hp.swa_pattern < hp.swa_pattern - 1
+        base = hp.rope_base_swa if swa else hp.rope_base
+        q, k = self._apply_rope(q, base), self._apply_rope(k, base)
         q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, H, T, hd]
         gqa = hp.n_head_kv != hp.n_head
+        scale = hp.attn_scale or 1.0 / math.sqrt(hd)
+        if hp.attn_softcap or swa:
+            o = _capped_attention(q, k, v, scale, hp.attn_softcap, hp.n_swa if swa else 0)
+            o = o.transpose(1, 2).reshape(bsz, t, hp.n_head * hd)
+            return self._linear(o, self._r(p + "attn_output.weight"), self._w(p + "attn_output.bias"))
         if gqa and self.device.type != "cpu":
             # CUDA's memory-efficient float32 kernel has no GQA mode: share the KV heads explicitly there
             # (the CPU kernels support it and skip the copies; both give the same values).
@@ -228,7 +235,7 @@ class GGUFCausalLM:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
             gqa = False
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd), enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
         o = o.transpose(1, 2).reshape(bsz, t, hp.n_head * hd)
         return self._linear(o, self._r(p + "attn_output.weight"), self._w(p + "attn_output.bias"))
 
@@ -238,12 +245,17 @@ class GGUFCausalLM:
         gate_w = self._w(p + "ffn_gate.weight")
         if hp.ffn == "gelu":
             a = F.gelu(up)  # exact erf GELU, transformers' "gelu" (GPT-NeoX's default hidden_act)
+        elif hp.ffn == "silu_fused":  # Phi-3: [gate; up] in one matrix
+            g, u = up.chunk(2, dim=-1)
+            a = F.silu(g) * u
         elif gate_w is None:
             a = F.relu(up)
         else:
             g = self._linear(h, gate_w)
             if hp.ffn == "silu":
                 a = F.silu(g) * up
+            elif hp.ffn == "gelu_tanh":
+                a = F.gelu(g, approximate="tanh") * up
             elif hp.ffn == "relu":
                 a = F.relu(g) * up
             else:
@@ -283,6 +295,8 @@ class GGUFCausalLM:
             raise EvaluationError(f"token ids must be in 0..{hp.n_vocab - 1}")
         t = tokens.shape[1]
         x = self.tensors["token_embd.weight"].rows(tokens)
+        if hp.embd_scale:  # Gemma: embeddings times sqrt(n_embd), as a float32 constant
+            x = x * torch.tensor(math.sqrt(hp.n_embd), dtype=torch.float32)
         pos = self.tensors.get("position_embd.weight")
         if pos is not None:
             if t + _EMB_OPT_POS_OFFSET > pos.shape[0]:
@@ -300,18 +314,56 @@ class GGUFCausalLM:
             w = head.row_range(a, min(a + _VOCAB_CHUNK, hp.n_vocab), self.dtype)
             parts.append(F.linear(x.to(w.dtype), w).to(torch.float32))
             del w
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        if hp.final_softcap:
+            out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
+        return out
 
     def _block(self, x: torch.Tensor, p: str) -> torch.Tensor:
         hp = self.hparams
         h = self._norm(x, self._r(p + "attn_norm.weight"), self._w(p + "attn_norm.bias"))
         attn = self._attention(h, p)
+        post = self._w(p + "post_attention_norm.weight")
+        if post is not None:  # Gemma 2/3: sandwich norms around attention and FFN
+            attn = self._norm(attn, post, None)
+            x = x + attn
+            y = self._feed_forward(self._norm(x, self._r(p + "ffn_norm.weight"), None), p)
+            return x + self._norm(y, self._r(p + "post_ffw_norm.weight"), None)
         if hp.parallel_residual:
             h2 = self._norm(x, self._r(p + "ffn_norm.weight"), self._w(p + "ffn_norm.bias"))
-            return x + attn + self._ffn(h2, p)
+            return x + attn + self._feed_forward(h2, p)
         x = x + attn
         h2 = self._norm(x, self._r(p + "ffn_norm.weight"), self._w(p + "ffn_norm.bias"))
-        return x + self._ffn(h2, p)
+        return x + self._feed_forward(h2, p)
+
+    def _feed_forward(self, h: torch.Tensor, p: str) -> torch.Tensor:
+        """The block's FFN: dense, or mixture-of-experts when the file has experts."""
+        if self.hparams.n_expert:
+            from ggufkit.eval.moe import moe_ffn
+
+            return moe_ffn(self, h, p)
+        return self._ffn(h, p)
+
+
+def _capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float,
+                      window: int) -> torch.Tensor:
+    """Causal attention ``[B, H, T, hd]`` with scores soft-capped (``cap * tanh(s / cap)``, when ``softcap``)
+    and keys limited to the last ``window`` positions (when ``window``), as llama.cpp's build_attn with
+    f_attn_logit_softcapping and LLAMA_SWA_TYPE_STANDARD (key j visible from i when i - j < window)."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)).to(torch.float32) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    t = q.shape[2]
+    i = torch.arange(t, device=q.device)
+    visible = i[None, :] <= i[:, None]
+    if window:
+        visible = visible & (i[:, None] - i[None, :] < window)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v).to(torch.float32)
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -328,6 +380,8 @@ def _check_ffn_widths(tensors: dict[str, QTensor], hp: HParams, path: Path) -> N
         down = tensors.get(b + "ffn_down.weight")
         if down is not None:
             widths["ffn_down.weight"] = down.shape[1]
+        if hp.ffn == "silu_fused" and "ffn_up.weight" in widths:
+            widths["ffn_up.weight"] //= 2
         if len(set(widths.values())) > 1:
             raise EvaluationError(f"layer {i}: the FFN tensors disagree on its width: "
                                   + ", ".join(f"{n} {w}" for n, w in widths.items()), path=path)

@@ -36,6 +36,29 @@ _BASE: dict[str, dict[str, Any]] = {
                                num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
                                num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
                                sliding_window=None, bos_token_id=1, eos_token_id=2),
+    "Qwen2MoeForCausalLM": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                                shared_expert_intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "Qwen3MoeForCausalLM": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                                max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    # sliding window (8) shorter than the test contexts, both soft-cappings on, query scale = head size.
+    "Gemma2ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                              attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                              max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                              bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    # 6 layers: five sliding-window layers (rope base 10000) and one global one (rope base 1e6).
+    "Gemma3ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                              final_logit_softcapping=30.0, max_position_embeddings=128, rms_norm_eps=1e-6,
+                              tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    "Phi3ForCausalLM": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=128, original_max_position_embeddings=128,
+                            rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None, bos_token_id=1,
+                            eos_token_id=2, pad_token_id=0),
     "OPTForCausalLM": dict(hidden_size=64, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4,
                            max_position_embeddings=2048, word_embed_proj_dim=64, do_layer_norm_before=True,
                            activation_function="relu", enable_bias=True, tie_word_embeddings=True),
@@ -48,19 +71,45 @@ _CLASSES = {
     "OPTForCausalLM": ("OPTConfig", "OPTForCausalLM"),
     "MistralForCausalLM": ("MistralConfig", "MistralForCausalLM"),
     "MixtralForCausalLM": ("MixtralConfig", "MixtralForCausalLM"),
+    "Qwen2MoeForCausalLM": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "Gemma2ForCausalLM": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("Phi3Config", "Phi3ForCausalLM"),
 }
 #: Tokenizer per class (Llama defaults to SPM; vocab="bpe" picks a Llama-3 style BPE).
 _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen2",
           "GPTNeoXForCausalLM": "gpt-2", "OPTForCausalLM": "gpt-2", "QWenLMHeadModel": "tiktoken",
-          "MistralForCausalLM": "spm", "MixtralForCausalLM": "spm"}
+          "MistralForCausalLM": "spm", "MixtralForCausalLM": "spm",
+          # llama.cpp's converter accepts only BPE tokenizers whose check hash it knows
+          "Qwen2MoeForCausalLM": "real:gpt-2", "Qwen3MoeForCausalLM": "real:gpt-2",
+          "Gemma2ForCausalLM": "spm-no-prefix", "Gemma3ForCausalLM": "spm-no-prefix", "Phi3ForCausalLM": "spm"}
 SUPPORTED = (*_CLASSES, "QWenLMHeadModel")
 
 
 def _write_tokenizer(dir: Path, kind: str) -> int:
     """Tokenizer files of ``kind``; returns the number of tokens."""
-    if kind == "spm":
+    if kind == "llama-hf":
+        # a Llama-2 style tokenizer saved by transformers as tokenizer.json only (no tokenizer.model)
+        import transformers
+
         ft.make_spm_tokenizer(dir, 320)
+        tok = transformers.AutoTokenizer.from_pretrained(dir)
+        (dir / "tokenizer.model").unlink()
+        tok.save_pretrained(dir)
         return 320
+    if kind in ("spm", "spm-no-prefix"):
+        ft.make_spm_tokenizer(dir, 320, dummy_prefix=kind == "spm")
+        return 320
+    if kind.startswith("real:"):
+        # a real model's tokenizer rebuilt from llama.cpp's vocab file (a check hash llama.cpp knows)
+        from llama_cpp_sources import llama_cpp_dir
+
+        flavor = kind.removeprefix("real:")
+        ft.rebuild_bpe_tokenizer(llama_cpp_dir() / "models" / f"ggml-vocab-{flavor}.gguf", dir, flavor)
+        data = json.loads((dir / "tokenizer.json").read_text(encoding="utf-8"))
+        ids = list(data["model"]["vocab"].values()) + [t["id"] for t in data.get("added_tokens", [])]
+        return max(ids) + 1
     if kind == "tiktoken":
         ft.make_tiktoken_vocab(dir, 400)
         return 400 + len(ft.QWEN1_SPECIALS)

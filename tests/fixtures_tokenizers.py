@@ -92,7 +92,7 @@ def _write_json(path: Path, obj: object) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def make_spm_tokenizer(dir: Path, vocab_size: int = 320) -> None:
+def make_spm_tokenizer(dir: Path, vocab_size: int = 320, *, dummy_prefix: bool = True) -> None:
     """Train a Llama-2-style sentencepiece model and write it as a Hugging Face tokenizer directory.
 
     The model is BPE with byte fallback (so every text is encodable), digits split, whitespace kept as is
@@ -104,6 +104,7 @@ def make_spm_tokenizer(dir: Path, vocab_size: int = 320) -> None:
         dir: directory to write ``tokenizer.model``, ``tokenizer_config.json``, ``special_tokens_map.json``
             into (created if missing).
         vocab_size: sentencepiece vocabulary size (at least 320).
+        dummy_prefix: sentencepiece's add_dummy_prefix (Gemma's tokenizers have it off).
     """
     import sentencepiece as spm
 
@@ -114,7 +115,7 @@ def make_spm_tokenizer(dir: Path, vocab_size: int = 320) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type="bpe",
         byte_fallback=True, character_coverage=0.98, split_digits=True, allow_whitespace_only_pieces=True,
-        remove_extra_whitespaces=False, normalization_rule_name="identity", add_dummy_prefix=True,
+        remove_extra_whitespaces=False, normalization_rule_name="identity", add_dummy_prefix=dummy_prefix,
         unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1, minloglevel=2)
     (dir / "tokenizer.model").write_bytes(model.getvalue())
     _write_json(dir / "tokenizer_config.json", {

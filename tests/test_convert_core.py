@@ -27,7 +27,8 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # -- registry ---------------------------------------------------------------------------------------
 def test_shipped_registry_loads_and_every_entry_names_a_known_arch() -> None:
     reg = parse_registry(REGISTRY_TEXT)
-    assert {e.arch for e in reg.entries.values()} == {"llama", "qwen2", "qwen3", "qwen", "gptneox", "opt"}
+    assert {e.arch for e in reg.entries.values()} == {"llama", "qwen2", "qwen3", "qwen", "gptneox", "opt", "qwen2moe",
+                                                     "qwen3moe", "gemma2", "gemma3", "phi3"}
 
 
 @pytest.mark.parametrize(("old", "new", "message"), [
@@ -39,7 +40,8 @@ def test_shipped_registry_loads_and_every_entry_names_a_known_arch() -> None:
     ("    use_parallel_residual: {from: [use_parallel_residual], default: true}\n",
      "    use_parallel_residuals: [use_parallel_residual]\n",
      r"entry 'GPTNeoXForCausalLM', field 'hparams': unknown GGUF key \{arch\}.use_parallel_residuals"),
-    ("  output: drop\n", "  output: 3\n", r"entry 'OPTForCausalLM', field 'output': expected a string"),
+    ("  output: drop\n  powerinfer: true\n", "  output: 3\n  powerinfer: true\n",
+     r"entry 'OPTForCausalLM', field 'output': expected a string"),
     ("  transforms: {FFN_DOWN_T: transpose}\n", "  transforms: {FFN_DOWN_T: flip}\n",
      r"field 'transforms': unknown transform 'flip'"),
     ("    decoder.embed_tokens: TOKEN_EMBD\n", "    decoder.embed_tokens: TOKEN_EMBD\n    decoder.embed_tokens: OUTPUT\n",
