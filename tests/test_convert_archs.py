@@ -230,3 +230,14 @@ def test_checkpoints_llama_cpp_would_compute_differently_are_refused(
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_check_is_skipped_visibly_for_an_arch_the_evaluator_cannot_run(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ggufkit.eval.arch import ARCH_TRAITS
+
+    d = make_checkpoint(tmp_path / "m", "MistralForCausalLM", num_hidden_layers=1)
+    gguf = convert(d, tmp_path / "m.gguf", outtype="f32").outputs[0]
+    monkeypatch.delitem(ARCH_TRAITS, "llama")  # an architecture the table has no row for
+    result = check_conversion(d, gguf, outtype="f32", n_params=100_000, device="cpu")
+    assert result.ok and result.skipped == "cannot evaluate 'llama': the evaluator has no traits for it"
