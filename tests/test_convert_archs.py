@@ -36,6 +36,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("qwen3moe", "Qwen3MoeForCausalLM", {}),
     ("gemma2", "Gemma2ForCausalLM", {}),
     ("gemma3", "Gemma3ForCausalLM", {}),
+    ("gemma3-multimodal", "Gemma3ForConditionalGeneration", {}),
     # Phi-3's specials after the sentencepiece pieces, the embedding padded beyond them ([PAD{i}] rows).
     ("phi3", "Phi3ForCausalLM", {"extra_vocab": 8}),
     # tokenizer.json only (byte-fallback BPE): llama.cpp's LlamaHfVocab path.
