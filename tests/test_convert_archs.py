@@ -36,6 +36,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("qwen3moe", "Qwen3MoeForCausalLM", {}),
     ("gemma2", "Gemma2ForCausalLM", {}),
     ("gemma3", "Gemma3ForCausalLM", {}),
+    ("gemma3-multimodal", "Gemma3ForConditionalGeneration", {}),
     # Phi-3's specials after the sentencepiece pieces, the embedding padded beyond them ([PAD{i}] rows).
     ("phi3", "Phi3ForCausalLM", {"extra_vocab": 8}),
     # tokenizer.json only (byte-fallback BPE): llama.cpp's LlamaHfVocab path.
@@ -172,3 +173,74 @@ def test_check_passes_and_fails_on_other_weights(case: dict[str, Any], tmp_path:
     report = convert(other, tmp_path / "other.gguf", outtype="f32")
     bad = check_conversion(case["dir"], report.outputs[0], report.plan, device="cpu")
     assert bad.status == "failed" and any(f.startswith("logits differ by") for f in bad.failures)
+
+
+MOE_CASES = ("mixtral", "qwen2moe", "qwen3moe")
+
+
+@pytest.mark.parametrize("name", MOE_CASES)
+def test_moe_f16_and_one_pass_q8_0_with_3d_experts(name: str, tmp_path: Path) -> None:
+    """f16: the router stays F32 and the stacked experts are F16, byte for byte as llama.cpp's converter
+    writes them; q8_0 in one pass equals quantizing the f32 conversion, 3-D expert tensors included."""
+    from ggufkit.quant import quantize_file
+
+    hf_class, overrides = next((c[1], c[2]) for c in CASES if c[0] == name)
+    d = make_checkpoint(tmp_path / name, hf_class, **overrides)
+    theirs = llama_cpp_convert(d, tmp_path / "theirs.gguf", "f16")
+    ours = convert(d, tmp_path / "ours.gguf", outtype="f16").outputs[0]
+    with open_gguf(theirs) as a, open_gguf(ours) as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        assert any(len(t.ne) == 3 for t in a.tensors)
+        for t in a.tensors:
+            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+    f32 = convert(d, tmp_path / "f32.gguf", outtype="f32").outputs[0]
+    quantize_file(f32, tmp_path / "requant.gguf", "q8_0")
+    direct = convert(d, tmp_path / "direct.gguf", outtype="q8_0").outputs[0]
+    with open_gguf(tmp_path / "requant.gguf") as a, open_gguf(direct) as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        assert any(len(t.ne) == 3 and t.ggml_type.name == "Q8_0" for t in b.tensors)
+        for t in a.tensors:
+            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+    assert np.isfinite(llama_cpp_logits(direct)).all()
+
+
+@pytest.mark.parametrize(("hf_class", "overrides", "message"), [
+    ("Qwen3MoeForCausalLM", {"norm_topk_prob": False},
+     "qwen3_moe: norm_topk_prob is false, but llama.cpp's graph always renormalises"),
+    ("Qwen2MoeForCausalLM", {"norm_topk_prob": True},
+     "qwen2_moe: norm_topk_prob is true, but llama.cpp's graph never renormalises"),
+    ("Gemma2ForCausalLM", {"tie_word_embeddings": False},
+     "gemma2: llama.cpp would compute another model: an lm_head not tied to the embeddings"),
+    ("Gemma2ForCausalLM", {"query_pre_attn_scalar": 256},
+     "gemma2: llama.cpp would compute another model: query_pre_attn_scalar 256"),
+    ("Gemma3ForCausalLM", {"layer_types": ["full_attention", "sliding_attention"], "num_hidden_layers": 2},
+     "gemma3_text: llama.cpp would compute another model: layer_types other than llama.cpp's fixed pattern"),
+    ("Phi3ForCausalLM", {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0] * 8,
+                                          "short_factor": [1.0] * 8}, "max_position_embeddings": 256},
+     "Phi-3 with longrope scaling"),
+])
+def test_checkpoints_llama_cpp_would_compute_differently_are_refused(
+        hf_class: str, overrides: dict[str, Any], message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    d = make_checkpoint(tmp_path / "m", hf_class, **{"num_hidden_layers": 1, **overrides})
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_check_is_skipped_visibly_for_an_arch_the_evaluator_cannot_run(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ggufkit.eval.arch import ARCH_TRAITS
+
+    d = make_checkpoint(tmp_path / "m", "MistralForCausalLM", num_hidden_layers=1)
+    report = convert(d, tmp_path / "m.gguf", outtype="f32")
+    monkeypatch.delitem(ARCH_TRAITS, "llama")  # an architecture the table has no row for
+    result = check_conversion(d, report.outputs[0], report.plan, device="cpu")
+    assert result.status == "skipped" and not result.passed
+    assert result.reason is not None and result.reason.startswith(
+        "the evaluator cannot run this file: cannot evaluate 'llama': the evaluator has no traits")
