@@ -138,6 +138,19 @@ def build_metadata(src: Source, hp: Mapping[str, tuple[VT, Any]], entries: list[
 
 
 
+def _llama_hf(d: Path) -> bool:
+    """No tokenizer.model, and a tokenizer.json llama.cpp's LlamaHfVocab takes."""
+    from ggufkit.converters.vocab_llama_hf import is_llama_hf
+
+    path = d / "tokenizer.json"
+    if (d / "tokenizer.model").is_file() or not path.is_file():
+        return False
+    try:
+        return is_llama_hf(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return False
+
+
 def _vocab(src: Source, pre_tokenizer: str | None,
            entries: list[PlanEntry]) -> tuple[Metadata, PreTokenizerMatch | None]:
     from ggufkit.converters.vocab import build_vocab_and_pre
@@ -146,6 +159,7 @@ def _vocab(src: Source, pre_tokenizer: str | None,
     kind = entry.vocab[-1]
     for candidate in entry.vocab:
         if (candidate == "spm" and (d / "tokenizer.model").is_file()) or \
+           (candidate == "llama_hf" and _llama_hf(d)) or \
            (candidate == "bpe" and (d / "tokenizer.json").is_file()) or \
            (candidate == "tiktoken" and any(d.glob("*.tiktoken"))):
             kind = candidate

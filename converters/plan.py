@@ -230,6 +230,9 @@ def open_source(model: str | Path, vocab_only: bool) -> Source:
     """Resolve ``model``, read its config, find its registry entry and run its ``check_config`` hook."""
     model_dir, repo, revision = resolve_model(model)
     config = read_config(model_dir)
+    text_config = config.get("text_config")
+    if isinstance(text_config, dict):  # a multimodal checkpoint: its text model's fields win (llama.cpp's
+        config = {**config, **text_config}  # ModelBase.load_hparams merges them the same way)
     archs = config.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise CheckpointError("config.json has no 'architectures' list naming the model class", path=model_dir)

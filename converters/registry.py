@@ -47,7 +47,7 @@ EXTRA_TENSORS: dict[str, str] = {
 TRANSFORM_NAMES = frozenset({"permute_q", "permute_k", "neox_qkv", "transpose", "add_one"})
 #: Derive rules an hparam may name (implemented in ggufkit.converters.hparams).
 DERIVE_NAMES = frozenset({"head_dim", "partial_rotary_dim"})
-VOCAB_KINDS = frozenset({"spm", "bpe", "tiktoken"})
+VOCAB_KINDS = frozenset({"spm", "llama_hf", "bpe", "tiktoken"})
 OUTPUT_MODES = frozenset({"optional", "required", "drop"})
 VALUE_TYPES = frozenset({"u32", "i32", "f32", "bool", "str"})
 

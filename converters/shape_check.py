@@ -21,12 +21,13 @@ from ggufkit.errors import CheckpointError
 
 #: A dimension: (value, how it follows from the hyperparameters); value None matches anything.
 _Dim = tuple[int | None, str]
-#: The one loader that does not read feed_forward_length as the FFN width: Qwen 1's halves it
-#: (src/models/qwen.cpp, ffn_gate/ffn_up ``{n_embd, n_ff/2}``).
-_FFN_DIVISOR = {"qwen": 2}
-#: Loaders whose ffn_up holds gate and up fused, twice the FFN width (llama-model.cpp, LLM_ARCH_PHI3:
-#: ``ffn_up {n_embd, 2 * n_ff}``).
-_FUSED_GATE_UP = frozenset({"phi3"})
+#: Loaders whose FFN widths are not feed_forward_length itself: (numerator, denominator) per kind.
+#: Qwen 1 halves it (src/models/qwen.cpp: ffn_gate/ffn_up ``{n_embd, n_ff/2}``); Phi-3's fused gate+up is
+#: twice as wide (src/models/phi3.cpp: ffn_up ``{n_embd, 2 * n_ff}``).
+_FFN_SCALE: dict[str, dict[str, tuple[int, int]]] = {
+    "qwen": {"FFN_UP": (1, 2), "FFN_GATE": (1, 2), "FFN_DOWN": (1, 2)},
+    "phi3": {"FFN_UP": (2, 1)},
+}
 #: Weights stored transposed (input dimension first), whose bias follows their last dimension.
 _TRANSPOSED = frozenset({"FFN_DOWN_T"})
 
@@ -39,9 +40,7 @@ def _value(hp: Mapping[str, tuple[Any, Any]], key: str) -> int | None:
 def _rules(arch: str, hp: Mapping[str, tuple[Any, Any]], n_vocab: int | None) -> dict[str, tuple[_Dim, ...]]:
     """MODEL_TENSOR name -> expected weight shape (numpy order), from the keys the plan writes."""
     n_embd = _value(hp, Keys.LLM.EMBEDDING_LENGTH.format(arch=arch))
-    n_ff_key = _value(hp, Keys.LLM.FEED_FORWARD_LENGTH.format(arch=arch))
-    divisor = _FFN_DIVISOR.get(arch, 1)
-    n_ff = None if n_ff_key is None else n_ff_key // divisor
+    n_ff = _value(hp, Keys.LLM.FEED_FORWARD_LENGTH.format(arch=arch))
     n_head = _value(hp, Keys.Attention.HEAD_COUNT.format(arch=arch))
     n_head_kv = _value(hp, Keys.Attention.HEAD_COUNT_KV.format(arch=arch))
     if n_head_kv is None:
@@ -57,7 +56,12 @@ def _rules(arch: str, hp: Mapping[str, tuple[Any, Any]], n_vocab: int | None) ->
         return None if a is None or b is None else a * b
 
     embd: _Dim = (n_embd, f"embedding_length={n_embd}")
-    ff: _Dim = (n_ff, f"feed_forward_length={n_ff_key}" + (f"/{divisor}" if divisor > 1 else ""))
+
+    def ff(kind: str) -> _Dim:
+        num, den = _FFN_SCALE.get(arch, {}).get(kind, (1, 1))
+        label = f"feed_forward_length={n_ff}" + (f"*{num}" if num > 1 else "") + (f"/{den}" if den > 1 else "")
+        return (None if n_ff is None else n_ff * num // den, label)
+
     vocab: _Dim = (n_vocab, f"n_vocab={n_vocab} (token_embd rows)")
     q: _Dim = (product(n_head, head_k), f"head_count*head_dim={n_head}*{head_k}")
     k: _Dim = (product(n_head_kv, head_k), f"head_count_kv*head_dim={n_head_kv}*{head_k}")
@@ -66,16 +70,14 @@ def _rules(arch: str, hp: Mapping[str, tuple[Any, Any]], n_vocab: int | None) ->
     qkv_rows = None if q[0] is None or k[0] is None or v[0] is None else q[0] + k[0] + v[0]
     qkv: _Dim = (qkv_rows, f"q+k+v={q[0]}+{k[0]}+{v[0]}")
     head: _Dim = (head_k, f"head_dim={head_k}")
-    up: _Dim = (None if n_ff is None else 2 * n_ff, f"2*feed_forward_length=2*{n_ff_key}") \
-        if arch in _FUSED_GATE_UP else ff
     any_rows: _Dim = (None, "")
     return {
         "TOKEN_EMBD": (vocab, embd), "OUTPUT": (vocab, embd), "POS_EMBD": (any_rows, embd),
         "OUTPUT_NORM": (embd,), "ATTN_NORM": (embd,), "ATTN_NORM_2": (embd,), "FFN_NORM": (embd,),
         "ATTN_Q": (q, embd), "ATTN_K": (k, embd), "ATTN_V": (v, embd), "ATTN_QKV": (qkv, embd),
         "ATTN_OUT": (embd, o), "ATTN_Q_NORM": (head,), "ATTN_K_NORM": (head,),
-        "FFN_UP": (up, embd), "FFN_GATE": (ff, embd), "FFN_DOWN": (embd, ff),
-        "FFN_DOWN_T": (ff, embd),  # PowerInfer: ffn_down transposed, one FFN neuron per row
+        "FFN_UP": (ff("FFN_UP"), embd), "FFN_GATE": (ff("FFN_GATE"), embd), "FFN_DOWN": (embd, ff("FFN_DOWN")),
+        "FFN_DOWN_T": (ff("FFN_DOWN"), embd),  # PowerInfer: ffn_down transposed, one FFN neuron per row
         "ROPE_FREQS": ((None if n_rot is None else n_rot // 2, f"rope.dimension_count/2={n_rot}/2"),),
     }
 

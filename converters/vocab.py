@@ -39,7 +39,7 @@ K = Keys.Tokenizer
 
 __all__ = ["QWEN1_SPECIALS", "VOCAB_KINDS", "build_vocab", "bytes_to_unicode", "looks_special", "read_tiktoken"]
 
-VOCAB_KINDS = ("spm", "bpe", "tiktoken")
+VOCAB_KINDS = ("spm", "llama_hf", "bpe", "tiktoken")
 
 #: The special-token roles SpecialVocab knows, in its order (gguf-py vocab.py). ``cls`` has no GGUF key.
 _SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
@@ -113,7 +113,8 @@ def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int, pre_toke
 
     Args:
         model_dir: Hugging Face checkpoint directory (tokenizer files, optionally ``config.json``).
-        kind: ``"spm"`` (``tokenizer.model``), ``"bpe"`` (``tokenizer.json``) or ``"tiktoken"``
+        kind: ``"spm"`` (``tokenizer.model``), ``"llama_hf"`` (a LLaMA byte-fallback ``tokenizer.json``
+            written as llama.cpp's LlamaHfVocab does), ``"bpe"`` (``tokenizer.json``) or ``"tiktoken"``
             (``qwen.tiktoken``, Qwen 1).
         vocab_size: rows of the model's token embedding; the token list is padded to it with
             ``[PAD{i}]`` fillers (type UNUSED).
@@ -143,6 +144,11 @@ def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int, pre_toke
     added_json: list[dict[str, Any]] = []
     if kind == "spm":
         vocab = _spm_vocab(model_dir, vocab_size, special_by_flag)
+    elif kind == "llama_hf":
+        from ggufkit.converters.vocab_llama_hf import llama_hf_tokens
+
+        tokens, scores, types = llama_hf_tokens(model_dir, vocab_size)
+        vocab = _Vocab("llama", tokens, types, scores, pre="default")
     elif kind == "bpe":
         vocab, added_json = _bpe_vocab(model_dir, vocab_size, pre_tokenizer)
     else:
@@ -160,7 +166,7 @@ def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int, pre_toke
     for role, tid in vocab.fallback_ids.items():
         if 0 <= tid < len(vocab.tokens):
             special.ids.setdefault(role, tid)
-    if kind != "spm" and "bos" not in special.ids and "eos" in special.ids:
+    if kind not in ("spm", "llama_hf") and "bos" not in special.ids and "eos" in special.ids:
         # with no bos id in the file llama.cpp's BPE falls back to id 11, an ordinary token; Qwen-style
         # vocabularies without a bos use their end-of-text token in both roles (as llama.cpp's qwen2 files do)
         special.ids["bos"] = special.ids["eos"]
@@ -503,6 +509,29 @@ def _token_name(entry: Any) -> str | None:
     return None
 
 
+def _pair_adds_sep(pair: Any, first: str | None, last: str | None, sep: str | None,
+                   eos: str | None) -> bool | None:
+    """add_sep from a TemplateProcessing ``pair`` template ``[first] A <middle> B [last]``, as gguf-py's
+    SpecialVocab._try_load_from_tokenizer_json reads it: None when the template says nothing."""
+    if not isinstance(pair, list) or not pair or not all(isinstance(p, dict) for p in pair):
+        return None
+
+    def special(item: dict[str, Any]) -> Any:
+        return (item.get("SpecialToken") or {}).get("id")
+
+    start = 1 if first and special(pair[0]) == first else 0
+    stop = -1 if last and special(pair[-1]) == last else None
+    body = pair[start:stop]
+    if not body or (body[0].get("Sequence") or {}).get("id") != "A" or \
+            (body[-1].get("Sequence") or {}).get("id") != "B" or not body[1:-1]:
+        return None
+    middle = body[1:-1]
+    add = special(middle[0]) in (sep, eos) and special(middle[0]) is not None and not last
+    if len(middle) == 2 and special(middle[1]) is not None and special(middle[1]) in (sep, eos):
+        add = True
+    return add
+
+
 def _special_tokens(model_dir: Path, config: Mapping[str, Any], added_json: list[dict[str, Any]],
                     token_to_id: Mapping[str, int], n_vocab: int) -> _Special:
     """Special ids (first source wins), add_* flags and chat template, as gguf-py's SpecialVocab."""
@@ -543,6 +572,11 @@ def _special_tokens(model_dir: Path, config: Mapping[str, Any], added_json: list
                         names[roles[-1]] = names["eos"]
                     names["eos"] = last
                     result.add["eos"] = True
+            else:
+                first = last = None
+            sep = _pair_adds_sep(proc.get("pair"), first, last, names["sep"], names["eos"])
+            if sep is not None:
+                result.add["sep"] = sep
 
     for role in _SPECIAL_TYPES:
         flag = tok_cfg.get(f"add_{role}_token")

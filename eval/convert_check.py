@@ -144,13 +144,14 @@ def _as_stored(w: np.ndarray, ggml_type: Any, transform: str | None) -> np.ndarr
 
 def _stored_weights(ckpt: Any, plan: ConvertPlan) -> Iterator[tuple[str, bool, np.ndarray]]:
     """(HF name, whether it is the output projection, values as stored) for each checkpoint tensor the
-    GGUF holds; generated and predictor tensors have no transformers counterpart and are left out, and F32
-    tensors hold the checkpoint's values exactly, as transformers already loaded them (so an f32 conversion
-    needs no name mapping, which transformers 5 changed for MoE experts)."""
+    GGUF rounds. F32 tensors hold the checkpoint's values exactly, as transformers' float32 model does
+    (however transformers renames them on load); generated and predictor tensors have no transformers
+    counterpart."""
     from gguf import GGMLQuantizationType as Q
 
     for e in plan.entries:
-        if e.source in ckpt.tensors and e.ggml_type != Q.F32:
+        # the output projection always: a tied head must be untied when the embedding is rounded
+        if e.source in ckpt.tensors and (e.ggml_type != Q.F32 or e.kind == "OUTPUT"):
             w = _widen(ckpt.read(e.source), ckpt.tensors[e.source].dtype)
             yield e.source, e.kind == "OUTPUT", _as_stored(w, e.ggml_type, e.transform)
 
@@ -232,7 +233,7 @@ def check_conversion(model_dir: str | Path, gguf: str | Path, plan: ConvertPlan,
     if not hasattr(transformers, arch):
         return _skipped(f"transformers has no class {arch} (it would need remote code)")
     # transformers' float32 copy plus the evaluator's, with room to spare.
-    available = available_memory_bytes() or None
+    available = available_memory_bytes() or None  # 0: unknown, then no gate
     if available is not None and 2 * 4 * plan.n_params > 0.6 * available:
         return _skipped(f"the model does not fit in available memory twice (transformers and the GGUF: "
                         f"{2 * 4 * plan.n_params / 2**30:.1f} GiB of {available / 2**30:.1f} GiB available)")

@@ -59,6 +59,18 @@ _BASE: dict[str, dict[str, Any]] = {
                             num_key_value_heads=2, max_position_embeddings=128, original_max_position_embeddings=128,
                             rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None, bos_token_id=1,
                             eos_token_id=2, pad_token_id=0),
+    # Gemma 3 with a (tiny) vision tower: converted to its text model, as llama.cpp's converter does. No final
+    # soft-capping, as in Google's configs (with it, transformers' multimodal class gave logits without the
+    # cap here, unlike its Gemma3ForCausalLM and llama.cpp).
+    "Gemma3ForConditionalGeneration": dict(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                         max_position_embeddings=128, rms_norm_eps=1e-6,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        mm_tokens_per_image=4, boi_token_index=3, eoi_token_index=4, image_token_index=5,
+        tie_word_embeddings=True),
     "OPTForCausalLM": dict(hidden_size=64, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4,
                            max_position_embeddings=2048, word_embed_proj_dim=64, do_layer_norm_before=True,
                            activation_function="relu", enable_bias=True, tie_word_embeddings=True),
@@ -76,6 +88,7 @@ _CLASSES = {
     "Gemma2ForCausalLM": ("Gemma2Config", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "Phi3ForCausalLM": ("Phi3Config", "Phi3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": ("Gemma3Config", "Gemma3ForConditionalGeneration"),
 }
 #: Tokenizer per class (Llama defaults to SPM; vocab="bpe" picks a Llama-3 style BPE).
 _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen2",
@@ -83,12 +96,22 @@ _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausa
           "MistralForCausalLM": "spm", "MixtralForCausalLM": "spm",
           # llama.cpp's converter accepts only BPE tokenizers whose check hash it knows
           "Qwen2MoeForCausalLM": "real:gpt-2", "Qwen3MoeForCausalLM": "real:gpt-2",
-          "Gemma2ForCausalLM": "spm-no-prefix", "Gemma3ForCausalLM": "spm-no-prefix", "Phi3ForCausalLM": "spm"}
+          "Gemma2ForCausalLM": "spm-no-prefix", "Gemma3ForCausalLM": "spm-no-prefix", "Phi3ForCausalLM": "spm",
+          "Gemma3ForConditionalGeneration": "spm-no-prefix"}
 SUPPORTED = (*_CLASSES, "QWenLMHeadModel")
 
 
 def _write_tokenizer(dir: Path, kind: str) -> int:
     """Tokenizer files of ``kind``; returns the number of tokens."""
+    if kind == "llama-hf":
+        # a Llama-2 style tokenizer saved by transformers as tokenizer.json only (no tokenizer.model)
+        import transformers
+
+        ft.make_spm_tokenizer(dir, 320)
+        tok = transformers.AutoTokenizer.from_pretrained(dir)
+        (dir / "tokenizer.model").unlink()
+        tok.save_pretrained(dir)
+        return 320
     if kind in ("spm", "spm-no-prefix"):
         ft.make_spm_tokenizer(dir, 320, dummy_prefix=kind == "spm")
         return 320
@@ -130,6 +153,8 @@ def build_model(hf_class: str, vocab_size: int, seed: int = 0, **overrides: Any)
 
     config_name, model_name = _CLASSES[hf_class]
     cfg = {**_BASE[hf_class], "vocab_size": vocab_size, **overrides}
+    if "text_config" in cfg:  # a multimodal class: the text model's fields live in text_config
+        cfg["text_config"] = {**cfg["text_config"], "vocab_size": cfg.pop("vocab_size")}
     config = getattr(transformers, config_name)(**cfg)
     config.architectures = [hf_class]
     model = getattr(transformers, model_name)(config)
