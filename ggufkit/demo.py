@@ -213,7 +213,7 @@ def describe(train_steps: int, rows: Sequence[DemoRow]) -> list[str]:
         f"quantized the F16 file to each of the {n_pure} other types ggufkit's quantizer has, one file per type "
         f"with every quantizable tensor in that type (--pure; the {n_uncovered} types that need an importance "
         f"matrix keep {UNCOVERED}, which no importance matrix covers; a type no llama-quantize TYPE starts from "
-        "is set on every block tensor with --tensor-type), and to the {DEMO_PRESET.upper()} preset "
+        f"is set on every block tensor with --tensor-type), and to the {DEMO_PRESET.upper()} preset "
         "(llama.cpp's per-tensor mixture)",
         "set general.name in every file, in place (ggufkit set-meta)",
         f"scored every file on held-out text ({SCORE_CHUNKS} chunks of {SCORE_CTX} tokens): perplexity, and KL "
