@@ -24,9 +24,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tokens = np.random.default_rng(0).integers(3, N_VOCAB, 2 * 32 + 3).tolist()
     (d / "tokens.txt").write_text(" ".join(map(str, tokens)))
     (d / "junk.gguf").write_bytes(b"not a gguf file at all")
-    return {"gguf": make_llama_gguf(d / "m.gguf", n_embd=64, n_ff=128, n_vocab=320),
-            "eval": write_model_gguf(make_hf_model("llama", seed=2), "llama", d / "e.gguf"),
-            "tokens": d / "tokens.txt", "junk": d / "junk.gguf", "dir": d}
+    from ggufkit.eval import collect_imatrix
+
+    model = write_model_gguf(make_hf_model("llama", seed=2), "llama", d / "e.gguf")
+    collect_imatrix(model, tokens=tokens, output=d / "im.gguf", ctx=32, compute_ppl=False, device="cpu")
+    return {"gguf": make_llama_gguf(d / "m.gguf", n_embd=64, n_ff=128, n_vocab=320), "eval": model,
+            "tokens": d / "tokens.txt", "junk": d / "junk.gguf", "dir": d, "imatrix": d / "im.gguf"}
 
 
 def one_document(stdout: str) -> dict:
@@ -53,6 +56,7 @@ def _success_args(files: dict[str, Path]) -> dict[str, list[str]]:
         "quantize": ["quantize", str(files["gguf"]), "--type", "q8_0", "--dry-run"],
         "convert": ["convert", "--list"],
         "ppl": ["ppl", str(files["eval"]), "--tokens", str(files["tokens"]), "--ctx", "32", "--device", "cpu"],
+        "imatrix": ["imatrix", "--in-file", str(files["imatrix"]), "-o", str(files["dir"] / "copy.gguf")],
         "demo": [],  # tests/test_demo.py runs it with --json and checks "ok"
     }
 
@@ -69,7 +73,7 @@ def test_success_document_starts_with_ok_true(files, command):
 
 #: A usage error per command that click itself detects before the command runs.
 _MISSING = {"info": ["info"], "verify": ["verify"], "set-meta": ["set-meta"], "quantize": ["quantize"],
-            "convert": ["convert"], "ppl": ["ppl"], "demo": ["demo", "--steps", "-1"]}
+            "convert": ["convert"], "ppl": ["ppl"], "imatrix": ["imatrix"], "demo": ["demo", "--steps", "-1"]}
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

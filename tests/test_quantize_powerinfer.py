@@ -138,9 +138,11 @@ def assert_matches_powerinfer(src: Path, ref: Path, ours: Path, *, check_referen
                 want = reference_bytes(x, tb.ggml_type, rb.size)
                 assert (want == rb).all(), f"{ta.name} ({tb.ggml_type.name}) differs from PowerInfer's C"
             n = int((ra != rb).sum())
-            assert n <= 0.05 * ra.size, f"{ta.name} ({ta.ggml_type.name}): {n} of {ra.size} bytes differ"
+            # FMA ties only (the bytes equal PowerInfer's C without contraction, asserted above): measured up to
+            # 3.7 % for Q5_K and 5.5 % for Q2_K, whose many small sums tie more often.
+            assert n <= 0.08 * ra.size, f"{ta.name} ({ta.ggml_type.name}): {n} of {ra.size} bytes differ"
             total, differ = total + ra.size, differ + n
-        assert differ <= 0.04 * total, f"{differ} of {total} bytes differ"
+        assert differ <= 0.06 * total, f"{differ} of {total} bytes differ"
 
 
 def _needs_missing_kernel(src: Path, ref: Path) -> set[str]:
