@@ -23,7 +23,7 @@ from typing import Any
 
 from ggufkit.converters.checkpoint import Checkpoint, read_config, resolve_model
 from ggufkit.converters.hparams import resolve_hparams
-from ggufkit.converters.plan import _compile as compile_rule
+from ggufkit.converters.plan import compile_rule
 from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
 from ggufkit.converters.transforms import Heads
 from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
@@ -174,6 +174,9 @@ class LoraBase:
             m = compile_rule(rule).match(local)
             if m is None:
                 continue
+            if "{xid}" in rule.hf_template:  # one expert of a stacked tensor: no adapter pair can hold it
+                raise TensorMappingError(f"the adapter targets {hf_weight}, one expert of a stacked GGUF tensor, "
+                                         "which a GGUF adapter cannot hold; use --merge")
             bid = m.group("bid") if "{bid}" in rule.hf_template else None
             if bid is not None and int(bid) >= self.n_layer:
                 break

@@ -117,7 +117,8 @@ class ConvertPlan:
 
 
 # -- mapping -------------------------------------------------------------------------------------------
-def _compile(rule: TensorRule) -> re.Pattern[str]:
+def compile_rule(rule: TensorRule) -> re.Pattern[str]:
+    """The regex matching an HF tensor name of ``rule`` (groups ``bid``, ``xid`` for experts, ``suffix``)."""
     body = re.escape(rule.hf_template).replace(re.escape("{bid}"), r"(?P<bid>\d+)")
     body = body.replace(re.escape("{xid}"), r"(?P<xid>\d+)")
     return re.compile(rf"^{body}(?P<suffix>\.weight|\.bias)?$")
@@ -133,7 +134,7 @@ def map_tensors(entry: ArchEntry, names: list[str], n_layer: int) -> tuple[list[
     Raises:
         TensorMappingError: names no rule consumes and no ignore pattern matches, or a block index out of range.
     """
-    rules = [(_compile(r), r) for r in entry.tensors]
+    rules = [(compile_rule(r), r) for r in entry.tensors]
     mapped, ignored, leftovers = [], [], []
     for name in names:
         local = name.removeprefix(entry.strip_prefix) if entry.strip_prefix else name
@@ -339,7 +340,7 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
 def _expert_of(entry: ArchEntry, rule: TensorRule, hf: str) -> tuple[int, int, str]:
     """(block, expert id, HF weight name after the expert id) of an expert tensor."""
     local = hf.removeprefix(entry.strip_prefix) if entry.strip_prefix else hf
-    m = _compile(rule).match(local)
+    m = compile_rule(rule).match(local)
     assert m is not None
     return int(m.group("bid") or 0), int(m.group("xid")), rule.hf_template.split("{xid}", 1)[1]
 
