@@ -19,11 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from ggufkit.constants import GGUF_MAGIC
-from ggufkit.errors import GGUFFormatError, QuantizationError
-from ggufkit.format.reader import TensorInfo
+from ggufkit.errors import QuantizationError
 
 KEY_DATASETS = "imatrix.datasets"
 KEY_CHUNK_COUNT = "imatrix.chunk_count"
@@ -116,64 +114,19 @@ def _sha256(path: Path) -> str:
 
 
 def _load_gguf(path: Path, digest: str) -> Imatrix:
-    from ggufkit.format import open_gguf
-    from ggufkit.format.values import VT
+    # One GGUF imatrix parser (ggufkit.quant.imatrix_file); here only llama-quantize's normalisation is added.
+    from ggufkit.quant.imatrix_file import _read_gguf
 
-    try:
-        model = open_gguf(path)
-    except GGUFFormatError as exc:
-        raise QuantizationError(f"not a valid GGUF imatrix: {exc.message}", path=path) from None
-    with model:
-        if not model.tensors:
-            raise QuantizationError("the imatrix has no entries", path=path)
-        missing = [k for k in (KEY_DATASETS, KEY_CHUNK_COUNT, KEY_CHUNK_SIZE) if k not in model.kv]
-        if missing:
-            raise QuantizationError(f"missing imatrix metadata {', '.join(missing)}: not written by llama-imatrix?",
-                                    path=path)
-        datasets: tuple[str, ...] = ()
-        ds = model.kv[KEY_DATASETS]
-        if ds.type == VT.ARRAY and ds.item_type == VT.STRING:
-            datasets = tuple(ds.value)
-        chunk_count = _u32(model.kv[KEY_CHUNK_COUNT], path)
-        chunk_size = _u32(model.kv[KEY_CHUNK_SIZE], path)
-        pairs: dict[str, list[TensorInfo | None]] = {}
-        for t in model.tensors:
-            for suffix, slot in ((SUFFIX_SUMS, 0), (SUFFIX_COUNTS, 1)):
-                if t.name.endswith(suffix) and len(t.name) > len(suffix):
-                    pairs.setdefault(t.name[: -len(suffix)], [None, None])[slot] = t
-                    break
-        entries: dict[str, np.ndarray] = {}
-        for name in sorted(pairs):
-            sums_info, counts_info = pairs[name]
-            if sums_info is None or counts_info is None:
-                raise QuantizationError(f"mismatched sums and counts for {name!r}", path=path)
-            if sums_info.ggml_type != GGMLQuantizationType.F32 or counts_info.ggml_type != GGMLQuantizationType.F32:
-                raise QuantizationError(f"sums and counts for {name!r} must be F32", path=path)
-            sums = np.asarray(model.data(sums_info), dtype=np.float32).reshape(-1)
-            counts = np.asarray(model.data(counts_info), dtype=np.float32).reshape(-1)
-            if counts.size == 0 or sums.size % counts.size:
-                raise QuantizationError(f"{name!r}: {sums.size} sums do not split into {counts.size} experts",
-                                        path=path)
-            entries[name] = _normalise_gguf(sums, counts, path, name)
-    return Imatrix(path, entries, datasets, chunk_count, chunk_size, False, digest)
+    raw = _read_gguf(path, require_keys=True)
+    entries = {name: _normalise_gguf(sums, counts) for name, (sums, counts) in raw.entries.items()}
+    return Imatrix(path, entries, raw.datasets, raw.chunk_count, raw.chunk_size, False, digest)
 
 
-def _u32(field_: object, path: Path) -> int:
-    value = getattr(field_, "value", None)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise QuantizationError(f"imatrix key {getattr(field_, 'key', '?')} must be an integer", path=path)
-    return value
-
-
-def _normalise_gguf(sums: np.ndarray, counts: np.ndarray, path: Path, name: str) -> np.ndarray:
-    if not np.isfinite(counts).all():
-        raise QuantizationError(f"imatrix entry {name!r} has a non-finite count", path=path)
-    # common_imatrix_load stores lround(count) as int64; load_imatrix divides by (float) of that.
-    rounded = np.where(counts >= 0, np.floor(counts.astype(np.float64) + 0.5),
-                       np.ceil(counts.astype(np.float64) - 0.5))
-    count_f32 = rounded.astype(np.float32)
-    ne0 = sums.size // counts.size
-    grid = sums.reshape(counts.size, ne0)
+def _normalise_gguf(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    # common_imatrix_load stores lround(count) as int64 (the reader rounded them); quantize.cpp load_imatrix
+    # divides each expert's sums by (float) of that count, and leaves 1s where it is 0.
+    count_f32 = counts.astype(np.float32)
+    grid = sums.reshape(counts.size, sums.size // counts.size)
     out = np.ones_like(grid)
     positive = count_f32 > 0
     out[positive] = grid[positive] / count_f32[positive, None]

@@ -72,7 +72,9 @@ def read_raw_imatrix(path: str | Path) -> RawImatrix:
     return raw
 
 
-def _read_gguf(path: Path) -> RawImatrix:
+def _read_gguf(path: Path, *, require_keys: bool = False) -> RawImatrix:
+    """Entries of a GGUF imatrix (counts rounded as ``common_imatrix_load`` does). ``require_keys``: refuse a
+    file without llama-imatrix's three metadata keys (llama-quantize's loader needs them)."""
     from ggufkit.format import open_gguf
     from ggufkit.format.values import VT
 
@@ -83,6 +85,10 @@ def _read_gguf(path: Path) -> RawImatrix:
     with model:
         if not model.tensors:
             raise QuantizationError("the imatrix has no entries", path=path)
+        missing = [k for k in (KEY_DATASETS, KEY_CHUNK_COUNT, KEY_CHUNK_SIZE) if k not in model.kv]
+        if require_keys and missing:
+            raise QuantizationError(f"missing imatrix metadata {', '.join(missing)}: not written by llama-imatrix?",
+                                    path=path)
         datasets: tuple[str, ...] = ()
         ds = model.kv.get(KEY_DATASETS)
         if ds is not None and ds.type == VT.ARRAY and ds.item_type == VT.STRING:
