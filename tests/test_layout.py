@@ -30,7 +30,7 @@ def layer_of(module: str) -> str:
         return "converters"
     if module.startswith("ggufkit.eval"):
         return "eval"
-    if module.startswith(("ggufkit.cli", "ggufkit.demo")) or module in ("ggufkit.__main__",):
+    if module.startswith(("ggufkit.cli", "ggufkit.demo", "ggufkit.release")) or module in ("ggufkit.__main__",):
         return "app"
     return "format"
 

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("ggufkit.cli.convert:convert", "Convert a Hugging Face checkpoint to GGUF."),
     "ppl": ("ggufkit.cli.ppl:ppl", "Measure perplexity (and KL divergence against a baseline)."),
     "imatrix": ("ggufkit.cli.imatrix:imatrix", "Collect an importance matrix (as llama-imatrix), combine or convert."),
+    "release": ("ggufkit.cli.release:release", "Make a model's whole GGUF release: quants, imatrix, quality table, card."),
     "demo": ("ggufkit.cli.demo:demo", "Build a tiny model and run the whole pipeline on it."),
 }
 

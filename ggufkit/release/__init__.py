@@ -1,0 +1,219 @@
+"""``ggufkit release``: a model's whole GGUF release in one resumable command.
+
+convert once to the master GGUF -> importance matrix -> quantize every type -> score the master once and
+each type against it -> model card, plot and manifest -> quality gates -> optional upload. Each step is
+skipped when its record says its inputs are unchanged and its files intact (:mod:`ggufkit.release.manifest`).
+
+Example:
+    >>> from ggufkit.release import release                       # doctest: +SKIP
+    >>> result = release("./my-model", "./my-model-GGUF", types=["q4_k_m", "q8_0"])
+    >>> result.rows[0]["mean_kld"], result.failures
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ggufkit.format.writer import NullProgress, Progress
+from ggufkit.release.plan import CARD, MANIFEST, PLOT, ReleaseOptions, ReleasePlan, build_plan, parse_max_kld
+
+__all__ = ["ReleaseOptions", "ReleaseResult", "release"]
+
+
+@dataclass
+class ReleaseResult:
+    """What :func:`release` did (or, with ``dry_run``, would do)."""
+
+    outdir: str
+    dry_run: bool
+    steps: list[dict[str, Any]]
+    files: list[str]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    master: dict[str, Any] | None = None
+    failures: list[str] = field(default_factory=list)
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    push: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, **asdict(self)}
+
+
+def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, types: Sequence[str] | None = None,
+            master: str = "auto", imatrix_text: str | os.PathLike[str] | None = None,
+            imatrix: str | os.PathLike[str] | None = None, no_imatrix: bool = False,
+            eval_text: str | os.PathLike[str] | None = None, ctx: int = 512, chunks: int | None = None,
+            imatrix_chunks: int | None = None, kld_top_k: int = 128,
+            max_kld: Sequence[str] | Mapping[str, float] = (), split_max_size: int | None = None,
+            only: Sequence[str] = (), card_only: bool = False, push: str | None = None, private: bool = False,
+            revision: str | None = None, dry_run: bool = False, device: str = "auto",
+            quantized_by: str = "ggufkit", progress: Progress | None = None,
+            on_stage: Callable[[str], None] | None = None) -> ReleaseResult:
+    """Make (or resume, or plan) a GGUF release of ``model`` in ``outdir``.
+
+    Args:
+        model: checkpoint directory or cached hub repo id (as :func:`ggufkit.converters.convert`).
+        outdir: the release directory (created; a rerun resumes it).
+        types: llama-quantize type names (default: :data:`~ggufkit.release.plan.DEFAULT_TYPES`, plus the
+            IQ types with an importance matrix).
+        master: the master's type: ``auto`` (as the checkpoint: bf16 or f16), ``bf16``, ``f16``, ``f32``.
+        imatrix_text, imatrix, no_imatrix: calibration text, a ready importance matrix, or none (default:
+            collected on the bundled sample's calibration part).
+        eval_text: the evaluation text (default: the bundled sample's other part).
+        ctx, chunks, imatrix_chunks: chunk length and counts (``None``: every chunk of the text).
+        kld_top_k: K of the master's stored top-K tokens per position (the KLD is exact when K covers the
+            vocabulary).
+        max_kld: gates ``TYPE=X`` (or ``all=X``) on the mean KLD (its upper bound when K < vocabulary).
+        split_max_size: shard files larger than this (default just under the hub's 50 GB limit).
+        only: make only these types (and their evaluation) besides the master and imatrix; no card.
+        card_only: assemble the card and manifest from the recorded steps; make nothing.
+        push, private, revision: upload to this hub repository after every gate passed.
+        dry_run: return the plan; write nothing.
+        device: where the imatrix, quantization and evaluation run (``auto``, ``cpu``, ``cuda``).
+        quantized_by: the card's ``quantized_by``.
+        progress, on_stage: progress bars and one-line stage messages.
+
+    Returns:
+        The :class:`ReleaseResult`; ``failures`` lists the types that failed a gate (nothing is pushed then).
+
+    Raises:
+        UsageError: bad input, refused before any work (see :mod:`ggufkit.release.plan`).
+    """
+    from ggufkit.release.plan import DEFAULT_SPLIT_MAX_SIZE
+
+    options = ReleaseOptions(
+        model=str(model), outdir=Path(outdir), types=tuple(types) if types else None, master=master,
+        imatrix_text=Path(imatrix_text) if imatrix_text else None, imatrix=Path(imatrix) if imatrix else None,
+        no_imatrix=no_imatrix, eval_text=Path(eval_text) if eval_text else None, ctx=ctx, chunks=chunks,
+        imatrix_chunks=imatrix_chunks, kld_top_k=kld_top_k, max_kld=parse_max_kld(max_kld),
+        split_max_size=split_max_size if split_max_size is not None else DEFAULT_SPLIT_MAX_SIZE, only=tuple(only),
+        card_only=card_only, push=push, private=private, revision=revision, dry_run=dry_run, device=device,
+        quantized_by=quantized_by)
+    from ggufkit.release.manifest import State
+
+    state = State(options.outdir)
+    plan = build_plan(options, state.cache)
+    notes = list(plan.notes)
+    if dry_run:
+        return _dry_run(plan, state, notes)
+    from ggufkit.release.steps import StepContext, eval_step, imatrix_step, master_step, quant_step
+
+    plan.outdir.mkdir(parents=True, exist_ok=True)
+    sc = StepContext(plan, state, progress or NullProgress(), on_stage or (lambda _: None))
+    if options.card_only:
+        _load_records(sc)
+    else:
+        master_step(sc)
+        imatrix_step(sc)
+        for qtype in plan.work_types:
+            quant_step(sc, qtype)
+        eval_step(sc, plan.work_types)
+    state.save_cache()
+    if options.only:
+        files = sorted({n for r in sc.records.values() for n in r["outputs"]})
+        return ReleaseResult(str(plan.outdir), False, [], files, ran=sc.ran, skipped=sc.skipped, notes=notes)
+    return _assemble(plan, sc, notes)
+
+
+def _load_records(ctx: Any) -> None:
+    """``--card-only``: every step's record must be present, and its files intact."""
+    from ggufkit.errors import UsageError
+
+    plan = ctx.plan
+    steps = ["master", *(["imatrix"] if plan.use_imatrix else []), "eval-master",
+             *(f"{s}-{t}" for t in plan.types for s in ("quantize", "eval"))]
+    missing = [s for s in steps if ctx.state.record(s) is None]
+    if missing:
+        raise UsageError(f"{plan.outdir}: no record of {', '.join(missing)}; run those types (--only) first")
+    for s in steps:
+        rec = ctx.state.record(s)
+        if not ctx.state.outputs_match(rec):
+            raise UsageError(f"{plan.outdir}: the files of step {s} differ from its record; rerun that step")
+        ctx.records[s] = rec
+
+
+def _rows(plan: ReleasePlan, ctx: Any) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, list[str]]]:
+    from ggufkit.release.evaluate import card_numbers
+
+    rec = ctx.records
+    master_scores = rec["eval-master"]["results"]
+    files = {"master": sorted(rec["master"]["outputs"])}
+    master = {**master_scores, "size": sum(h["size"] for h in rec["master"]["outputs"].values()),
+              "bpw": 16.0 if plan.master_type in ("F16", "BF16") else 32.0}
+    master["bpw"] = _bpw(plan.outdir / files["master"][0])
+    rows = []
+    for t in plan.types:
+        files[t] = sorted(rec[f"quantize-{t}"]["outputs"])
+        size = sum(h["size"] for h in rec[f"quantize-{t}"]["outputs"].values())
+        rows.append({"type": t, "file": files[t][0], "size": size,
+                     "bpw": rec[f"quantize-{t}"]["results"]["bits_per_weight"],
+                     **card_numbers(master_scores, rec[f"eval-{t}"]["results"])})
+    return master, rows, files
+
+
+def _bpw(path: Path) -> float:
+    from ggufkit.format import open_gguf
+
+    with open_gguf(path) as m:
+        return 8 * sum(t.nbytes for t in m.tensors) / sum(t.n_elements for t in m.tensors)
+
+
+def _gates(plan: ReleasePlan, rows: list[dict[str, Any]]) -> list[str]:
+    failures = []
+    for r in rows:
+        limit = plan.options.max_kld.get(r["type"], plan.options.max_kld.get("*"))
+        if limit is None:
+            continue
+        kld = r["mean_kld_upper"] if r.get("mean_kld_upper") is not None else r["mean_kld"]
+        if not kld <= limit:
+            failures.append(f"{r['type']}: mean KLD {kld:.6f} > --max-kld {limit:g}")
+    return failures
+
+
+def _assemble(plan: ReleasePlan, ctx: Any, notes: list[str]) -> ReleaseResult:
+    from ggufkit import __version__
+    from ggufkit.release.card import render_card
+    from ggufkit.release.manifest import build_manifest, dumps, write_bytes
+    from ggufkit.release.plot import render_plot
+    from ggufkit.release.push import push
+
+    ctx.stage("writing the model card, plot and manifest")
+    master, rows, files = _rows(plan, ctx)
+    write_bytes(plan.outdir / PLOT, render_plot(rows, f"{plan.model_name}: size against quality"))
+    card = render_card(plan, master, rows, files, plan.options.push, __version__)
+    write_bytes(plan.outdir / CARD, card.encode("utf-8"))
+    artifacts = sorted({n for r in ctx.records.values() for n in r["outputs"]} | {CARD, PLOT})
+    manifest = build_manifest(plan, ctx.records, artifacts, ctx.state, __version__)
+    write_bytes(plan.outdir / MANIFEST, dumps(manifest))
+    ctx.state.save_cache()
+    files_all = sorted([*artifacts, MANIFEST])
+    failures = _gates(plan, rows)
+    result = ReleaseResult(str(plan.outdir), False, [], files_all, rows, master, failures, ctx.ran, ctx.skipped,
+                           notes=notes)
+    if plan.options.push is not None and not failures:
+        ctx.stage(f"uploading {len(files_all)} files to {plan.options.push}")
+        result.push = push(plan.outdir, plan.options.push, files_all, private=plan.options.private,
+                           revision=plan.options.revision)
+    return result
+
+
+def _dry_run(plan: ReleasePlan, state: Any, notes: list[str]) -> ReleaseResult:
+    from ggufkit.release.push import push_plan
+    from ggufkit.release.steps import planned_steps
+
+    steps = planned_steps(plan, state)
+    files = sorted({f for s in steps for f in s.files} | ({plan.imatrix_file} if plan.imatrix_file else set()))
+    result = ReleaseResult(str(plan.outdir), True, [asdict(s) for s in steps], files, notes=notes)
+    if plan.options.push is not None:
+        result.push = push_plan(plan.options.push, files, private=plan.options.private,
+                                revision=plan.options.revision)
+    return result

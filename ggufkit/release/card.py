@@ -1,0 +1,120 @@
+"""The model card (README.md): Hugging Face front matter, the quality table, the plot, how to run, provenance.
+
+Deterministic: built only from the manifest's numbers and the options (no dates, no absolute paths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ggufkit.release.plan import PLOT, source_card_front_matter
+
+#: Mean-KLD bands of the recommendation column (nats per token against the master).
+BANDS = ((0.005, "near-lossless"), (0.02, "very good"), (0.06, "good"), (0.2, "noticeable loss"))
+REPO_PLACEHOLDER = "<user>/<repo>"
+
+
+def recommendation(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """A short note from the numbers: the KLD band, plus the smallest file of the best bands."""
+    kld = row["mean_kld"]
+    note = next((label for limit, label in BANDS if kld <= limit), "heavy loss, last resort")
+    smallest_good = min((r for r in rows if r["mean_kld"] <= BANDS[2][0]), key=lambda r: r["size"], default=None)
+    smallest_lossless = min((r for r in rows if r["mean_kld"] <= BANDS[0][0]), key=lambda r: r["size"],
+                            default=None)
+    if smallest_good is not None and row["type"] == smallest_good["type"]:
+        note = f"**recommended**: smallest file with mean KLD ≤ {BANDS[2][0]}"
+    elif smallest_lossless is not None and row["type"] == smallest_lossless["type"]:
+        note += "; smallest near-lossless"
+    return note
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def front_matter(plan: Any, repo_id: str | None) -> dict[str, Any]:
+    """The card's YAML metadata; license and language come from the source card when it has them."""
+    src = source_card_front_matter(plan.source_card)
+    meta: dict[str, Any] = {"base_model": plan.repo or plan.model_name, "base_model_relation": "quantized",
+                            "quantized_by": plan.options.quantized_by}
+    for key in ("license", "license_name", "license_link", "language"):
+        if key in src:
+            meta[key] = src[key]
+    tags = ["gguf", "ggufkit", "llama.cpp", "quantized"] + (["imatrix"] if plan.use_imatrix else [])
+    meta["tags"] = tags
+    meta["pipeline_tag"] = src.get("pipeline_tag", "text-generation")
+    meta["library_name"] = "gguf"
+    return meta
+
+
+def render_card(plan: Any, master: dict[str, Any], rows: Sequence[dict[str, Any]], files: dict[str, list[str]],
+                repo_id: str | None, version: str) -> str:
+    """The README.md text.
+
+    Args:
+        plan: the :class:`~ggufkit.release.plan.ReleasePlan`.
+        master: the master's scores (``ppl``, ``ppl_error``, ``chunks``, ``tokens_scored``) plus ``size``, ``bpw``.
+        rows: one per type, in release order: ``type``, ``ppl``, ``ppl_error``, ``delta_ppl``, ``mean_kld``,
+            ``mean_kld_upper``, ``p99_kld``, ``same_top_p``, ``size``, ``bpw``.
+        files: type (and ``master``) -> its file names.
+        repo_id: the hub repository the card will live in (placeholder when unknown).
+        version: ggufkit's version.
+    """
+    import yaml
+
+    o = plan.options
+    repo = repo_id or REPO_PLACEHOLDER
+    exact = all(r.get("mean_kld_upper") is None or r["mean_kld_upper"] == r["mean_kld"] for r in rows)
+    lines = ["---", yaml.safe_dump(front_matter(plan, repo_id), sort_keys=False, allow_unicode=True).rstrip(),
+             "---", "", f"# {plan.model_name} GGUF", "",
+             "GGUF quantizations of "
+             + (f"[{plan.repo}](https://huggingface.co/{plan.repo})" if plan.repo else plan.model_name)
+             + f", made with ggufkit {version} (`ggufkit release`): quantized byte-identically to llama.cpp's "
+               f"`llama-quantize` from the {plan.master_type} master"
+             + (", with an importance matrix" if plan.use_imatrix else "") + ".", "",
+             "## Files", "",
+             "| file | type | size | bits/weight | PPL | ΔPPL | mean KLD | p99 KLD | same top | note |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+             f"| `{files['master'][0]}` | {plan.master_type} (master) | {_human(master['size'])} | "
+             f"{master['bpw']:.2f} | {master['ppl']:.4f} ± {master['ppl_error']:.4f} | – | – | – | – | reference |"]
+    for r in rows:
+        name = files[r["type"]][0] + (f" (+{len(files[r['type']]) - 1} shards)" if len(files[r["type"]]) > 1 else "")
+        lines.append(f"| `{name}` | {r['type']} | {_human(r['size'])} | {r['bpw']:.2f} | "
+                     f"{r['ppl']:.4f} ± {r['ppl_error']:.4f} | {100 * r['delta_ppl']:+.2f}% | {r['mean_kld']:.5f} | "
+                     f"{r['p99_kld']:.5f} | {100 * r['same_top_p']:.1f}% | {recommendation(r, rows)} |")
+    kld_note = ("exact (the stored top-K covers the vocabulary)" if exact else
+                f"lower bounds from the master's stored top-{o.kld_top_k} tokens; the manifest has each upper bound")
+    lines += ["",
+              f"PPL: perplexity on the evaluation text ({master['chunks']} chunks of {o.ctx} tokens, "
+              f"{master['tokens_scored']} scored tokens, llama-perplexity's method). ΔPPL: PPL(type)/PPL(master) − 1. "
+              f"KLD: KL divergence of each type's next-token distribution from the master's (mean and 99th "
+              f"percentile; {kld_note}). Same top: share of positions whose most likely token is the master's. "
+              "Note: the master's logits are scored once and every type is compared with them.", "",
+              f"![size against quality]({PLOT})", "",
+              "## How to run", "",
+              "llama.cpp:", "", "```sh",
+              f"llama-cli -hf {repo}:{rows[0]['type'] if rows else plan.master_type} -p \"Hello\"",
+              f"llama-cli -m {files[rows[0]['type']][0] if rows else files['master'][0]} -p \"Hello\"",
+              "```", "", "llama-cpp-python:", "", "```python", "from llama_cpp import Llama", "",
+              f"llm = Llama.from_pretrained(repo_id=\"{repo}\", filename=\"*{rows[0]['type'] if rows else plan.master_type}.gguf\")",
+              "print(llm(\"Hello\", max_tokens=32)[\"choices\"][0][\"text\"])", "```", "", "ollama:", "", "```sh"]
+    lines += [f"ollama run hf.co/{repo}:{r['type']}" for r in rows] + ["```", ""]
+    it = plan.imatrix_text
+    im = ("none" if not plan.use_imatrix else
+          f"`{plan.imatrix_file}`, given" if o.imatrix is not None else
+          f"`{plan.imatrix_file}`, collected on the master over {it.name if it else ''} "
+          f"(sha256 `{it.sha256 if it else ''}`), ctx {o.ctx}, "
+          f"{o.imatrix_chunks if o.imatrix_chunks is not None else (o.chunks or 'all')} chunks")
+    lines += ["## Provenance", "",
+              f"- source: {plan.repo or plan.model_name}" + (f" at revision `{plan.revision}`" if plan.revision else "")
+              + f" (files sha256 `{plan.source_id}`, listed in `manifest.json`)",
+              f"- master: `{files['master'][0]}` ({plan.master_type}, converted by ggufkit {version})",
+              f"- importance matrix: {im}",
+              f"- evaluation text: {plan.eval_text.name} (sha256 `{plan.eval_text.sha256}`), ctx {o.ctx}, "
+              f"{master['chunks']} chunks",
+              "- every file's sha256 and size, every step's parameters and every number: `manifest.json`", ""]
+    return "\n".join(lines)

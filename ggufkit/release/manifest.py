@@ -1,0 +1,110 @@
+"""A release's state and its manifest.
+
+Each finished step leaves one record, ``OUTDIR/.ggufkit-release/<step>.json``: the hashes of its inputs,
+its parameters, the sha256 and size of each file it wrote, and what it measured. A step is skipped when
+its record exists, its inputs and parameters are those of this run, and its files are present with the
+recorded hashes. Files are written atomically first and the record after, so a run killed at any moment
+leaves either a finished step (file and record) or one that the next run redoes.
+
+``manifest.json`` is assembled from the records: deterministic JSON (sorted keys, no times, no absolute
+paths), so the same inputs give the same bytes on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ggufkit.format.atomic import atomic_write
+from ggufkit.release.plan import MANIFEST, STATE_DIR, file_hash
+
+FORMAT = "ggufkit-release/1"
+_HASH_CACHE = "hashes.json"
+
+
+def dumps(data: Any) -> bytes:
+    """The one JSON encoding of the release's files: sorted keys, two-space indent, trailing newline."""
+    return (json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``path`` atomically (a temporary file renamed over it), unless it already holds ``data``."""
+    if path.is_file() and path.read_bytes() == data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as (f,):
+        f.write(data)
+
+
+class State:
+    """The records of a release directory and its cache of file hashes (keyed by size and mtime)."""
+
+    def __init__(self, outdir: Path) -> None:
+        self.outdir = outdir
+        self.dir = outdir / STATE_DIR
+        self.cache: dict[str, Any] = {}
+        try:
+            self.cache = json.loads((self.dir / _HASH_CACHE).read_text())
+        except (OSError, ValueError):
+            self.cache = {}
+
+    def save_cache(self) -> None:
+        if self.dir.is_dir():
+            write_bytes(self.dir / _HASH_CACHE, dumps(self.cache))
+
+    def record(self, step: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self.dir / f"{step}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def hash(self, name: str) -> dict[str, Any]:
+        """sha256 and size of ``OUTDIR/name`` (from the cache when its size and mtime are unchanged)."""
+        return file_hash(self.outdir / name, self.cache, key=f"out:{name}")
+
+    def outputs_match(self, rec: dict[str, Any]) -> bool:
+        for name, want in rec.get("outputs", {}).items():
+            if not (self.outdir / name).is_file() or self.hash(name) != want:
+                return False
+        return True
+
+    def done(self, step: str, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
+        """The step's record if it can be skipped (same inputs and parameters, outputs intact), else None."""
+        rec = self.record(step)
+        if rec is None or rec.get("inputs") != inputs or rec.get("params") != params:
+            return None
+        return rec if self.outputs_match(rec) else None
+
+    def finish(self, step: str, inputs: dict[str, Any], params: dict[str, Any], outputs: list[str],
+               results: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Hash the step's files and write its record (after the files: see the module docstring)."""
+        rec = {"step": step, "inputs": inputs, "params": params,
+               "outputs": {name: self.hash(name) for name in outputs}, "results": results or {}}
+        write_bytes(self.dir / f"{step}.json", dumps(rec))
+        self.save_cache()
+        return rec
+
+
+def build_manifest(plan: Any, records: dict[str, dict[str, Any]], files: list[str], state: State,
+                   version: str) -> dict[str, Any]:
+    """The manifest: every file's sha256 and size, the source, the tool, every step and every number."""
+    o = plan.options
+    return {
+        "format": FORMAT,
+        "tool": {"name": "ggufkit", "version": version},
+        "model": plan.model_name,
+        "source": {"repo": plan.repo, "revision": plan.revision, "files": plan.source_files,
+                   "sha256": plan.source_id},
+        "parameters": {"master": plan.master_type, "types": plan.types, "ctx": o.ctx, "chunks": o.chunks,
+                       "imatrix_chunks": o.imatrix_chunks, "kld_top_k": o.kld_top_k,
+                       "imatrix": plan.imatrix_file,
+                       "imatrix_text": {"name": plan.imatrix_text.name, "sha256": plan.imatrix_text.sha256}
+                       if plan.imatrix_text else None,
+                       "eval_text": {"name": plan.eval_text.name, "sha256": plan.eval_text.sha256},
+                       "max_kld": dict(sorted(o.max_kld.items())), "split_max_size": o.split_max_size},
+        "steps": {name: {k: rec[k] for k in ("inputs", "params", "outputs", "results")}
+                  for name, rec in sorted(records.items())},
+        "files": {name: state.hash(name) for name in sorted(files) if name != MANIFEST},
+    }

@@ -1,0 +1,340 @@
+"""What a release will do, decided and validated before any work: types, file names, inputs and their hashes.
+
+Everything a user can get wrong (an unknown type, a type that needs an importance matrix without one, an
+evaluation text too short for one chunk, an output directory holding another model's release, ``--push``
+without a token) is refused here with one line, before the hours of converting and quantizing start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ggufkit.errors import UsageError
+
+#: A publisher's usual matrix (the quants most GGUF repositories on the hub carry).
+DEFAULT_TYPES = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
+#: Added to the default matrix when an importance matrix is used (llama-quantize refuses most without one).
+DEFAULT_IMATRIX_TYPES = ("IQ2_M", "IQ3_M", "IQ4_XS")
+#: Shards are cut below the hub's 50 GB per-file limit (decimal units, as llama.cpp's --split-max-size).
+DEFAULT_SPLIT_MAX_SIZE = 48 * 10**9
+MASTER_TYPES = ("auto", "bf16", "f16", "f32")
+#: The bundled sample is split: its first characters calibrate the imatrix, the rest is the evaluation text
+#: (the same split as ``ggufkit demo``), so a default release never scores on its calibration text.
+SAMPLE_SPLIT = 200_000
+#: Internal state of a release inside OUTDIR: one record per finished step, and a cache of file hashes.
+STATE_DIR = ".ggufkit-release"
+MANIFEST = "manifest.json"
+CARD = "README.md"
+PLOT = "quality.png"
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """A text the release reads (calibration or evaluation): its name in the provenance, text and hash."""
+
+    name: str
+    text: str
+    sha256: str
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> TextInput:
+        from ggufkit.eval.perplexity import read_text_file
+
+        text = read_text_file(path)
+        return cls(Path(path).name, text, hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+    @classmethod
+    def bundled(cls, part: str) -> TextInput:
+        from ggufkit.eval.perplexity import sample_text
+
+        text = sample_text()
+        text = text[:SAMPLE_SPLIT] if part == "calibration" else text[SAMPLE_SPLIT:]
+        name = f"ggufkit bundled sample ({part} part: Python help topics, PSF-2.0)"
+        return cls(name, text, hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    """Every option of a release (the CLI's flags, one to one)."""
+
+    model: str
+    outdir: Path
+    types: tuple[str, ...] | None = None
+    master: str = "auto"
+    imatrix_text: Path | None = None
+    imatrix: Path | None = None
+    no_imatrix: bool = False
+    eval_text: Path | None = None
+    ctx: int = 512
+    chunks: int | None = None
+    imatrix_chunks: int | None = None
+    kld_top_k: int = 128
+    max_kld: Mapping[str, float] = field(default_factory=dict)
+    split_max_size: int | None = DEFAULT_SPLIT_MAX_SIZE
+    only: tuple[str, ...] = ()
+    card_only: bool = False
+    push: str | None = None
+    private: bool = False
+    revision: str | None = None
+    dry_run: bool = False
+    device: str = "auto"
+    quantized_by: str = "ggufkit"
+
+
+@dataclass
+class ReleasePlan:
+    """The resolved release: canonical types, file names (relative to OUTDIR), inputs and their hashes."""
+
+    options: ReleaseOptions
+    outdir: Path
+    model_dir: Path
+    repo: str | None
+    revision: str | None
+    model_name: str
+    prefix: str
+    master_type: str
+    master_bytes: int
+    n_params: int
+    types: list[str]
+    work_types: list[str]
+    use_imatrix: bool
+    imatrix_file: str | None
+    imatrix_text: TextInput | None
+    eval_text: TextInput
+    source_files: dict[str, dict[str, Any]]
+    source_card: str | None
+    notes: list[str] = field(default_factory=list)
+
+    def master_file(self) -> str:
+        return f"{self.prefix}-{self.master_type}.gguf"
+
+    def type_file(self, qtype: str) -> str:
+        return f"{self.prefix}-{qtype}.gguf"
+
+    @property
+    def source_id(self) -> str:
+        """One hash of the source checkpoint's files (names, sizes and contents)."""
+        return hashlib.sha256(json.dumps(self.source_files, sort_keys=True).encode()).hexdigest()
+
+
+def canonical_type(name: str) -> str:
+    """``q4_k`` -> ``Q4_K_M`` (llama-quantize's names and aliases); refuses what a release cannot make.
+
+    Raises:
+        UsageError: unknown, a float or copy target, or a type this build has no kernel for.
+    """
+    from ggufkit.quant.presets import get_preset, has_kernel
+
+    preset = get_preset(name)
+    if preset.only_copy or not preset.is_quantized:
+        raise UsageError(f"--types {name}: a release's types are quantized types; the float master is --master")
+    if not has_kernel(preset.default_type):
+        raise UsageError(f"--types {name}: ggufkit has no kernel for {preset.default_type.name} in this build")
+    return preset.name.upper()
+
+
+def needs_imatrix(qtype: str) -> bool:
+    from ggufkit.quant.presets import get_preset
+
+    return get_preset(qtype).needs_imatrix
+
+
+def parse_max_kld(items: Sequence[str] | Mapping[str, float]) -> dict[str, float]:
+    """``["Q4_K_M=0.05", "all=0.5"]`` -> ``{"Q4_K_M": 0.05, "*": 0.5}``.
+
+    Raises:
+        UsageError: not ``TYPE=NUMBER``.
+    """
+    pairs: list[tuple[str, float]] = []
+    if isinstance(items, Mapping):
+        pairs = [(str(k), float(v)) for k, v in items.items()]
+    else:
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise UsageError(f"--max-kld {item!r}: expected TYPE=X, e.g. Q4_K_M=0.05 (or all=0.05)")
+            try:
+                pairs.append((key, float(value)))
+            except ValueError:
+                raise UsageError(f"--max-kld {item!r}: {value!r} is not a number") from None
+    out: dict[str, float] = {}
+    for key, limit in pairs:
+        k = "*" if key.strip().lower() in ("all", "*") else canonical_type(key)
+        out[k] = limit
+    return out
+
+
+def file_hash(path: Path, cache: dict[str, Any] | None = None, key: str | None = None) -> dict[str, Any]:
+    """``{"sha256", "size"}`` of a file; ``cache`` (key -> size, mtime and hash) saves rehashing it."""
+    st = path.stat()
+    k = key or str(path.resolve())
+    if cache is not None:
+        hit = cache.get(k)
+        if hit and hit["size"] == st.st_size and hit["mtime_ns"] == st.st_mtime_ns:
+            return {"sha256": hit["sha256"], "size": st.st_size}
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    digest = h.hexdigest()
+    if cache is not None:
+        cache[k] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+    return {"sha256": digest, "size": st.st_size}
+
+
+def source_card_front_matter(card: str | None) -> dict[str, Any]:
+    """The YAML front matter of the source checkpoint's README.md (empty when none or not a mapping)."""
+    import yaml
+
+    if not card or not card.startswith("---"):
+        return {}
+    lines = card.splitlines()
+    try:
+        end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
+    except StopIteration:
+        return {}
+    try:
+        data = yaml.safe_load("\n".join(lines[1:end]))
+    except yaml.YAMLError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _check_tokens(vocab_file: Path, text: TextInput, ctx: int, what: str) -> None:
+    """The text gives at least one chunk of ``ctx`` (llama-perplexity needs ``2*ctx`` tokens)."""
+    from ggufkit.errors import EvaluationError
+    from ggufkit.eval.perplexity import check_chunking, tokenize_text
+    from ggufkit.format import open_gguf
+
+    with open_gguf(vocab_file) as f:
+        ids, _, _ = tokenize_text(f, text.text)
+    assert ids is not None
+    try:
+        check_chunking(len(ids), ctx, None)
+    except EvaluationError as exc:
+        raise UsageError(f"{what} {text.name}: {exc}") from None
+
+
+def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None) -> ReleasePlan:
+    """Resolve and validate a release; nothing is written (a vocabulary-only GGUF goes to a temporary
+    directory to tokenize the texts).
+
+    Raises:
+        UsageError: any bad input named in the module docstring.
+        CheckpointError, UnsupportedArchitectureError: the model cannot be converted.
+    """
+    from ggufkit.converters import convert
+    from ggufkit.converters.checkpoint import resolve_model
+
+    o = options
+    if o.master not in MASTER_TYPES:
+        raise UsageError(f"--master {o.master!r}: expected one of {', '.join(MASTER_TYPES)}")
+    given = [n for n, v in (("--imatrix-text", o.imatrix_text), ("--imatrix", o.imatrix),
+                            ("--no-imatrix", o.no_imatrix or None)) if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"give at most one of {', '.join(given)}")
+    if o.card_only and o.only:
+        raise UsageError("--only and --card-only are two halves of a fan-out; give one of them")
+    if o.push is not None and o.only:
+        raise UsageError("--push uploads a whole release; run it with --card-only after the --only runs")
+    if o.ctx < 16:
+        raise UsageError(f"--ctx {o.ctx} is too small (at least 16)")
+    use_imatrix = not o.no_imatrix
+    types = [canonical_type(t) for t in o.types] if o.types else \
+        list(DEFAULT_TYPES + (DEFAULT_IMATRIX_TYPES if use_imatrix else ()))
+    if len(set(types)) != len(types):
+        raise UsageError(f"--types lists a type twice: {', '.join(types)}")
+    if not use_imatrix:
+        bad = [t for t in types if needs_imatrix(t)]
+        if bad:
+            raise UsageError(f"{', '.join(bad)} need an importance matrix; drop --no-imatrix or these types")
+    only = [canonical_type(t) for t in o.only]
+    missing = [t for t in only if t not in types]
+    if missing:
+        raise UsageError(f"--only {', '.join(missing)}: not among the release's types ({', '.join(types)})")
+    for key in o.max_kld:
+        if key != "*" and key not in types:
+            raise UsageError(f"--max-kld {key}: not among the release's types ({', '.join(types)})")
+    if o.imatrix is not None and not Path(o.imatrix).is_file():
+        raise UsageError(f"--imatrix {o.imatrix}: no such file")
+    if o.push is not None:
+        from huggingface_hub import get_token
+
+        if not get_token():
+            raise UsageError("--push needs a Hugging Face token: set HF_TOKEN or run `huggingface-cli login`")
+    outdir = Path(o.outdir)
+    if outdir.exists() and not outdir.is_dir():
+        raise UsageError(f"{outdir}: OUTDIR exists and is not a directory")
+
+    model_dir, repo, revision = resolve_model(o.model)
+    source_files = {p.relative_to(model_dir).as_posix(): file_hash(p, hash_cache)
+                    for p in sorted(model_dir.rglob("*")) if p.is_file() and ".cache" not in p.parts}
+    card_path = model_dir / "README.md"
+    source_card = card_path.read_text(encoding="utf-8", errors="replace") if card_path.is_file() else None
+    _check_outdir(outdir, source_files)
+
+    dry = convert(o.model, None, outtype=o.master, dry_run=True)
+    assert dry.plan.output is not None
+    master_type = dry.plan.output.name.removesuffix(".gguf").rsplit("-", 1)[1]
+    prefix = dry.plan.output.name.removesuffix(f"-{master_type}.gguf")
+    model_name = repo or model_dir.resolve().name
+    imatrix_text = None
+    if use_imatrix and o.imatrix is None:
+        imatrix_text = TextInput.from_file(o.imatrix_text) if o.imatrix_text else TextInput.bundled("calibration")
+    eval_text = TextInput.from_file(o.eval_text) if o.eval_text else TextInput.bundled("evaluation")
+    imatrix_file = None
+    if use_imatrix:
+        suffix = ".dat" if o.imatrix is not None and Path(o.imatrix).suffix == ".dat" else ".gguf"
+        imatrix_file = f"{prefix}.imatrix{suffix}"
+    plan = ReleasePlan(o, outdir, model_dir, repo, revision, model_name, prefix, master_type,
+                       dry.plan.nbytes, dry.plan.n_params, types, only or types, use_imatrix, imatrix_file,
+                       imatrix_text, eval_text, source_files, source_card)
+    if use_imatrix and o.imatrix is None and o.imatrix_text is None:
+        plan.notes.append("importance matrix from the bundled English sample; a calibration text like the "
+                          "model's real use (--imatrix-text) is better")
+    if not o.card_only:
+        _check_texts(plan)
+    return plan
+
+
+def _check_outdir(outdir: Path, source_files: dict[str, dict[str, Any]]) -> None:
+    """Refuse an OUTDIR whose manifest or state names another source checkpoint."""
+    recorded = None
+    manifest = outdir / MANIFEST
+    master = outdir / STATE_DIR / "master.json"
+    try:
+        if master.is_file():
+            recorded = json.loads(master.read_text())["inputs"]["source"]
+        elif manifest.is_file():
+            recorded = json.loads(manifest.read_text())["source"]["files"]
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"{outdir}: holds a manifest ggufkit cannot read; use an empty directory") from None
+    if recorded is not None and recorded != source_files:
+        changed = sorted(set(recorded) ^ set(source_files)) or \
+            sorted(k for k in source_files if recorded.get(k) != source_files[k])
+        raise UsageError(f"{outdir}: holds the release of another model (its manifest's source differs in "
+                         f"{', '.join(changed[:3])}); use an empty directory")
+
+
+def _check_texts(plan: ReleasePlan) -> None:
+    """Tokenize the texts with the model's own vocabulary (a vocabulary-only GGUF, or the master when it
+    exists) and refuse those too short for one chunk."""
+    from ggufkit.converters import convert
+
+    master = plan.outdir / plan.master_file()
+    with tempfile.TemporaryDirectory(prefix="ggufkit-release-") as tmp:
+        if master.is_file():
+            vocab = master
+        else:
+            vocab = Path(tmp) / "vocab.gguf"
+            convert(plan.options.model, vocab, outtype="f32", vocab_only=True)
+        _check_tokens(vocab, plan.eval_text, plan.options.ctx, "--eval-text")
+        if plan.imatrix_text is not None:
+            _check_tokens(vocab, plan.imatrix_text, plan.options.ctx, "--imatrix-text")

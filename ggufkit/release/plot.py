@@ -1,0 +1,44 @@
+"""The card's plot: file size against mean KLD and against ΔPPL, one point per type (matplotlib, PNG).
+
+Drawn with matplotlib's object API on the Agg canvas (no pyplot, no display, no global state). The PNG
+carries no ``Software`` or date chunk, so the same numbers give the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+
+def render_plot(rows: Sequence[dict[str, Any]], title: str) -> bytes:
+    """PNG bytes of the two panels.
+
+    Args:
+        rows: one per type: ``type``, ``size`` (bytes), ``mean_kld``, ``delta_ppl`` (fraction).
+        title: the figure's title (the model's name).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.2), dpi=100)
+    FigureCanvasAgg(fig)
+    fig.suptitle(title)
+    panels = [("mean_kld", "mean KL divergence vs master (log)", True),
+              ("delta_ppl", "ΔPPL vs master (%)", False)]
+    for i, (key, label, log) in enumerate(panels):
+        ax = fig.add_subplot(1, 2, i + 1)
+        xs = [r["size"] / 2**30 for r in rows]
+        ys = [max(r[key], 1e-6) if log else 100 * r[key] for r in rows]
+        ax.plot(xs, ys, "o-", color="tab:blue")
+        for r, x, y in zip(rows, xs, ys):
+            ax.annotate(r["type"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if log:
+            ax.set_yscale("log")
+        ax.set_xlabel("file size (GiB)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()

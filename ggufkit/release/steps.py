@@ -1,0 +1,240 @@
+"""The steps of a release, each skipped when its record matches (see :mod:`ggufkit.release.manifest`).
+
+master (convert) -> imatrix (collect on the master, or copy the given file) -> one quantization per type ->
+evaluation (the master scored once, each type compared with it). Every file is written atomically by the
+API it comes from (ggufkit.format.atomic), so a SIGKILL leaves no partial file under a final name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ggufkit.errors import UsageError
+from ggufkit.format.writer import NullProgress, Progress
+from ggufkit.release.manifest import State, write_bytes
+from ggufkit.release.plan import ReleasePlan, needs_imatrix
+
+
+@dataclass
+class StepStatus:
+    """One step of the plan: its name, whether it runs or is skipped, and the files it makes."""
+
+    step: str
+    action: str  # "run" or "skip"
+    files: list[str]
+    estimated_bytes: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class StepContext:
+    plan: ReleasePlan
+    state: State
+    progress: Progress = field(default_factory=NullProgress)
+    stage: Callable[[str], None] = lambda _: None
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def _hashes(rec: dict[str, Any]) -> dict[str, str]:
+    return {name: h["sha256"] for name, h in rec["outputs"].items()}
+
+
+def master_inputs(plan: ReleasePlan) -> tuple[dict[str, Any], dict[str, Any]]:
+    return {"source": plan.source_files}, {"outtype": plan.options.master,
+                                           "split_max_size": plan.options.split_max_size}
+
+
+def master_step(ctx: StepContext) -> dict[str, Any]:
+    from ggufkit.converters import convert
+
+    plan = ctx.plan
+    inputs, params = master_inputs(plan)
+    rec = ctx.state.done("master", inputs, params)
+    if rec is None:
+        ctx.stage(f"converting {plan.model_name} to {plan.master_type}")
+        report = convert(plan.options.model, plan.outdir / plan.master_file(), outtype=plan.options.master,
+                         split_max_size=plan.options.split_max_size, progress=ctx.progress)
+        rec = ctx.state.finish("master", inputs, params, [p.name for p in report.outputs],
+                               {"file_type": plan.master_type, "parameters": report.plan.n_params})
+        ctx.ran.append("master")
+    else:
+        ctx.skipped.append("master")
+    ctx.records["master"] = rec
+    return rec
+
+
+def first_output(rec: dict[str, Any], outdir: Path) -> Path:
+    return outdir / sorted(rec["outputs"])[0]
+
+
+def imatrix_params(plan: ReleasePlan, records: dict[str, dict[str, Any]]
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    o = plan.options
+    if o.imatrix is not None:
+        from ggufkit.release.plan import file_hash
+
+        return {"imatrix": file_hash(Path(o.imatrix))["sha256"]}, {"source": "given"}
+    assert plan.imatrix_text is not None
+    return ({"master": _hashes(records["master"]), "text": plan.imatrix_text.sha256},
+            {"ctx": o.ctx, "chunks": o.imatrix_chunks if o.imatrix_chunks is not None else o.chunks,
+             "text_name": plan.imatrix_text.name})
+
+
+def imatrix_step(ctx: StepContext) -> dict[str, Any] | None:
+    plan = ctx.plan
+    if not plan.use_imatrix:
+        return None
+    assert plan.imatrix_file is not None
+    o = plan.options
+    inputs, params = imatrix_params(plan, ctx.records)
+    rec = ctx.state.done("imatrix", inputs, params)
+    if rec is None:
+        out = plan.outdir / plan.imatrix_file
+        if o.imatrix is not None:
+            ctx.stage(f"copying the importance matrix {Path(o.imatrix).name}")
+            write_bytes(out, Path(o.imatrix).read_bytes())
+        else:
+            from ggufkit.eval import collect_imatrix
+
+            assert plan.imatrix_text is not None
+            ctx.stage(f"collecting an importance matrix on {plan.imatrix_text.name}")
+            collect_imatrix(first_output(ctx.records["master"], plan.outdir), text=plan.imatrix_text.text,
+                            output=out, dataset=plan.imatrix_text.name, ctx=params["ctx"],
+                            chunks=params["chunks"], compute_ppl=False, output_frequency=0,
+                            device=o.device, progress=ctx.progress)
+        rec = ctx.state.finish("imatrix", inputs, params, [plan.imatrix_file])
+        ctx.ran.append("imatrix")
+    else:
+        ctx.skipped.append("imatrix")
+    ctx.records["imatrix"] = rec
+    return rec
+
+
+def quant_inputs(plan: ReleasePlan, records: dict[str, dict[str, Any]], qtype: str
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    inputs: dict[str, Any] = {"master": _hashes(records["master"])}
+    if "imatrix" in records:
+        inputs["imatrix"] = _hashes(records["imatrix"])
+    return inputs, {"type": qtype, "keep_split": len(records["master"]["outputs"]) > 1}
+
+
+def quant_step(ctx: StepContext, qtype: str) -> dict[str, Any]:
+    from ggufkit.quant import quantize_file
+
+    plan = ctx.plan
+    inputs, params = quant_inputs(plan, ctx.records, qtype)
+    step = f"quantize-{qtype}"
+    rec = ctx.state.done(step, inputs, params)
+    if rec is None:
+        ctx.stage(f"quantizing to {qtype}")
+        imatrix = plan.outdir / plan.imatrix_file if "imatrix" in ctx.records and plan.imatrix_file else None
+        if imatrix is None and needs_imatrix(qtype):
+            raise UsageError(f"{qtype} needs an importance matrix")
+        report = quantize_file(first_output(ctx.records["master"], plan.outdir), plan.outdir / plan.type_file(qtype),
+                               qtype, imatrix=imatrix, keep_split=params["keep_split"], device=plan.options.device,
+                               progress=ctx.progress)
+        rec = ctx.state.finish(step, inputs, params, [p.name for p in report.outputs] or [plan.type_file(qtype)],
+                               {"bits_per_weight": report.plan.to_dict()["totals"]["bits_per_weight"]})
+        ctx.ran.append(step)
+    else:
+        ctx.skipped.append(step)
+    ctx.records[step] = rec
+    return rec
+
+
+def eval_inputs(plan: ReleasePlan, records: dict[str, dict[str, Any]], qtype: str | None
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    o = plan.options
+    inputs: dict[str, Any] = {"master": _hashes(records["master"]), "text": plan.eval_text.sha256}
+    if qtype is not None:
+        inputs["model"] = _hashes(records[f"quantize-{qtype}"])
+    params = {"ctx": o.ctx, "chunks": o.chunks, "text_name": plan.eval_text.name}
+    if qtype is not None:
+        params["kld_top_k"] = o.kld_top_k
+    return inputs, params
+
+
+def eval_step(ctx: StepContext, types: list[str]) -> None:
+    """Score the master and every type of ``types`` whose evaluation is not recorded yet, in one pass."""
+    from ggufkit.eval.shared_baseline import evaluate
+
+    plan = ctx.plan
+    todo: dict[str, Path] = {}
+    wanted: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for name in [None, *types]:
+        step = "eval-master" if name is None else f"eval-{name}"
+        inputs, params = eval_inputs(plan, ctx.records, name)
+        rec = ctx.state.done(step, inputs, params)
+        if rec is not None:
+            ctx.records[step] = rec
+            ctx.skipped.append(step)
+        elif name is not None:
+            todo[name] = first_output(ctx.records[f"quantize-{name}"], plan.outdir)
+            wanted[step] = (inputs, params)
+        else:
+            wanted[step] = (inputs, params)
+    if not wanted:
+        return
+    master_scores, scores = evaluate(first_output(ctx.records["master"], plan.outdir), todo,
+                                     text=plan.eval_text.text, ctx=plan.options.ctx, chunks=plan.options.chunks,
+                                     kld_top_k=plan.options.kld_top_k, device=plan.options.device,
+                                     progress=ctx.progress, on_stage=ctx.stage)
+    if "eval-master" in wanted:
+        ctx.records["eval-master"] = ctx.state.finish("eval-master", *wanted["eval-master"], [], master_scores)
+        ctx.ran.append("eval-master")
+    for name, result in scores.items():
+        step = f"eval-{name}"
+        ctx.records[step] = ctx.state.finish(step, *wanted[step], [], result)
+        ctx.ran.append(step)
+
+
+def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
+    """What a run would do (``--dry-run``): each step, run or skip, its files and estimated sizes."""
+    from ggufkit.quant.presets import get_preset
+    from ggufkit.quant.registry import bits_per_weight
+
+    o = plan.options
+    out: list[StepStatus] = []
+    records: dict[str, dict[str, Any]] = {}
+
+    def check(step: str, inputs: dict[str, Any] | None, params: dict[str, Any] | None) -> str:
+        rec = state.done(step, inputs, params) if inputs is not None and params is not None else None
+        if rec is not None:
+            records[step] = rec
+        return "skip" if rec is not None else "run"
+
+    if o.card_only:
+        return [StepStatus("card", "run", ["README.md", "quality.png", "manifest.json"])]
+    m_in, m_par = master_inputs(plan)
+    out.append(StepStatus("master", check("master", m_in, m_par), [plan.master_file()], plan.master_bytes,
+                          f"convert to {plan.master_type}"))
+    known = "master" in records
+    if plan.use_imatrix:
+        assert plan.imatrix_file is not None
+        action = check("imatrix", *imatrix_params(plan, records)) if known or o.imatrix is not None else "run"
+        out.append(StepStatus("imatrix", action, [plan.imatrix_file], None,
+                              "given file" if o.imatrix else f"collect on {plan.imatrix_text.name if plan.imatrix_text else ''}"))
+    for qtype in plan.work_types:
+        bpw = bits_per_weight(get_preset(qtype).default_type)
+        est = int(plan.n_params * bpw / 8)
+        action = "run"
+        if known and (not plan.use_imatrix or "imatrix" in records):
+            q_in, q_par = quant_inputs(plan, records, qtype)
+            action = check(f"quantize-{qtype}", q_in, q_par)
+        out.append(StepStatus(f"quantize-{qtype}", action, [plan.type_file(qtype)], est,
+                              f"~{bpw:.2f} bits per weight (default tensor type; mixtures differ)"))
+    for name in [None, *plan.work_types]:
+        step = "eval-master" if name is None else f"eval-{name}"
+        action = "run"
+        if known and (name is None or f"quantize-{name}" in records):
+            e_in, e_par = eval_inputs(plan, records, name)
+            action = check(step, e_in, e_par)
+        out.append(StepStatus(step, action, [], None, "perplexity" if name is None else "perplexity and KLD"))
+    if not o.only:
+        out.append(StepStatus("card", "run", ["README.md", "quality.png", "manifest.json"]))
+    return out
