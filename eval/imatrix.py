@@ -105,7 +105,9 @@ class ImatrixCollector:
         self.tokens: dict[str, int] = {}  # name -> tokens added by this run (dense)
         self.shapes = shapes
         self.device = device
-        self.wanted = {n for n, s in self.shapes.items() if len(s) >= 2 and self._collects(n)}
+        # Matrices, and the one vector llama.cpp multiplies with ggml_mul_mat (qwen2moe's shared-expert gate).
+        self.wanted = {n for n, s in self.shapes.items()
+                       if (len(s) >= 2 or n.endswith("ffn_gate_inp_shexp.weight")) and self._collects(n)}
         for name in list(acc.sums):  # loaded files: every entry must be a weight of this model, of its size
             if name not in self.wanted:
                 raise QuantizationError(f"imatrix entry {name!r} matches no weight this model collects")

@@ -51,7 +51,9 @@ def moe_ffn(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
         model._observe_routed(p + "ffn_down_exps.weight", acts.reshape(*shape[:-1], hp.n_expert_used, -1), ids)
     shared_up = model._w(p + "ffn_up_shexp.weight")
     if shared_up is not None:
-        model._observe(h, p + "ffn_up_shexp.weight", p + "ffn_gate_shexp.weight")
+        # ffn_gate_inp_shexp is a vector, but llama.cpp multiplies it as a matrix (ggml_mul_mat in
+        # src/models/qwen2moe.cpp), so llama-imatrix collects it too.
+        model._observe(h, p + "ffn_up_shexp.weight", p + "ffn_gate_shexp.weight", p + "ffn_gate_inp_shexp.weight")
         su = model._linear(x, shared_up)
         sg = model._linear(x, model._r(p + "ffn_gate_shexp.weight"))
         a = F.silu(sg) * su

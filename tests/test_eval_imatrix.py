@@ -255,8 +255,8 @@ def test_quantize_with_our_imatrix_or_llama_imatrixs_is_interchangeable(files: d
 
 
 def test_moe_experts_are_summed_and_counted_per_routed_token(files: dict[str, Path]) -> None:
-    # The evaluator runs no MoE architecture on this branch: the routed path is checked against
-    # imatrix.cpp's GGML_OP_MUL_MAT_ID loop written out (per slot, per token: counts[ex]++, acc[ex] += x*x).
+    # The routed path against imatrix.cpp's GGML_OP_MUL_MAT_ID loop written out (per slot, per token:
+    # counts[ex]++, acc[ex] += x*x); tests/test_eval_imatrix_moe.py runs whole MoE models against llama-imatrix.
     import torch
 
     from ggufkit.eval.imatrix import ImatrixCollector
