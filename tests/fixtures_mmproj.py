@@ -15,8 +15,21 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import fixtures_models
 from fixtures_models import make_checkpoint
 from llama_cpp_sources import llama_cpp_dir
+
+# Vision-language classes fixtures_models does not build itself: config, classes and tokenizer kind.
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+fixtures_models._BASE.setdefault("Idefics3ForConditionalGeneration", dict(
+    text_config=dict(model_type="llama", tie_word_embeddings=False, **_TEXT),
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       image_size=32, patch_size=8),
+    scale_factor=2, image_token_id=5, tie_word_embeddings=False))
+fixtures_models._CLASSES.setdefault("Idefics3ForConditionalGeneration",
+                                    ("Idefics3Config", "Idefics3ForConditionalGeneration"))
+fixtures_models._VOCAB.setdefault("Idefics3ForConditionalGeneration", "spm")
 
 
 def _gemma3_released(name: str) -> str:
@@ -35,9 +48,12 @@ def _gemma3_prefixed(name: str) -> str:
 LAYOUTS: dict[str, dict[str, Callable[[str], str] | None]] = {
     "Gemma3ForConditionalGeneration": {"transformers5": None, "released": _gemma3_released,
                                        "prefixed": _gemma3_prefixed},
+    # The hub's SmolVLM / Idefics3 files and transformers 5 name tensors alike (model.vision_model.*,
+    # model.connector.*, model.text_model.*).
+    "Idefics3ForConditionalGeneration": {"released": None},
 }
 #: The layout llama.cpp's converter (0.3.36) handles, per class.
-ORACLE_LAYOUT = {"Gemma3ForConditionalGeneration": "released"}
+ORACLE_LAYOUT = {"Gemma3ForConditionalGeneration": "released", "Idefics3ForConditionalGeneration": "released"}
 
 
 def _preprocessor(dir: Path, hf_class: str) -> None:
@@ -49,6 +65,12 @@ def _preprocessor(dir: Path, hf_class: str) -> None:
                 "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2,
                 "rescale_factor": 1 / 255, "size": {"height": size, "width": size},
                 "image_seq_length": config["mm_tokens_per_image"]}
+    elif hf_class == "Idefics3ForConditionalGeneration":
+        # Idefics3ImageProcessor's fields; the longest edge at the tile size: one tile per image
+        data = {"image_processor_type": "Idefics3ImageProcessor", "do_convert_rgb": True, "do_image_splitting": True,
+                "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
+                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 1,
+                "rescale_factor": 1 / 255, "size": {"longest_edge": size}, "max_image_size": {"longest_edge": size}}
     else:
         raise KeyError(hf_class)
     (dir / "preprocessor_config.json").write_text(json.dumps(data, indent=2))

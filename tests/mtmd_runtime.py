@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 
 
-def mtmd_image_embeddings(text_gguf: Path, mmproj_gguf: Path, rgb: np.ndarray) -> np.ndarray:
-    """The image chunk's embeddings, ``[n_tokens, n_embd]`` float32, for ``rgb`` (uint8 ``[height, width, 3]``)."""
+def mtmd_image_embeddings(text_gguf: Path, mmproj_gguf: Path, rgb: np.ndarray) -> list[np.ndarray]:
+    """The embeddings of each image chunk libmtmd makes of ``rgb`` (uint8 ``[height, width, 3]``): one
+    ``[n_tokens, n_embd]`` float32 array per chunk (several where the model cuts images into tiles)."""
     import llama_cpp
     from llama_cpp import mtmd_cpp as m
 
@@ -43,7 +44,7 @@ def mtmd_image_embeddings(text_gguf: Path, mmproj_gguf: Path, rgb: np.ndarray) -
             bitmaps = (m.mtmd_bitmap_p_ctypes * 1)(bitmap)
             rc = m.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1)
             assert rc == 0, f"mtmd_tokenize returned {rc}"
-            out = None
+            out: list[np.ndarray] = []
             for i in range(m.mtmd_input_chunks_size(chunks)):
                 chunk = m.mtmd_input_chunks_get(chunks, i)
                 if m.mtmd_input_chunk_get_type(chunk) != m.MTMD_INPUT_CHUNK_TYPE_IMAGE:
@@ -51,10 +52,10 @@ def mtmd_image_embeddings(text_gguf: Path, mmproj_gguf: Path, rgb: np.ndarray) -
                 n_tokens = m.mtmd_input_chunk_get_n_tokens(chunk)
                 assert m.mtmd_encode_chunk(ctx, chunk) == 0
                 embd = m.mtmd_get_output_embd(ctx)
-                out = np.ctypeslib.as_array(embd, shape=(n_tokens * n_embd,)).copy().reshape(n_tokens, n_embd)
+                out.append(np.ctypeslib.as_array(embd, shape=(n_tokens * n_embd,)).copy().reshape(n_tokens, n_embd))
             m.mtmd_input_chunks_free(chunks)
             m.mtmd_bitmap_free(bitmap)
-            assert out is not None, "no image chunk"
+            assert out, "no image chunk"
             return out
         finally:
             m.mtmd_free(ctx)
