@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from ggufkit.converters.lora import LoraReport
     from ggufkit.format.writer import Progress
 
-__all__ = ["OUTTYPES", "convert", "convert_lora", "is_adapter_dir", "list_architectures", "merge_lora"]
+__all__ = ["OUTTYPES", "convert", "convert_lora", "convert_mmproj", "is_adapter_dir", "list_architectures",
+           "merge_lora"]
 
 #: --outtype choices: the one list (ggufkit.converters.core and the CLI import it).
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
@@ -38,6 +39,21 @@ def convert(model: str | Path, output: str | Path | None = None, *, outtype: str
     return _convert(model, output, outtype=outtype, predictor=predictor, vocab_only=vocab_only,
                     split_max_size=split_max_size, metadata_file=metadata_file, pre_tokenizer=pre_tokenizer,
                     dry_run=dry_run, progress=progress)
+
+
+def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",
+                   dry_run: bool = False, progress: Progress | None = None) -> ConvertReport:
+    """Write the vision projector file of a vision-language checkpoint; see
+    :func:`ggufkit.converters.mmproj.convert_mmproj`.
+
+    Example:
+        >>> from ggufkit.converters import convert_mmproj          # doctest: +SKIP
+        >>> convert_mmproj("./gemma-3-4b-it", outtype="f16").outputs   # [mmproj-gemma-3-4b-it-F16.gguf]
+    """
+    from ggufkit.converters.mmproj import convert_mmproj as _convert_mmproj
+
+    report: ConvertReport = _convert_mmproj(model, output, outtype=outtype, dry_run=dry_run, progress=progress)
+    return report
 
 
 def list_architectures() -> list[dict[str, Any]]:

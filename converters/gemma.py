@@ -44,3 +44,19 @@ def check_config(config: Mapping[str, Any]) -> None:
     if problems:
         raise UnsupportedArchitectureError(f"{model_type}: llama.cpp would compute another model: "
                                            + "; ".join(problems))
+
+
+def mmproj_metadata(config: Mapping[str, Any], preprocessor: Mapping[str, Any]) -> dict[str, Any]:
+    """clip.vision.projector.scale_factor where it is not libmtmd's default 4 (conversion/gemma.py
+    ``Gemma3VisionModel.set_gguf_parameters``): patches per side over tokens per side, the token count from the
+    processor's ``image_seq_length`` (256 when absent)."""
+    from gguf import Keys
+
+    from ggufkit.format.values import VT
+
+    vision = config.get("vision_config") or {}
+    n_per_side = int(int(preprocessor.get("image_seq_length", 256)) ** 0.5)
+    factor = (int(vision["image_size"]) // int(vision["patch_size"])) // n_per_side if n_per_side else 0
+    if factor > 0 and factor != 4:
+        return {Keys.ClipVision.Projector.SCALE_FACTOR: (VT.UINT32, factor, None)}
+    return {}

@@ -8,6 +8,8 @@ A hooks module ``ggufkit.converters.<family>`` defines any of these module-level
     ``rewrite_tensors(raw, loaders, config) -> raw``: merge, split or rewrite planned tensors (``Raw`` tuples
     of :mod:`ggufkit.converters.rewrite`; new ones get a loader in ``loaders``) after the registry's mapping
     and expert stacking, before output types are chosen.
+    ``mmproj_metadata(config, preprocessor) -> {key: (type, value, item type)}``: projector keys YAML cannot
+    say (written after clip.projector_type; see :mod:`ggufkit.converters.mmproj`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors")
+HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata")
 #: Families with a hooks module (registry.yaml ``hooks:`` values).
 HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3"})
 

@@ -45,6 +45,27 @@ def adapter_summary(model: GGUFModel) -> dict[str, Any] | None:
     }
 
 
+def projector_summary(model: GGUFModel) -> dict[str, Any] | None:
+    """A vision projector's (``clip`` architecture, libmtmd's mmproj file) projector type, image and patch
+    size, tower size and patches per image (None for other files). Keys as tools/mtmd/clip.cpp reads them:
+    ``clip.projector_type`` (or ``clip.vision.projector_type`` in files with several encoders)."""
+    if model.architecture != "clip":
+        return None
+    get = model.get
+    image, patch = get("clip.vision.image_size"), get("clip.vision.patch_size")
+    patches = (int(image) // int(patch)) ** 2 if image and patch else None
+    return {
+        "projector_type": get("clip.vision.projector_type") or get("clip.projector_type"),
+        "has_vision_encoder": bool(get("clip.has_vision_encoder")),
+        "image_size": image,
+        "patch_size": patch,
+        "patches_per_image": patches,
+        "embedding_length": get("clip.vision.embedding_length"),
+        "block_count": get("clip.vision.block_count"),
+        "projection_dim": get("clip.vision.projection_dim"),
+    }
+
+
 def describe(model: GGUFModel, *, first_items: int = 8) -> dict[str, Any]:
     """Describe ``model`` (a file or shard set).
 
@@ -88,6 +109,7 @@ def describe(model: GGUFModel, *, first_items: int = 8) -> dict[str, Any]:
         "file_type": {"value": file_type, "name": file_type_name(file_type)} if file_type is not None else None,
         "metadata": metadata,
         "adapter": adapter_summary(model),
+        "projector": projector_summary(model),
         "tensors": tensors,
         "totals": {
             "tensors": len(tensors),

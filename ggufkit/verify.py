@@ -23,7 +23,7 @@ from ggufkit.format.reader import GGUFFile, GGUFModel, align_up, open_gguf
 from ggufkit.format.shards import SPLIT_COUNT, SPLIT_TENSORS_COUNT
 from ggufkit.format.values import VT
 from ggufkit.format.writer import NullProgress, Progress
-from ggufkit.summary import adapter_summary
+from ggufkit.summary import adapter_summary, projector_summary
 
 #: Bytes hashed between two progress updates.
 _HASH_CHUNK = 16 << 20
@@ -37,7 +37,7 @@ class Problem:
     """One thing wrong with a file.
 
     Attributes:
-        kind: ``format`` (the reader refused the file), ``key_type``, ``tokenizer``, ``split``, ``layout`` or ``adapter``.
+        kind: ``format`` (the reader refused the file), ``key_type``, ``tokenizer``, ``split``, ``layout``, ``adapter`` or ``projector``.
         message: what is wrong, naming the key or tensor.
         path: the file (shard) concerned.
         offset: byte offset in that file, when known.
@@ -65,6 +65,7 @@ class VerifyReport:
     tensor_sha256: dict[str, str] | None = None
     digest: str | None = None
     adapter: dict[str, Any] | None = None
+    projector: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -77,6 +78,8 @@ class VerifyReport:
         }
         if self.adapter is not None:
             out["adapter"] = self.adapter
+        if self.projector is not None:
+            out["projector"] = self.projector
         if self.tensor_sha256 is not None:
             out["tensor_sha256"] = self.tensor_sha256
             out["digest"] = self.digest
@@ -116,9 +119,23 @@ def verify(path: str | Path, *, hash_tensors: bool = False, progress: Progress |
         _check_tokenizer(first, report)
         _check_split(model, report)
         _check_adapter(model, report)
+        _check_projector(model, report)
         if hash_tensors and report.ok:
             _hash(model, report, progress or NullProgress())
     return report
+
+
+def _check_projector(model: GGUFModel, report: VerifyReport) -> None:
+    # clip.cpp (clip_model_loader) needs a projector type, and image and patch sizes, to load a vision encoder.
+    report.projector = projector_summary(model)
+    p = report.projector
+    if p is None or not p["has_vision_encoder"]:
+        return
+    for key, value in (("clip.projector_type", p["projector_type"]), ("clip.vision.image_size", p["image_size"]),
+                       ("clip.vision.patch_size", p["patch_size"])):
+        if not value:
+            report.problems.append(Problem("projector", f"{key} is missing: libmtmd cannot load the vision "
+                                           "encoder", report.path))
 
 
 def _check_adapter(model: GGUFModel, report: VerifyReport) -> None:

@@ -36,6 +36,8 @@ def _render(d: Mapping[str, Any]) -> str:
         return "\n".join([table(rows, ["source", "gguf", "shape", "type", "transform", "reason"]), "",
                           "hparams:", hp, "", summary, f"would write {d['output']}; dry run: nothing written"])
     line = f"wrote {', '.join(d['outputs'])} in {d['seconds']:.1f} s: {summary}"
+    if d.get("mmproj"):
+        line += "\n" + _render_mmproj(d["mmproj"])
     c = d.get("check_details")
     if d["check"] == "skipped":
         line += f"\ncheck skipped: {d['check_reason']}"
@@ -69,12 +71,17 @@ def _render(d: Mapping[str, Any]) -> str:
               "its GGUF). Default: the adapter's base_model_name_or_path.")
 @click.option("--merge", is_flag=True, help="For a PEFT adapter MODEL: write the base model with the adapter merged in "
               "(DoRA, lora_bias, modules_to_save included) instead of an adapter file.")
+@click.option("--mmproj", is_flag=True, help="Write the vision projector (mmproj-{basename}-{FTYPE}.gguf: vision tower "
+              "and projector, for libmtmd) of a vision-language checkpoint instead of its text model.")
+@click.option("--with-mmproj", is_flag=True, help="Write the text model and then its vision projector beside it "
+              "(the projector in --outtype where llama.cpp writes projectors in it: f32, f16, bf16, q8_0; else auto).")
 @click.option("--list", "list_archs", is_flag=True, help="List the supported Hugging Face model classes.")
 @dry_run_option
 @common_options
 def convert(model: str | None, output: str | None, outtype: str, predictor: Path | None, vocab_only: bool,
             split_max_size: int | None, metadata_file: Path | None, pre_tokenizer: str | None, check: bool,
-            base: str | None, merge: bool, list_archs: bool, dry_run: bool, out: Output) -> None:
+            base: str | None, merge: bool, mmproj: bool, with_mmproj: bool, list_archs: bool, dry_run: bool,
+            out: Output) -> None:
     """Convert MODEL (a Hugging Face checkpoint directory, or a hub repo id found in the local cache) to
     GGUF. Tensors are streamed one at a time; the output is written atomically and re-read to check it.
 
@@ -85,6 +92,7 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
       ggufkit convert ./model --dry-run --json | jq '.tensors[0]'
       ggufkit convert ./my-lora --base llama-f16.gguf --outtype f16      # PEFT adapter -> GGUF adapter
       ggufkit convert ./my-dora --base ./Llama-3.2-1B --merge --outtype q8_0
+      ggufkit convert ./gemma-3-4b-it --mmproj --outtype f16   # mmproj-gemma-3-4b-it-F16.gguf
       ggufkit convert --list
     """
     from ggufkit.converters import convert as run
@@ -97,6 +105,21 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
         raise click.UsageError("MODEL is required (or --list)")
     from ggufkit.converters import is_adapter_dir
 
+    if mmproj and with_mmproj:
+        raise click.UsageError("--mmproj writes only the projector, --with-mmproj both files: choose one")
+    if (mmproj or with_mmproj) and (predictor or vocab_only or merge or base or split_max_size):
+        raise click.UsageError("--mmproj/--with-mmproj do not combine with --predictor, --vocab-only, --base, "
+                               "--merge or --split-max-size")
+    if mmproj:
+        _convert_mmproj(model, output, outtype.lower(), dry_run, out)
+        return
+    if with_mmproj:
+        # Refuse a checkpoint without a projector before the text model is written.
+        from ggufkit.converters.checkpoint import read_config, resolve_model
+        from ggufkit.converters.mmproj import projector_entry
+
+        model_dir = resolve_model(model)[0]
+        projector_entry(read_config(model_dir), model_dir)
     if is_adapter_dir(model):
         if not merge:
             _convert_adapter(model, output, base, outtype.lower(), dry_run, out)
@@ -122,12 +145,46 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
     data["check_reason"] = report.check["reason"] if report.check else None
     data["check_details"] = report.check
     data["ok"] = data["check"] != "failed"
+    if with_mmproj:
+        from ggufkit.converters.mmproj import MMPROJ_OUTTYPES
+
+        # beside the text model; a quantized text outtype leaves the projector at the checkpoint's precision
+        mm_type = outtype.lower() if outtype.lower() in MMPROJ_OUTTYPES else "auto"
+        mm_out = str(report.outputs[0].parent) if report.outputs else None
+        data["mmproj"] = _mmproj_report(model, mm_out, mm_type, dry_run, out)
     out.result(data, _render)
     if not data["ok"]:
         # The output is kept; the check's verdict is the exit code.
         assert report.check is not None
         click.echo(f"ggufkit: error: check failed (output kept): {'; '.join(report.check['failures'])}", err=True)
         raise click.exceptions.Exit(EXIT_CHECK_FAILED)
+
+
+def _mmproj_report(model: str, output: str | None, outtype: str, dry_run: bool, out: Output) -> dict[str, Any]:
+    from ggufkit.converters import convert_mmproj
+
+    report = convert_mmproj(model, output, outtype=outtype, dry_run=dry_run, progress=out.progress())
+    data: dict[str, Any] = report.as_dict()
+    return data
+
+
+def _render_mmproj(d: Mapping[str, Any]) -> str:
+    meta = d["metadata"]
+    summary = (f"{d['hf_class']} projector ({meta.get('clip.projector_type')}, {d['outtype']}): {d['n_tensors']} "
+               f"tensors, {d['n_params']:,} parameters, image {meta.get('clip.vision.image_size')} px, patch "
+               f"{meta.get('clip.vision.patch_size')} px")
+    if d["dry_run"]:
+        rows = [(t["source"], t["name"], "x".join(map(str, t["shape"])), f"{t['src_dtype']} -> {t['type']}",
+                 t["reason"]) for t in d["tensors"]]
+        return "\n".join([table(rows, ["source", "gguf", "shape", "type", "reason"]), "", summary,
+                          f"would write {d['output']}; dry run: nothing written"])
+    return f"wrote {', '.join(d['outputs'])} in {d['seconds']:.1f} s: {summary}"
+
+
+def _convert_mmproj(model: str, output: str | None, outtype: str, dry_run: bool, out: Output) -> None:
+    data = _mmproj_report(model, output, outtype, dry_run, out)
+    data["ok"] = True
+    out.result(data, _render_mmproj)
 
 
 def _check(report: Any, merged: bool = False) -> dict[str, Any]:

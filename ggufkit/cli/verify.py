@@ -15,6 +15,9 @@ from ggufkit.errors import EXIT_BAD_INPUT
 def _render(d: Mapping[str, Any]) -> str:
     lines = [f"{d['path']}: {'valid' if d['ok'] else 'INVALID'} ({d['tensors']} tensors, {d['kv']} keys"
              + (f", {len(d['shards'])} shards)" if len(d["shards"]) > 1 else ")")]
+    if d.get("projector"):
+        pr = d["projector"]
+        lines.append(f"  projector: {pr['projector_type']}, image {pr['image_size']} px, patch {pr['patch_size']} px")
     for p in d["problems"]:
         where = f" at byte {p['offset']}" if p["offset"] is not None else ""
         lines.append(f"  problem ({p['kind']}){where}: {p['message']}")

@@ -1,0 +1,383 @@
+"""Vision projector files (``mmproj-*.gguf``): the vision tower and projector of a vision-language checkpoint,
+as llama.cpp's converter writes them with ``--mmproj`` (conversion/base.py ``MmprojModel``) and libmtmd reads
+them (tools/mtmd/clip.cpp).
+
+Driven by the ``mmproj:`` section of the class's registry.yaml entry (:mod:`ggufkit.converters.mmproj_registry`):
+names are first brought to one layout (``rename``), then mapped, typed and streamed one tensor at a time
+through the same writer as text conversions (:func:`ggufkit.converters.core.write_plan`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, Keys, LlamaFileType
+
+from ggufkit.constants import GGUF_MAGIC, KEY_SOURCE_SHA256, KEY_TOOL_VERSION
+from ggufkit.converters.checkpoint import Checkpoint, read_config, resolve_model
+from ggufkit.converters.hooks import hooks_for
+from ggufkit.converters.hparams import _MISSING, first_of
+from ggufkit.converters.metadata import default_name, size_label
+from ggufkit.converters.mmproj_registry import ARCH, ProjectorSpec
+from ggufkit.converters.plan import OUTTYPES, ConvertPlan, PlanEntry, compile_rule, resolve_outtype
+from ggufkit.converters.registry import ArchEntry, load_registry
+from ggufkit.converters.transforms import TRANSFORMS, Heads
+from ggufkit.errors import CheckpointError, TensorMappingError, UnsupportedArchitectureError, UsageError
+from ggufkit.format.values import VT, Metadata
+
+Q = GGMLQuantizationType
+G = Keys.General
+#: --outtype choices for projectors (llama.cpp's converter: f32, f16, bf16, q8_0; auto follows the checkpoint).
+MMPROJ_OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+_TARGETS = {"f32": (Q.F32, LlamaFileType.ALL_F32), "f16": (Q.F16, LlamaFileType.MOSTLY_F16),
+            "bf16": (Q.BF16, LlamaFileType.MOSTLY_BF16), "q8_0": (Q.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
+_VT = {"u32": VT.UINT32, "f32": VT.FLOAT32, "bool": VT.BOOL, "str": VT.STRING}
+#: Kinds llama.cpp's converter keeps in F32 whatever the outtype (conversion/base.py ModelBase.prepare_tensors).
+_F32_KINDS = frozenset({"V_ENC_EMBD_POS"})
+Raw = tuple[str, str, str, tuple[int, ...], str, "str | None"]
+
+
+def supported_projectors() -> list[str]:
+    """HF classes with a projector entry."""
+    return sorted(name for name, e in load_registry().entries.items() if e.mmproj is not None)
+
+
+def projector_entry(config: Mapping[str, Any], model_dir: Path) -> tuple[ArchEntry, ProjectorSpec]:
+    """The registry entry of the checkpoint's class and its projector section.
+
+    Raises:
+        UsageError: a text-only checkpoint (no vision_config).
+        UnsupportedArchitectureError: a vision class without a projector entry (the supported ones named).
+    """
+    archs = config.get("architectures")
+    hf_class = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if hf_class is None:
+        raise CheckpointError("config.json has no 'architectures' list naming the model class", path=model_dir)
+    entry = load_registry().entries.get(hf_class)
+    if entry is not None and entry.mmproj is not None:
+        return entry, entry.mmproj
+    if not isinstance(config.get("vision_config"), dict):
+        raise UsageError(f"--mmproj: {hf_class} is a text-only checkpoint (config.json has no vision_config); "
+                         "there is no projector to write")
+    raise UnsupportedArchitectureError(f"--mmproj: no projector support for {hf_class}; supported: "
+                                       f"{', '.join(supported_projectors())}")
+
+
+def read_preprocessor(model_dir: Path) -> dict[str, Any]:
+    """preprocessor_config.json, then processor_config.json (its image_processor lifted to the root) merged
+    over it, as conversion/base.py ``MmprojModel.__init__`` reads them."""
+    out: dict[str, Any] = {}
+    for name, sub in (("preprocessor_config.json", "media_proc_cfg"), ("processor_config.json", "image_processor")):
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        try:
+            cfg = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{name} is unreadable: {exc}", path=path) from None
+        if not isinstance(cfg, dict):
+            raise CheckpointError(f"{name} is not a JSON object", path=path)
+        if isinstance(cfg.get(sub), dict):
+            cfg = {**cfg, **cfg[sub]}
+        out = {**out, **cfg}
+    return out
+
+
+def _typed(key: str, vtype: str, value: Any) -> tuple[VT, Any, VT | None]:
+    try:
+        if vtype == "f32_list":
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(value)
+            return VT.ARRAY, [float(v) for v in value], VT.FLOAT32
+        if vtype == "u32":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()) or int(value) < 0:
+                raise ValueError(value)
+            return VT.UINT32, int(value), None
+        if vtype == "f32":
+            return VT.FLOAT32, float(value), None
+        if vtype == "bool":
+            if not isinstance(value, bool):
+                raise TypeError(value)
+            return VT.BOOL, value, None
+        return VT.STRING, str(value), None
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{key} would be {value!r}, expected {vtype}") from None
+
+
+def clip_keys(spec: ProjectorSpec, sources: Mapping[str, Any]) -> dict[str, tuple[VT, Any, VT | None]]:
+    """The section's clip.* keys from ``sources`` (``config``, ``vision``, ``preprocessor``), in YAML order."""
+    out: dict[str, tuple[VT, Any, VT | None]] = {}
+    for k in spec.keys:
+        value = first_of(sources, list(k.sources)) if k.sources else _MISSING
+        if value is _MISSING and k.default is not None:
+            value = k.default
+        if value is _MISSING:
+            if k.required:
+                where = ", ".join(k.sources)
+                raise CheckpointError(f"the checkpoint has none of {where} (needed for {k.key})")
+            continue
+        out[k.key] = _typed(k.key, k.value_type, value)
+    return out
+
+
+def _rename(spec: ProjectorSpec, name: str) -> str:
+    for pattern, repl in spec.rename:
+        name = re.sub(pattern, repl, name)
+    return name
+
+
+def map_projector(spec: ProjectorSpec, hf_class: str, names: list[str],
+                  n_block: int) -> tuple[list[tuple[str, str, str, str | None]], list[str]]:
+    """Map checkpoint names to projector tensors.
+
+    Returns:
+        ([(hf name, gguf name, MODEL_TENSOR kind, transform)], [ignored hf names]), in source order.
+
+    Raises:
+        TensorMappingError: names no rule consumes, a block index beyond the config's block count, a GGUF name
+            produced twice (two layouts mixed), or blocks with missing tensors.
+    """
+    rules = [(compile_rule(r), r) for r in spec.tensors]
+    mapped: list[tuple[str, str, str, str | None]] = []
+    ignored, leftovers = [], []
+    seen: dict[str, str] = {}
+    for name in names:
+        local = _rename(spec, name)
+        stem = re.sub(r"\.(weight|bias)$", "", local)
+        if any(fnmatch.fnmatchcase(local, p) or fnmatch.fnmatchcase(stem, p) for p in spec.ignore):
+            ignored.append(name)
+            continue
+        for pattern, rule in rules:
+            m = pattern.match(local)
+            if m is None:
+                continue
+            bid = m.group("bid") if "{bid}" in rule.hf_template else None
+            if bid is not None and int(bid) >= n_block:
+                leftovers.append(f"{name} (block {bid} >= clip.vision.block_count {n_block})")
+                break
+            gguf = rule.gguf_template.format(bid=bid) + (m.group("suffix") or "")
+            if gguf in seen:
+                raise TensorMappingError(f"{hf_class}: {name} and {seen[gguf]} both give {gguf}")
+            seen[gguf] = name
+            mapped.append((name, gguf, rule.tensor, rule.transform))
+            break
+        else:
+            leftovers.append(name)
+    if leftovers:
+        more = f" and {len(leftovers) - 10} more" if len(leftovers) > 10 else ""
+        raise TensorMappingError(f"{hf_class} projector: no rule for source tensors {', '.join(leftovers[:10])}"
+                                 f"{more}")
+    if not mapped:
+        raise TensorMappingError(f"{hf_class}: the checkpoint holds no vision tower tensors")
+    per_block: dict[str, set[int]] = {}
+    for _, gguf, _, _ in mapped:
+        m = re.match(r"^(v\.blk\.)(\d+)(\..*)$", gguf)
+        if m:
+            per_block.setdefault(m.group(1) + "{}" + m.group(3), set()).add(int(m.group(2)))
+    missing = [t.format(b) for t, got in per_block.items() for b in range(n_block) if b not in got]
+    if missing:
+        raise TensorMappingError(f"{hf_class}: missing vision tensors {', '.join(missing[:10])}")
+    return mapped, ignored
+
+
+def check_projector_shapes(spec: ProjectorSpec, hf_class: str, keys: Mapping[str, tuple[VT, Any, Any]],
+                           raw: list[Raw]) -> None:
+    """Weights whose shapes contradict the config's sizes (the section's ``shapes``) are refused."""
+    want = dict(spec.shapes)
+    for gguf, source, kind, shape, _, _ in raw:
+        dims = want.get(kind)
+        if dims is None or not gguf.endswith(".weight"):
+            continue
+        expect = [d if isinstance(d, int) or d == "*" else int(keys[d][1]) if d in keys else "*" for d in dims]
+        ok = len(expect) == len(shape) and all(e == "*" or e == s for e, s in zip(expect, shape))
+        if not ok:
+            raise TensorMappingError(f"{hf_class}: {source} has shape {list(shape)}, the config says "
+                                     f"{['?' if e == '*' else e for e in expect]}")
+
+
+def projector_type(kind: str, name: str, shape: tuple[int, ...], forced: Mapping[str, str], outtype: str,
+                   ) -> tuple[GGMLQuantizationType, str]:
+    """One tensor's type, as conversion/base.py ``ModelBase.prepare_tensors`` picks it for a projector: the
+    family's forced type, then F32 for 1-D tensors, norms, position embeddings and biases, else the outtype
+    (Q8_0 falls back to F16 for rows not a multiple of 32, as gguf's quantizer refuses them)."""
+    rule = forced.get(kind)
+    chosen: GGMLQuantizationType | None = None
+    reason = ""
+    if rule == "f16":
+        chosen, reason = Q.F16, "forced F16"
+    elif rule == "f32":
+        chosen, reason = Q.F32, "forced F32"
+    elif rule == "wide":
+        chosen, reason = (Q.F16, "kept F16") if outtype == "f16" else (Q.F32, "kept F32")
+    if len(shape) <= 1 or name.endswith("_norm.weight"):
+        return Q.F32, "1-D or norm: F32"
+    if chosen is not None:
+        return chosen, reason
+    if kind in _F32_KINDS:
+        return Q.F32, f"{kind.lower()}: F32"
+    if not name.endswith(".weight"):
+        return Q.F32, "bias: F32"
+    target = _TARGETS[outtype][0]
+    if target == Q.Q8_0 and shape[-1] % 32:
+        return Q.F16, "row not a multiple of 32: F16"
+    return target, "outtype"
+
+
+def _read_row(ckpt: Checkpoint, source: str, row: int) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        return np.array(ckpt.read(source)[row])
+
+    return load
+
+
+def _token_rows(spec: ProjectorSpec, hf_class: str, ckpt: Checkpoint, config: Mapping[str, Any],
+                loaders: dict[str, Callable[[], np.ndarray]]) -> list[Raw]:
+    from gguf import MODEL_TENSOR, TENSOR_NAMES
+
+    out: list[Raw] = []
+    for row in spec.token_rows:
+        emb = next((n for n in (f"{e}.weight" for e in row.embedding) if n in ckpt.tensors), None)
+        token = first_of(config, list(row.token))
+        if emb is None:
+            raise TensorMappingError(f"{hf_class}: no text embedding ({', '.join(row.embedding)}) to take "
+                                     f"{TENSOR_NAMES[MODEL_TENSOR[row.tensor]]} from")
+        if token is _MISSING or not isinstance(token, int):
+            raise CheckpointError(f"config.json has none of {', '.join(row.token)} (the token whose embedding "
+                                  f"row is {TENSOR_NAMES[MODEL_TENSOR[row.tensor]]})")
+        st = ckpt.tensors[emb]
+        if not 0 <= token < st.shape[0]:
+            raise CheckpointError(f"token id {token} lies outside the {st.shape[0]}-row embedding {emb}")
+        name = TENSOR_NAMES[MODEL_TENSOR[row.tensor]] + ".weight"
+        out.append((name, f"{emb}[{token}]", row.tensor, tuple(st.shape[1:]), st.dtype, None))
+        loaders[name] = _read_row(ckpt, emb, token)
+    return out
+
+
+def build_mmproj_plan(model_dir: Path, repo: str | None, config: dict[str, Any], ckpt: Checkpoint, *,
+                      outtype: str, output: str | Path | None) -> ConvertPlan:
+    """Plan a projector file from headers only (token rows aside, no tensor data is read)."""
+    from ggufkit import __version__
+
+    if outtype not in MMPROJ_OUTTYPES:
+        raise UsageError(f"--mmproj: outtype {outtype!r} is not one llama.cpp writes projectors in "
+                         f"(choose from {', '.join(MMPROJ_OUTTYPES)})")
+    entry, spec = projector_entry(config, model_dir)
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        raise CheckpointError("config.json has no vision_config", path=model_dir)
+    sources = {"config": config, "vision": vision, "preprocessor": read_preprocessor(model_dir)}
+    keys = clip_keys(spec, sources)
+    n_block = int(keys["clip.vision.block_count"][1]) if "clip.vision.block_count" in keys else 0
+    mapped, ignored = map_projector(spec, entry.hf_class, list(ckpt.tensors), n_block)
+    loaders: dict[str, Callable[[], np.ndarray]] = {}
+    raw: list[Raw] = []
+    for hf, gguf, kind, transform in mapped:
+        st = ckpt.tensors[hf]
+        raw.append((gguf, hf, kind, st.shape, st.dtype, transform))
+        loaders[gguf] = _loader(ckpt, hf, transform)
+    raw.extend(_token_rows(spec, entry.hf_class, ckpt, config, loaders))
+    check_projector_shapes(spec, entry.hf_class, keys, raw)
+    hook = hooks_for(spec.hooks).get("mmproj_metadata")
+    extra = hook(config, sources["preprocessor"]) if hook is not None else {}
+
+    resolved = resolve_outtype(outtype, [r[4] for r in raw if len(r[3]) >= 2])
+    forced = dict(spec.types)
+    entries = []
+    for gguf, source, kind, shape, dtype, transform in raw:
+        ggml_type, reason = projector_type(kind, gguf, shape, forced, resolved)
+        entries.append(PlanEntry(gguf, source, shape, dtype, ggml_type, transform, reason, kind))
+    file_type = int(_TARGETS[resolved][1])
+
+    meta = Metadata()
+    meta.set(G.ARCHITECTURE, VT.STRING, ARCH)
+    meta.set(G.TYPE, VT.STRING, "mmproj")
+    name = default_name(model_dir, repo)
+    meta.set(G.NAME, VT.STRING, name)
+    meta.set(G.SIZE_LABEL, VT.STRING, size_label(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)))
+    meta.set(G.FILE_TYPE, VT.UINT32, file_type)
+    for key, (vtype, value, item) in keys.items():
+        meta.set(key, vtype, value, item)
+    meta.set(Keys.Clip.PROJECTOR_TYPE, VT.STRING, spec.projector_type)
+    for key, (vtype, value, item) in extra.items():
+        meta.set(key, vtype, value, item)
+    meta.set(G.QUANTIZATION_VERSION, VT.UINT32, GGML_QUANT_VERSION)
+    meta.set(KEY_TOOL_VERSION, VT.STRING, __version__)
+    meta.set(KEY_SOURCE_SHA256, VT.STRING, "\n".join(f"{h}  {n}" for n, h in ckpt.sha256()))
+    ftype = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    out = mmproj_output_path(output, model_dir, repo, name, ftype)
+    return ConvertPlan(entry.hf_class, ARCH, resolved, file_type, GGUF_MAGIC, meta, entries, ignored, out, loaders)
+
+
+def mmproj_output_path(output: str | Path | None, model_dir: Path, repo: str | None, basename: str,
+                       ftype: str) -> Path:
+    """``-o`` file, directory or ``{ftype}`` template, or ``mmproj-{basename}-{FTYPE}.gguf`` (the hub's name) in
+    the model directory (the current one for hub ids)."""
+    file_name = f"mmproj-{basename.replace(' ', '-').replace('/', '-')}-{ftype.upper()}.gguf"
+    if output is None:
+        return (Path.cwd() if repo else model_dir) / file_name
+    out = Path(output)
+    if out.is_dir():
+        return out / file_name
+    if "{" in str(out):
+        try:
+            return Path(str(out).format(ftype.lower(), ftype=ftype.lower(), outtype=ftype.lower(),
+                                        FTYPE=ftype.upper(), OUTTYPE=ftype.upper()))
+        except (KeyError, IndexError, ValueError) as exc:
+            raise UsageError(f"output template {str(out)!r}: {exc}") from None
+    return out
+
+
+def _loader(ckpt: Checkpoint, source: str, transform: str | None) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        arr = ckpt.read(source)
+        return TRANSFORMS[transform](arr, Heads(0, 0)) if transform else arr
+
+    return load
+
+
+def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",
+                   dry_run: bool = False, progress: Any = None) -> Any:
+    """Write the projector file (vision tower + projector) of a vision-language checkpoint.
+
+    Args:
+        model: checkpoint directory or hub repo id.
+        output: file, directory or ``{ftype}`` template; None: ``mmproj-{basename}-{FTYPE}.gguf`` in the model
+            directory.
+        outtype: ``auto`` (follows the checkpoint), ``f32``, ``f16``, ``bf16`` or ``q8_0``; tensors llama.cpp
+            keeps wide (norms, embeddings, the family's forced ones) are kept so.
+        dry_run: plan only.
+        progress: receives bytes written.
+
+    Returns:
+        A :class:`ggufkit.converters.core.ConvertReport`.
+
+    Raises:
+        UsageError: a text-only checkpoint, or an outtype projectors are not written in.
+        UnsupportedArchitectureError: a vision class without projector support (the message names the
+            supported ones).
+        TensorMappingError: vision tensors that do not match the config or the registry.
+    """
+    from ggufkit.converters.core import ConvertReport, write_plan
+
+    start = time.perf_counter()
+    model_dir, repo, _ = resolve_model(model)
+    config = read_config(model_dir)
+    projector_entry(config, model_dir)  # refuse before listing weights
+    ckpt = Checkpoint(model_dir)
+    try:
+        plan = build_mmproj_plan(model_dir, repo, config, ckpt, outtype=outtype, output=output)
+        if dry_run:
+            return ConvertReport(plan, [], time.perf_counter() - start, dry_run=True, model_dir=model_dir)
+        return write_plan(plan, model_dir, start, progress=progress)
+    finally:
+        ckpt.close()
+
+
+__all__ = ["MMPROJ_OUTTYPES", "OUTTYPES", "build_mmproj_plan", "convert_mmproj", "supported_projectors"]

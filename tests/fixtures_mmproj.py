@@ -1,0 +1,104 @@
+"""Tiny vision-language checkpoints in each layout a user can have, for projector (mmproj) tests.
+
+Built with transformers' own classes (:func:`fixtures_models.make_checkpoint`, real tokenizer files), then
+re-saved with the tensor names of another layout: what this environment's transformers saves
+(``transformers5``), the released files (``released``), or everything under ``model.`` (``prefixed``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import fixtures_models
+from fixtures_models import make_checkpoint
+from llama_cpp_sources import llama_cpp_dir
+
+# Vision-language classes fixtures_models does not build itself: config, classes and tokenizer kind.
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+fixtures_models._BASE.setdefault("Idefics3ForConditionalGeneration", dict(
+    text_config=dict(model_type="llama", tie_word_embeddings=False, **_TEXT),
+    vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       image_size=32, patch_size=8),
+    scale_factor=2, image_token_id=5, tie_word_embeddings=False))
+fixtures_models._CLASSES.setdefault("Idefics3ForConditionalGeneration",
+                                    ("Idefics3Config", "Idefics3ForConditionalGeneration"))
+fixtures_models._VOCAB.setdefault("Idefics3ForConditionalGeneration", "spm")
+
+
+def _gemma3_released(name: str) -> str:
+    return "vision_tower.vision_model." + name.removeprefix("vision_tower.") if name.startswith("vision_tower.") \
+        else name
+
+
+def _gemma3_prefixed(name: str) -> str:
+    name = _gemma3_released(name)
+    if name.startswith("language_model.model."):
+        return "model.language_model." + name.removeprefix("language_model.model.")
+    return name if name.startswith("lm_head") else "model." + name
+
+
+#: class -> layout -> rename of the names transformers saved (None: as saved).
+LAYOUTS: dict[str, dict[str, Callable[[str], str] | None]] = {
+    "Gemma3ForConditionalGeneration": {"transformers5": None, "released": _gemma3_released,
+                                       "prefixed": _gemma3_prefixed},
+    # The hub's SmolVLM / Idefics3 files and transformers 5 name tensors alike (model.vision_model.*,
+    # model.connector.*, model.text_model.*).
+    "Idefics3ForConditionalGeneration": {"released": None},
+}
+#: The layout llama.cpp's converter (0.3.36) handles, per class.
+ORACLE_LAYOUT = {"Gemma3ForConditionalGeneration": "released", "Idefics3ForConditionalGeneration": "released"}
+
+
+def _preprocessor(dir: Path, hf_class: str) -> None:
+    config = json.loads((dir / "config.json").read_text())
+    size = config["vision_config"]["image_size"]
+    if hf_class == "Gemma3ForConditionalGeneration":
+        # as the hub's Gemma 3 processor files say it: SigLIP's mean/std, image_seq_length = tokens per image
+        data = {"image_processor_type": "Gemma3ImageProcessor", "do_normalize": True, "do_rescale": True,
+                "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2,
+                "rescale_factor": 1 / 255, "size": {"height": size, "width": size},
+                "image_seq_length": config["mm_tokens_per_image"]}
+    elif hf_class == "Idefics3ForConditionalGeneration":
+        # Idefics3ImageProcessor's fields; the longest edge at the tile size: one tile per image
+        data = {"image_processor_type": "Idefics3ImageProcessor", "do_convert_rgb": True, "do_image_splitting": True,
+                "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
+                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 1,
+                "rescale_factor": 1 / 255, "size": {"longest_edge": size}, "max_image_size": {"longest_edge": size}}
+    else:
+        raise KeyError(hf_class)
+    (dir / "preprocessor_config.json").write_text(json.dumps(data, indent=2))
+
+
+def make_vlm(dir: Path, hf_class: str, **overrides: object) -> Path:
+    """A tiny ``hf_class`` checkpoint as this environment's transformers saves it, with its preprocessor config."""
+    make_checkpoint(dir, hf_class, **overrides)
+    _preprocessor(dir, hf_class)
+    return dir
+
+
+def copy_layout(src: Path, dst: Path, hf_class: str, layout: str) -> Path:
+    """``src`` (saved as transformers saves it) re-saved in ``layout``."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    rename = LAYOUTS[hf_class][layout]
+    if rename is not None:
+        tensors = load_file(str(src / "model.safetensors"))
+        save_file({rename(k): v for k, v in tensors.items()}, str(dst / "model.safetensors"),
+                  metadata={"format": "pt"})
+    return dst
+
+
+def llama_cpp_mmproj(model: Path, out: Path, outtype: str) -> subprocess.CompletedProcess[str]:
+    """llama.cpp's converter with ``--mmproj`` (the sdist's convert_hf_to_gguf.py and gguf-py), not checked."""
+    root = llama_cpp_dir()
+    env = {**os.environ, "PYTHONPATH": str(root / "gguf-py")}
+    return subprocess.run([sys.executable, str(root / "convert_hf_to_gguf.py"), str(model), "--mmproj",
+                           "--outfile", str(out), "--outtype", outtype], capture_output=True, text=True, env=env)

@@ -1,0 +1,203 @@
+"""Vision projectors (``convert --mmproj``) against their oracles.
+
+- llama.cpp's converter (``convert_hf_to_gguf.py --mmproj`` from the llama-cpp-python 0.3.36 sdist, run as a
+  subprocess) on the layout it handles: same tensor names, shapes, types and bytes, same keys and values
+  (``general.name``, which it title-cases from the directory, and ggufkit's own keys aside).
+- Every other layout of the same weights: the same projector from ggufkit.
+- libmtmd (``llama_cpp.mtmd_cpp``) with the text GGUF: the image embeddings of ggufkit's projector equal those of
+  llama.cpp's bit for bit, and transformers' vision tower + projector on the same pixels within 1e-3 of their range.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import invoke
+from fixtures_mmproj import LAYOUTS, ORACLE_LAYOUT, copy_layout, llama_cpp_mmproj, make_vlm
+from fixtures_models import make_checkpoint
+
+from ggufkit.converters import convert, convert_mmproj
+from ggufkit.errors import TensorMappingError, UnsupportedArchitectureError, UsageError
+from ggufkit.format import open_gguf
+
+CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration"]
+#: Keys that name the file rather than describe the projector, and ggufkit's provenance keys.
+NAMING_KEYS = {"general.name"}
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+    """Per class: each layout's checkpoint directory (same weights)."""
+    out: dict[str, dict[str, Path]] = {}
+    for hf_class in CLASSES:
+        root = tmp_path_factory.mktemp(hf_class)
+        base = make_vlm(root / "base", hf_class)
+        out[hf_class] = {layout: copy_layout(base, root / layout, hf_class, layout) for layout in LAYOUTS[hf_class]}
+    return out
+
+
+def _tensors(path: Path) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
+    with open_gguf(path) as g:
+        return {t.name: (int(t.ggml_type), tuple(t.ne), bytes(g.raw(t))) for t in g.tensors}
+
+
+def _keys(path: Path) -> dict[str, object]:
+    with open_gguf(path) as g:
+        return {k: (g.kv[k].type, np.asarray(g.get(k)).tolist()) for k in g.kv
+                if not k.startswith("ggufkit.") and k not in NAMING_KEYS}
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("hf_class", CLASSES)
+def test_projector_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], hf_class: str, outtype: str,
+                                              tmp_path: Path) -> None:
+    model = vlm[hf_class][ORACLE_LAYOUT[hf_class]]
+    theirs = tmp_path / "theirs.gguf"
+    run = llama_cpp_mmproj(model, theirs, outtype)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype=outtype).outputs[0]
+    a, b = _tensors(theirs), _tensors(ours)
+    assert list(a) and sorted(a) == sorted(b)
+    for name in a:
+        assert a[name] == b[name], name
+    assert _keys(theirs) == _keys(ours)
+
+
+@pytest.mark.parametrize("hf_class", CLASSES)
+def test_every_layout_gives_the_same_projector(vlm: dict[str, dict[str, Path]], hf_class: str,
+                                               tmp_path: Path) -> None:
+    want = None
+    for layout, model in vlm[hf_class].items():
+        out = convert_mmproj(model, tmp_path / f"{layout}.gguf", outtype="f16").outputs[0]
+        got = (_tensors(out), _keys(out))
+        if want is None:
+            want = got
+        assert got == want, layout
+
+
+def test_llama_cpp_converter_fails_on_transformers5_gemma3_layout(vlm: dict[str, dict[str, Path]],
+                                                                  tmp_path: Path) -> None:
+    # What ggufkit's layouts add: llama.cpp's converter cannot map transformers 5's vision_tower.embeddings.*.
+    run = llama_cpp_mmproj(vlm["Gemma3ForConditionalGeneration"]["transformers5"], tmp_path / "x.gguf", "f32")
+    assert run.returncode != 0 and "Can not map tensor" in run.stderr
+
+
+def _image(size: int) -> np.ndarray:
+    # At the encoder's own size, so libmtmd's resize is the identity and both sides see the same pixels.
+    return np.random.default_rng(7).integers(0, 256, (size, size, 3), dtype=np.uint8)
+
+
+def _transformers_image_features(model_dir: Path, rgb: np.ndarray) -> np.ndarray:
+    import torch
+    import transformers
+
+    prep = json.loads((model_dir / "preprocessor_config.json").read_text())
+    mean, std = np.array(prep["image_mean"], np.float32), np.array(prep["image_std"], np.float32)
+    pixels = ((rgb.astype(np.float32) / 255 - mean) / std).transpose(2, 0, 1)[None]
+    config = json.loads((model_dir / "config.json").read_text())
+    if config["architectures"][0] == "Idefics3ForConditionalGeneration":
+        pixels = pixels[None]  # [batch, images, channels, height, width]
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        out = model.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(pixels)))
+    out = getattr(out, "pooler_output", out)
+    if isinstance(out, (list, tuple)):
+        out = torch.cat(list(out))
+    return np.asarray(out.reshape(-1, out.shape[-1]).float().numpy())
+
+
+@pytest.mark.parametrize("hf_class", CLASSES)
+def test_libmtmd_embeddings(vlm: dict[str, dict[str, Path]], hf_class: str, tmp_path: Path) -> None:
+    from mtmd_runtime import mtmd_image_embeddings
+
+    model = vlm[hf_class][ORACLE_LAYOUT[hf_class]]
+    text = convert(model, tmp_path / "text.gguf", outtype="f32").outputs[0]
+    theirs = tmp_path / "theirs.gguf"
+    assert llama_cpp_mmproj(model, theirs, "f32").returncode == 0
+    size = json.loads((model / "config.json").read_text())["vision_config"]["image_size"]
+    rgb = _image(size)
+    ref = mtmd_image_embeddings(text, theirs, rgb)
+    hf = _transformers_image_features(model, rgb)
+    for layout, d in vlm[hf_class].items():
+        ours = convert_mmproj(d, tmp_path / f"ours-{layout}.gguf", outtype="f32").outputs[0]
+        got = mtmd_image_embeddings(text, ours, rgb)
+        assert [g.tobytes() for g in got] == [r.tobytes() for r in ref], layout
+    # Every chunk (Idefics3: the one tile and the overview) holds the same pixels at the encoder's size.
+    for chunk in ref:
+        assert hf.shape == chunk.shape
+        assert float(np.abs(chunk - hf).max()) <= 1e-3 * float(np.ptp(hf))
+
+
+def test_cli_writes_hub_name_and_info_shows_projector(vlm: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    model = vlm["Gemma3ForConditionalGeneration"]["released"]
+    res = invoke("convert", str(model), "--mmproj", "--outtype", "f16", "-o", str(tmp_path), "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["ok"] and data["outputs"] == [str(tmp_path / "mmproj-released-F16.gguf")]
+    info = json.loads(invoke("info", data["outputs"][0], "--json").stdout)
+    assert info["architecture"] == "clip"
+    assert info["projector"]["projector_type"] == "gemma3"
+    assert (info["projector"]["image_size"], info["projector"]["patch_size"]) == (32, 8)
+    ver = invoke("verify", data["outputs"][0], "--json")
+    assert ver.exit_code == 0 and json.loads(ver.stdout)["projector"]["projector_type"] == "gemma3"
+
+
+def test_cli_with_mmproj_writes_both(vlm: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    model = vlm["Gemma3ForConditionalGeneration"]["released"]
+    res = invoke("convert", str(model), "--with-mmproj", "--outtype", "f16", "-o", str(tmp_path), "--no-check",
+                 "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert Path(data["outputs"][0]).is_file()
+    mm = Path(data["mmproj"]["outputs"][0])
+    assert mm == tmp_path / "mmproj-released-F16.gguf"
+    with open_gguf(Path(data["outputs"][0])) as text, open_gguf(mm) as proj:
+        assert text.architecture == "gemma3" and proj.architecture == "clip"
+
+
+# -- bad input: one line, exit 2, nothing written ---------------------------------------------------------------
+def _refused(model: Path, tmp_path: Path, needle: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    res = invoke("convert", str(model), "--mmproj", "-o", str(out))
+    assert res.exit_code == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and needle in res.stderr, res.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_text_only_checkpoint_is_refused(tmp_path: Path) -> None:
+    model = make_checkpoint(tmp_path / "llama", "LlamaForCausalLM")
+    with pytest.raises(UsageError, match="text-only"):
+        convert_mmproj(model, tmp_path / "x.gguf")
+    _refused(model, tmp_path, "text-only")
+
+
+def test_unsupported_vision_class_names_the_supported_ones(vlm: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    import shutil
+
+    model = shutil.copytree(vlm["Gemma3ForConditionalGeneration"]["released"], tmp_path / "other")
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["PaliGemmaForConditionalGeneration"]
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match="Gemma3ForConditionalGeneration"):
+        convert_mmproj(model, tmp_path / "x.gguf")
+    _refused(model, tmp_path, "supported: Gemma3ForConditionalGeneration")
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [("hidden_size", 48, "has shape"),
+                                                        ("num_hidden_layers", 2, "missing vision tensors"),
+                                                        ("patch_size", 4, "has shape")])
+def test_tensors_not_matching_config_are_refused(vlm: dict[str, dict[str, Path]], tmp_path: Path, field: str,
+                                                 value: int, needle: str) -> None:
+    import shutil
+
+    model = shutil.copytree(vlm["Gemma3ForConditionalGeneration"]["transformers5"], tmp_path / "bad")
+    config = json.loads((model / "config.json").read_text())
+    config["vision_config"][field] = value
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TensorMappingError, match=needle):
+        convert_mmproj(model, tmp_path / "x.gguf")
+    _refused(model, tmp_path, needle)
