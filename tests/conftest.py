@@ -7,3 +7,30 @@ from pathlib import Path
 
 # Helper modules (tiny checkpoints, tokenizer files, llama.cpp sources) sit beside the tests.
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _load_llama_cpp_models_without_repacking() -> None:
+    """Every model llama-cpp-python loads in the tests keeps its weights in the plain CPU buffer, as the tools
+    run with ``--no-repack`` (``-nr``) do. ggml's "extra" buffer types repack quantized weights for AMX or
+    other CPU-specific kernels (ggml-cpu/amx/amx.cpp, ggml-cpu/repack.cpp): on a CPU that reports AMX inside a
+    sandbox that grants ARCH_REQ_XCOMP_PERM without enabling the tile state, the AMX matmul dies with SIGILL
+    and takes pytest with it; elsewhere the repacked kernels only change which machine's numerics the oracle
+    has. llama-cpp-python's ``Llama`` has no argument for ``use_extra_bufts``, so its default is set here."""
+    try:
+        import llama_cpp.llama_cpp as low_level
+    except ImportError:  # the demo/first-command environments have no llama-cpp-python; no test needs it there
+        return
+    default_params = low_level.llama_model_default_params
+    if getattr(default_params, "_ggufkit_no_repack", False):
+        return
+
+    def no_repack_default_params() -> object:
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    no_repack_default_params._ggufkit_no_repack = True  # type: ignore[attr-defined]
+    low_level.llama_model_default_params = no_repack_default_params
+
+
+_load_llama_cpp_models_without_repacking()

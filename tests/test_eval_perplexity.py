@@ -64,7 +64,7 @@ def test_ppl_and_error_follow_llama_perplexitys_formulas(models: dict[str, Path]
     nll = np.array(manual_nll(models["llama"], tokens, CTX, bos=1))
     n, mean = len(nll), nll.mean()
     var = (nll**2).mean() - mean**2
-    assert result.ppl == pytest.approx(math.exp(mean), rel=1e-9)
+    assert result.ppl == pytest.approx(math.exp(mean), rel=1e-7)  # float32 log-softmax vs float64 here
     assert result.ppl_error == pytest.approx(math.exp(mean) * math.sqrt(var / (n - 1)), rel=1e-6)
     assert result.add_bos and result.bos_id == 1
 
@@ -74,8 +74,9 @@ def test_first_token_of_each_chunk_is_overwritten_by_bos_not_inserted(models: di
     with_bos = perplexity(models["llama"], tokens=tokens, ctx=CTX, device="cpu").ppl
     nll_overwrite = manual_nll(models["llama"], tokens, CTX, bos=1)
     nll_plain = manual_nll(models["llama"], tokens, CTX, bos=None)
-    assert with_bos == pytest.approx(math.exp(np.mean(nll_overwrite)), rel=1e-9)
-    assert abs(with_bos / math.exp(np.mean(nll_plain)) - 1) > 1e-6  # the overwrite matters
+    # rel 1e-7: the evaluator's float32 log-softmax vs float64 here (measured ~1e-9); the overwrite moves it ~1e-2
+    assert with_bos == pytest.approx(math.exp(np.mean(nll_overwrite)), rel=1e-7)
+    assert abs(with_bos / math.exp(np.mean(nll_plain)) - 1) > 1e-3  # the overwrite matters
 
 
 def test_chunks_option_bounds_the_work(models: dict[str, Path]) -> None:
