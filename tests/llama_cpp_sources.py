@@ -107,5 +107,9 @@ def build_tools() -> Path:
 
 
 if __name__ == "__main__":
+    import real_models
+
     print(fetch())
     print(build_tools())
+    for path in real_models.fetch_all():
+        print(path)
