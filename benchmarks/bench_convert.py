@@ -11,7 +11,8 @@ f16, then ``llama_model_quantize`` (llama-quantize's library entry point in llam
 is the sum of both processes, peak RSS the larger.
 
 Run: ``python -m pytest benchmarks/bench_convert.py --benchmark-enable -s`` (not part of CI). Targets: at
-most half llama.cpp's time and half its peak RSS; the ratios are printed and stored in ``extra_info``.
+most half llama.cpp's time and half its peak RSS; the ratios are printed and stored in ``extra_info``, with
+each converter's time over the I/O floor (``cat`` of the shards into one file, then ``sync``).
 """
 
 from __future__ import annotations
@@ -141,6 +142,10 @@ def test_convert_time_and_peak_rss_vs_llama_cpp(benchmark, checkpoint: Path, out
                     "[quantize(np.ones((1, 256), np.float32), t) for t in (Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)]"],
                    check=True)
     results: dict[str, tuple[float, int]] = {}
+    shards = sorted(str(p) for p in checkpoint.glob("*.safetensors"))
+    floor_out = tmp_path / "floor.bin"
+    # The I/O floor: the same bytes read and written once, and on disk (sync) before the clock stops.
+    floor_cmd = ["sh", "-c", 'out="$1"; shift; cat "$@" > "$out" && sync "$out"', "sh", str(floor_out), *shards]
 
     def run_both() -> None:
         results["ggufkit"] = measure(ours_cmd)
@@ -153,14 +158,20 @@ def test_convert_time_and_peak_rss_vs_llama_cpp(benchmark, checkpoint: Path, out
             theirs_out.unlink()
         results["llama.cpp"] = (seconds, rss)
         (tmp_path / "theirs.gguf").unlink()
+        results["cat+sync"] = measure(floor_cmd)
+        floor_out.unlink()
 
     start = time.perf_counter()
     benchmark.pedantic(run_both, rounds=1, iterations=1)
     (t_ours, rss_ours), (t_ref, rss_ref) = results["ggufkit"], results["llama.cpp"]
+    t_floor = results["cat+sync"][0]
     info = {"outtype": outtype, "ggufkit_s": t_ours, "llama_cpp_s": t_ref, "time_ratio": t_ours / t_ref,
+            "io_floor_s": t_floor, "ggufkit_vs_io_floor": t_ours / t_floor, "llama_cpp_vs_io_floor": t_ref / t_floor,
             "ggufkit_peak_rss_mb": rss_ours / 2**20, "llama_cpp_peak_rss_mb": rss_ref / 2**20,
             "rss_ratio": rss_ours / rss_ref, "total_s": time.perf_counter() - start,
             "llama_cpp_path": "convert_hf_to_gguf f16 + llama_model_quantize" if two_step else "convert_hf_to_gguf"}
     benchmark.extra_info.update(info)
     print(f"\n{outtype}: ggufkit {t_ours:.1f} s / {rss_ours / 2**20:.0f} MiB, llama.cpp {t_ref:.1f} s / "
-          f"{rss_ref / 2**20:.0f} MiB -> time ratio {info['time_ratio']:.2f}, RSS ratio {info['rss_ratio']:.2f}")
+          f"{rss_ref / 2**20:.0f} MiB -> time ratio {info['time_ratio']:.2f}, RSS ratio {info['rss_ratio']:.2f}; "
+          f"cat+sync of the shards {t_floor:.1f} s (ggufkit {info['ggufkit_vs_io_floor']:.2f}x, "
+          f"llama.cpp {info['llama_cpp_vs_io_floor']:.2f}x)")

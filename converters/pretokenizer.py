@@ -6,7 +6,7 @@ Two ways, tried in order:
    ``str(tokenizer.encode(CHKTXT))`` looked up in llama.cpp's table (:data:`CHKHSH_TABLE`).
 2. **Behaviour**, when the hash is unknown (a fine-tune added a token, a new model reused a known
    pre-tokenizer): run llama.cpp's BPE, as the runtime would with each known pre-tokenizer's regexes
-   (:mod:`ggufkit.pretokenizers`), over the very vocabulary and merges being written, on a varied text,
+   (:mod:`ggufkit.tokenizer.pretokenizers`), over the very vocabulary and merges being written, on a varied text,
    and keep the pre-tokenizer whose ids equal the HF tokenizer's. If none does, the error names the closest
    candidates and the ``--pre-tokenizer NAME`` override.
 """
@@ -22,6 +22,7 @@ from typing import Any
 from gguf import TokenType
 
 from ggufkit.errors import TokenizerError
+from ggufkit.tokenizer.bpe import byte_level, merge_ranks, merge_symbols
 
 __all__ = [
     "BEHAVIOUR_TEXT", "CHKHSH_TABLE", "CHKTXT", "PreTokenizerMatch", "bpe_tokenize", "chkhsh",
@@ -197,13 +198,13 @@ def chkhsh(encode: Callable[[str], Sequence[int]]) -> str:
 def known_pre_tokenizer(name: str) -> str:
     """Validate a ``--pre-tokenizer`` name: one llama.cpp's runtime accepts.
 
-    Those are the names of :mod:`ggufkit.pretokenizers` plus every name of llama.cpp's hash table (a few
+    Those are the names of :mod:`ggufkit.tokenizer.pretokenizers` plus every name of llama.cpp's hash table (a few
     of which ggufkit's evaluator cannot run, but llama.cpp can).
 
     Raises:
         TokenizerError: an unknown name (llama.cpp refuses to load a file with one).
     """
-    from ggufkit.pretokenizers import PRE_TOKENIZERS
+    from ggufkit.tokenizer.pretokenizers import PRE_TOKENIZERS
 
     names = set(PRE_TOKENIZERS) | set(CHKHSH_TABLE.values())
     if name not in names:
@@ -230,20 +231,13 @@ def _fragments(text: str, user_defined: Sequence[str]) -> list[tuple[str, bool]]
     return fragments
 
 
-def _byte_level(word: str) -> str:
-    from ggufkit.converters.vocab import bytes_to_unicode
-
-    chars = bytes_to_unicode()
-    return "".join(chars[b] for b in word.encode("utf-8"))
-
-
 def _runtime_words(text: str, name: str, user_defined: Sequence[str]) -> list[str]:
     """The byte-level words llama.cpp's BPE merges within (user-defined tokens as themselves)."""
-    from ggufkit.pretokenizers import split
+    from ggufkit.tokenizer.pretokenizers import split
 
     words: list[str] = []
     for frag, is_tok in _fragments(text, user_defined):
-        words.extend([frag] if is_tok else [_byte_level(w) for w in split(frag, name)])
+        words.extend([frag] if is_tok else [byte_level(w) for w in split(frag, name)])
     return words
 
 
@@ -258,7 +252,7 @@ def bpe_tokenize(text: str, name: str, *, token_to_id: dict[str, int], ranks: di
 
     Args:
         text: raw text.
-        name: a ``tokenizer.ggml.pre`` value known to :mod:`ggufkit.pretokenizers`.
+        name: a ``tokenizer.ggml.pre`` value known to :mod:`ggufkit.tokenizer.pretokenizers`.
         token_to_id: token text -> id of the vocabulary.
         ranks: merge pair -> rank.
         user_defined: texts of USER_DEFINED tokens.
@@ -269,7 +263,7 @@ def bpe_tokenize(text: str, name: str, *, token_to_id: dict[str, int], ranks: di
     Raises:
         TokenizerError: ``name`` is not a pre-tokenizer ggufkit can run.
     """
-    from ggufkit.pretokenizers import get_pre_tokenizer
+    from ggufkit.tokenizer.pretokenizers import get_pre_tokenizer
 
     ignore_merges = get_pre_tokenizer(name).ignore_merges
     user = set(user_defined)
@@ -278,17 +272,7 @@ def bpe_tokenize(text: str, name: str, *, token_to_id: dict[str, int], ranks: di
         if word in user or (ignore_merges and word in token_to_id):
             ids.append(token_to_id[word])
             continue
-        symbols = list(word)
-        while len(symbols) > 1:
-            best, best_i = None, -1
-            for i in range(len(symbols) - 1):
-                r = ranks.get((symbols[i], symbols[i + 1]))
-                if r is not None and (best is None or r < best):
-                    best, best_i = r, i
-            if best is None:
-                break
-            symbols[best_i:best_i + 2] = [symbols[best_i] + symbols[best_i + 1]]
-        for sym in symbols:
+        for sym in merge_symbols(list(word), lambda left, right: ranks.get((left, right))):
             if sym in token_to_id:
                 ids.append(token_to_id[sym])
             else:
@@ -323,23 +307,13 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _merge_ranks(merges: Sequence[str]) -> dict[tuple[str, str], int]:
-    ranks: dict[tuple[str, str], int] = {}
-    for rank, merge in enumerate(merges):
-        cut = merge.find(" ", 1)  # llama.cpp splits at the first space after position 0
-        if cut < 0:
-            continue
-        ranks.setdefault((merge[:cut], merge[cut + 1:]), rank)
-    return ranks
-
-
 def _choose(agreeing: list[tuple[bool, str]], digest: str) -> PreTokenizerMatch:
     """The canonical name among those whose rules reproduced the tokenizer.
 
     Args:
         agreeing: (whether the name's ignore_merges flag is the HF model's, name), in table order.
     """
-    from ggufkit.pretokenizers import PRE_TOKENIZERS
+    from ggufkit.tokenizer.pretokenizers import PRE_TOKENIZERS
 
     rank = {n: i for i, n in enumerate(_PREFERRED)}
     # Different regexes: the name with the HF model's ignore_merges flag, then the common names.
@@ -381,7 +355,7 @@ def detect_pre_tokenizer(tokenizer: Any, *, tokens: Sequence[str], token_types: 
         TokenizerError: unknown hash and no known pre-tokenizer reproduces the tokenizer (the message
             names the closest candidates and ``--pre-tokenizer NAME``), or an unknown override.
     """
-    from ggufkit.pretokenizers import PRE_TOKENIZERS
+    from ggufkit.tokenizer.pretokenizers import PRE_TOKENIZERS
 
     digest = chkhsh(tokenizer.encode)
     if override is not None:
@@ -392,7 +366,7 @@ def detect_pre_tokenizer(tokenizer: Any, *, tokens: Sequence[str], token_types: 
     expected = list(tokenizer.encode(BEHAVIOUR_TEXT, add_special_tokens=False))
     token_to_id = {t: i for i, t in enumerate(tokens)}
     user_defined = [t for t, ty in zip(tokens, token_types) if ty == TokenType.USER_DEFINED]
-    ranks = _merge_ranks(merges)
+    ranks = merge_ranks(merges)
     # Ids alone cannot tell regexes apart when a vocabulary has few merges (one-byte tokens split alike
     # however the words are cut), so the HF pre-tokenizer's words must agree as well where it exposes them.
     hf_words = _hf_words(tokenizer, BEHAVIOUR_TEXT, user_defined)

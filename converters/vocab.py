@@ -34,6 +34,7 @@ from gguf import Keys, TokenType
 from ggufkit.converters.pretokenizer import PreTokenizerMatch
 from ggufkit.errors import TokenizerError
 from ggufkit.format.values import Metadata
+from ggufkit.tokenizer.bpe import bytes_to_unicode, merge_symbols
 
 K = Keys.Tokenizer
 
@@ -63,18 +64,6 @@ _SPECIAL_LOOK = re.compile(r"^(<\|.*\|>|<｜.*｜>|<pad>|<mask>|<2mass>|\[@BOS@\
 def looks_special(token: str) -> bool:
     """True for ``<|...|>``, ``<｜...｜>``, ``<pad>``, ``<mask>``, ``<2mass>``, ``[@BOS@]``, ``<unused...>``."""
     return bool(_SPECIAL_LOOK.match(token))
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (byte-level BPE's alphabet; llama.cpp unicode.cpp: unicode_byte_to_utf8_map)."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    mapping: dict[int, str] = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return dict(sorted(mapping.items()))
 
 
 @dataclass
@@ -439,17 +428,11 @@ def read_tiktoken(path: Path) -> dict[bytes, int]:
 
 def _bpe_split(ranks: Mapping[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
     """tiktoken's BPE over ``token``'s bytes using only ranks below ``max_rank``."""
-    parts = [token[i:i + 1] for i in range(len(token))]
-    while len(parts) > 1:
-        best_rank, best_i = None, -1
-        for i in range(len(parts) - 1):
-            r = ranks.get(parts[i] + parts[i + 1])
-            if r is not None and r < max_rank and (best_rank is None or r < best_rank):
-                best_rank, best_i = r, i
-        if best_rank is None:
-            break
-        parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
-    return parts
+    def priority(left: bytes, right: bytes) -> int | None:
+        r = ranks.get(left + right)
+        return r if r is not None and r < max_rank else None
+
+    return merge_symbols([token[i:i + 1] for i in range(len(token))], priority)
 
 
 def _tiktoken_vocab(model_dir: Path, vocab_size: int, pre_tokenizer: str | None) -> _Vocab:

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ggufkit.errors import EvaluationError, MetadataKeyNotFoundError, MetadataValueError
 from ggufkit.format.reader import GGUFModel
 
@@ -40,6 +42,11 @@ class ArchTraits:
         swa_pattern: with a ``{arch}.attention.sliding_window`` key, layer ``il`` uses the window when
             ``il % swa_pattern < swa_pattern - 1`` (0: no sliding-window layers).
         swa_default: the window when the file has no key (gemma2's loader default).
+        swa_rope_base: rope base of the sliding-window layers when the file has no ``rope.freq_base_swa``
+            key (None: the file's ``rope.freq_base``, as gemma2's loader copies it; gemma3's keeps
+            llama_hparams' default 10000).
+        swa_rope_unscaled: the sliding-window layers ignore the file's rope scaling (gemma3's loader leaves
+            ``rope_freq_scale_train_swa`` at 1; gemma2's copies the global scale).
         softcap_keys: read ``{arch}.attn_logit_softcapping`` / ``final_logit_softcapping``.
     """
 
@@ -56,6 +63,8 @@ class ArchTraits:
     gemma_27b_layers: int = 0
     swa_pattern: int = 0
     swa_default: int = 0
+    swa_rope_base: float | None = None
+    swa_rope_unscaled: bool = False
     softcap_keys: bool = False
 
 
@@ -81,7 +90,8 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     # src/models/phi3.cpp: fused attn_qkv, ffn_up = [gate; up] (LLM_FFN_SWIGLU), NEOX rope.
     "phi3": ArchTraits(ffn="silu_fused"),
     "gemma2": ArchTraits(**_GEMMA, gemma_27b_layers=46, swa_pattern=2, swa_default=4096),  # type: ignore[arg-type]
-    "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=62, swa_pattern=6),  # type: ignore[arg-type]
+    "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=62, swa_pattern=6, swa_rope_base=10000.0,  # type: ignore[arg-type]
+                         swa_rope_unscaled=True),
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -116,8 +126,13 @@ class HParams:
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
     n_swa: int = 0
-    swa_pattern: int = 1
+    swa_layers: tuple[bool, ...] = ()
     rope_base_swa: float = 10000.0
+    rope_scale_swa: float = 1.0
+
+    def is_swa(self, il: int) -> bool:
+        """Layer ``il`` attends through the sliding window (llama_hparams::is_swa)."""
+        return self.n_swa > 0 and il < len(self.swa_layers) and self.swa_layers[il]
 
 
 def traits_for(arch: str, path: Any = None) -> ArchTraits:
@@ -199,9 +214,13 @@ def read_hparams(model: GGUFModel) -> HParams:
     if tr.gemma_27b_layers:
         attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == tr.gemma_27b_layers else head_dim)
     n_swa = 0
+    swa_layers: tuple[bool, ...] = ()
     if tr.swa_pattern:
         n_swa = int(model.get(f"{a}.attention.sliding_window", tr.swa_default) or 0)
+        swa_layers = _swa_layers(model, a, n_layer, tr.swa_pattern)
     rope_base = key(model, f"{a}.rope.freq_base", float, 10000.0)
+    rope_base_swa = key(model, f"{a}.rope.freq_base_swa", float,
+                        rope_base if tr.swa_rope_base is None else tr.swa_rope_base)
     softcap = (key(model, f"{a}.attn_logit_softcapping", float, 0.0) if tr.softcap_keys else 0.0,
                key(model, f"{a}.final_logit_softcapping", float, 0.0) if tr.softcap_keys else 0.0)
     return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=n_layer,
@@ -211,8 +230,23 @@ def read_hparams(model: GGUFModel) -> HParams:
                    powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions, n_expert=n_expert,
                    n_expert_used=n_expert_used, moe_norm_topk=tr.moe_norm_topk, embd_scale=tr.embd_scale,
                    attn_scale=attn_scale, attn_softcap=softcap[0], final_softcap=softcap[1], n_swa=n_swa,
-                   swa_pattern=max(tr.swa_pattern, 1),
-                   rope_base_swa=key(model, f"{a}.rope.freq_base_swa", float, rope_base))
+                   swa_layers=swa_layers, rope_base_swa=rope_base_swa,
+                   rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale)
+
+
+def _swa_layers(model: GGUFModel, a: str, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window: ``{arch}.attention.sliding_window_pattern`` as a per-layer bool
+    array or a period, else the architecture's period (llama_model_base::load_swa_pattern; with period n,
+    layer il slides when ``il % n < n - 1``, llama_hparams::set_swa_pattern)."""
+    field = model.kv.get(f"{a}.attention.sliding_window_pattern")
+    if field is not None and isinstance(field.value, (list, tuple, np.ndarray)):
+        flags = [bool(x) for x in field.value]
+        if len(flags) != n_layer:
+            raise MetadataValueError(f"{len(flags)} entries for {n_layer} layers",
+                                     key=f"{a}.attention.sliding_window_pattern", path=model.path)
+        return tuple(flags)
+    n = key(model, f"{a}.attention.sliding_window_pattern", int, default_pattern)
+    return tuple(il % n < n - 1 for il in range(n_layer))
 
 
 def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:

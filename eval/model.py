@@ -128,7 +128,7 @@ class GGUFCausalLM:
         self.dtype = dtype
         self.model_sha256 = model_sha256
         self.file = file  # kept open: CPU tensors are zero-copy views of its mmap
-        self._rope_cache: dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_cache: dict[tuple[int, float, float], tuple[torch.Tensor, torch.Tensor]] = {}
         #: Sees the input of every weight matmul (ggufkit.eval.imatrix collects importance matrices with
         #: it); None: no cost.
         self.observer: ActivationObserver | None = None
@@ -187,9 +187,9 @@ class GGUFCausalLM:
         if self.observer is not None:
             self.observer.routed(name, x, ids)
 
-    def _rope(self, t: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, t: int, base: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``[t, n_rot]`` in transformers' rotate-half layout, computed as transformers does."""
-        cached = self._rope_cache.get((t, base))
+        cached = self._rope_cache.get((t, base, scale))
         if cached is not None:
             return cached
         hp = self.hparams
@@ -197,15 +197,15 @@ class GGUFCausalLM:
         factors = self.tensors.get("rope_freqs.weight")
         if factors is not None:  # llama3 long-context correction: theta_i / factor_i (llama.cpp rope_freqs)
             inv_freq = inv_freq / factors.float().cpu()
-        if hp.rope_scale != 1.0:
-            inv_freq = inv_freq / hp.rope_scale
+        if scale != 1.0:
+            inv_freq = inv_freq / scale
         freqs = torch.outer(torch.arange(t, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         result = (emb.cos().to(self.device), emb.sin().to(self.device))
-        self._rope_cache[(t, base)] = result
+        self._rope_cache[(t, base, scale)] = result
         return result
 
-    def _apply_rope(self, x: torch.Tensor, base: float) -> torch.Tensor:
+    def _apply_rope(self, x: torch.Tensor, base: float, scale: float) -> torch.Tensor:
         """x: [B, T, H, hd] float32."""
         hp = self.hparams
         if hp.rope_mode == "none":
@@ -214,7 +214,7 @@ class GGUFCausalLM:
         # one rotate-half path serves both modes.
         n = hp.n_rot
         rot, rest = x[..., :n], x[..., n:]
-        cos, sin = self._rope(x.shape[1], base)
+        cos, sin = self._rope(x.shape[1], base, scale)
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]
         half = torch.cat([-rot[..., n // 2:], rot[..., : n // 2]], dim=-1)
         rot = rot * cos + half * sin
@@ -243,9 +243,9 @@ class GGUFCausalLM:
         if q_norm is not None:  # qwen3: RMSNorm of each head before RoPE
             q = _rms_norm(q, q_norm, hp.eps)
             k = _rms_norm(k, self._r(p + "attn_k_norm.weight"), hp.eps)
-        swa = hp.n_swa > 0 and int(p.split(".")[1]) % hp.swa_pattern < hp.swa_pattern - 1
-        base = hp.rope_base_swa if swa else hp.rope_base
-        q, k = self._apply_rope(q, base), self._apply_rope(k, base)
+        swa = hp.is_swa(int(p.split(".")[1]))
+        base, rscale = (hp.rope_base_swa, hp.rope_scale_swa) if swa else (hp.rope_base, hp.rope_scale)
+        q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
         q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, H, T, hd]
         gqa = hp.n_head_kv != hp.n_head
         scale = hp.attn_scale or 1.0 / math.sqrt(hd)

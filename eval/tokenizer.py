@@ -11,7 +11,7 @@ those of ``src/llama-vocab.cpp`` in the llama.cpp tree vendored by llama-cpp-pyt
   without ``parse_special`` only USER_DEFINED ones are matched in the text.
 * SPM (``llm_tokenizer_spm_session``): one space prefixed, spaces -> U+2581, greedy merging of the adjacent
   pair whose concatenation is the highest-scoring token, ``<0xNN>`` byte fallback.
-* BPE (``llm_tokenizer_bpe_session``): words from :mod:`ggufkit.pretokenizers`, GPT-2 byte-level encoding,
+* BPE (``llm_tokenizer_bpe_session``): words from :mod:`ggufkit.tokenizer.pretokenizers`, GPT-2 byte-level encoding,
   lowest-rank merges; ``ignore_merges`` vocabularies emit whole-word tokens directly; symbols not in the
   vocabulary are dropped byte by byte as llama.cpp drops them. Gemma 4 (``tokenizer.ggml.model = gemma4``)
   is BPE over raw UTF-8 with spaces escaped as U+2581 and ``<0xNN>`` byte tokens for unknown symbols.
@@ -28,14 +28,14 @@ about a second.
 
 from __future__ import annotations
 
-import heapq
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ggufkit.errors import TokenizerError, UsageError
-from ggufkit.pretokenizers import get_pre_tokenizer, split_spans
+from ggufkit.tokenizer.bpe import bytes_to_unicode, merge_ranks, merge_symbols, unicode_to_bytes
+from ggufkit.tokenizer.pretokenizers import get_pre_tokenizer, split_spans
 
 # llama_token_attr bits (include/llama.h).
 ATTR_UNKNOWN = 1 << 0
@@ -85,69 +85,10 @@ _SPECIAL_KEYS = (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_
                  ("fim_suf", "suffix_token_id"), ("fim_mid", "middle_token_id"))
 
 
-def _byte_encoder() -> dict[int, str]:
-    """GPT-2's bytes -> printable code points map (unicode.cpp unicode_byte_to_utf8_map)."""
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {b: chr(b) for b in keep}
-    n = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + n)
-            n += 1
-    return table
-
-
-_BYTE_ENC = _byte_encoder()
 #: str.translate table turning latin-1-decoded bytes into GPT-2's byte-level characters.
-_BYTE_TRANSLATE = {b: c for b, c in _BYTE_ENC.items()}
-_BYTE_DEC = {c: b for b, c in _BYTE_ENC.items()}
+_BYTE_TRANSLATE = bytes_to_unicode()
+_BYTE_DEC = unicode_to_bytes()
 
-
-
-def merge_symbols(syms: list[str], priority: Callable[[str, str], float | None]) -> list[str]:
-    """llama.cpp's bigram merge loop, shared by its SPM and BPE sessions.
-
-    Repeatedly merges the adjacent pair with the lowest ``priority`` (ties: the leftmost pair) until no
-    pair has one; ``priority(left, right)`` is None for a pair that cannot merge.
-
-    Args:
-        syms: the initial symbols (characters); modified in place.
-        priority: ranks a pair of adjacent symbols.
-
-    Returns:
-        The final symbols, in order.
-    """
-    n = len(syms)
-    prev = list(range(-1, n - 1))
-    nxt = [*range(1, n), -1]
-    heap: list[tuple[float, int, int, str]] = []
-
-    def push(left: int, right: int) -> None:
-        if left < 0 or right < 0:
-            return
-        rank = priority(syms[left], syms[right])
-        if rank is not None:
-            heapq.heappush(heap, (rank, left, right, syms[left] + syms[right]))
-
-    for i in range(1, n):
-        push(i - 1, i)
-    while heap:
-        _, left, right, merged = heapq.heappop(heap)
-        if not syms[left] or not syms[right] or syms[left] + syms[right] != merged:
-            continue  # stale: one side was merged since this pair was queued
-        syms[left] = merged
-        syms[right] = ""
-        nxt[left] = nxt[right]
-        if nxt[right] >= 0:
-            prev[nxt[right]] = left
-        push(prev[left], left)
-        push(left, nxt[left])
-    out: list[str] = []
-    i = 0 if n else -1
-    while i != -1:
-        out.append(syms[i])
-        i = nxt[i]
-    return out
 
 class _MetadataSource(Protocol):
     def get(self, key: str, default: Any = None) -> Any: ...
@@ -569,7 +510,7 @@ class GGUFTokenizer:
                 self._hf = False
                 return None
             self._hf = BPE(vocab=t2i, merges=merges)
-            unknown = sorted(c for c in _BYTE_ENC.values() if c not in t2i)
+            unknown = sorted(c for c in _BYTE_TRANSLATE.values() if c not in t2i)
             if unknown:
                 self._unknown_chars = re.compile("[" + "".join(re.escape(c) for c in unknown) + "]")
         return self._hf
@@ -612,19 +553,7 @@ def _parse_merges(value: Any) -> dict[tuple[str, str], int]:
         raise TokenizerError("a BPE vocabulary needs tokenizer.ggml.merges, which is missing")
     if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
         raise TokenizerError("tokenizer.ggml.merges is not an array of strings")
-    pairs: list[tuple[str, str]] = [
-        _split_merge(m) if m[:1] == " " or " " not in m else tuple(m.split(" ", 1)) for m in value]
-    ranks = dict(zip(pairs, range(len(pairs))))  # key order: first occurrence; values: last occurrence
-    if len(ranks) != len(pairs):  # a repeated pair keeps its first rank (std::unordered_map::emplace)
-        ranks = {}
-        for rank, pair in enumerate(pairs):
-            ranks.setdefault(pair, rank)
-    return ranks
-
-
-def _split_merge(merge: str) -> tuple[str, str]:
-    pos = merge.find(" ", 1)
-    return (merge[:pos], merge[pos + 1:]) if pos >= 0 else ("", "")
+    return merge_ranks(value)
 
 
 def _int_or_float_array(value: Any, n: int, key: str) -> Sequence[float] | None:

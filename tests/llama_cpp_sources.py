@@ -2,7 +2,7 @@
 
 The sources come from the llama-cpp-python 0.3.36 source distribution on PyPI. They are fetched at
 *install* time by the README's test command (``python tests/llama_cpp_sources.py``), never during a test
-run. ``GGUFKIT_LLAMA_CPP_SRC`` overrides the location.
+run. The same command fetches the published GGUF files of :mod:`real_models`. ``GGUFKIT_LLAMA_CPP_SRC`` overrides the location.
 
 ggml's shared libraries come from the installed ``llama-cpp-python`` wheel (``llama_cpp/lib``).
 """
@@ -107,5 +107,9 @@ def build_tools() -> Path:
 
 
 if __name__ == "__main__":
+    import real_models
+
     print(fetch())
     print(build_tools())
+    for path in real_models.fetch_all():
+        print(path)

@@ -1,4 +1,4 @@
-"""The GGUF tokenizer (eval/tokenizer.py) and the pre-tokenizer table (ggufkit/pretokenizers.py) against
+"""The GGUF tokenizer (eval/tokenizer.py) and the pre-tokenizer table (ggufkit/tokenizer/pretokenizers.py) against
 llama.cpp itself: its tokenizer test vectors (models/ggml-vocab-*.gguf with .inp/.out, as
 tests/test-tokenizer-0.cpp reads them) and llama-cpp-python's tokenizer/detokenizer on the same files."""
 
@@ -18,8 +18,8 @@ from llama_cpp_sources import llama_cpp_dir, vocab_dir
 from ggufkit.errors import TokenizerError
 from ggufkit.eval.tokenizer import GGUFTokenizer, _parse_merges, load_tokenizer
 from ggufkit.format import Metadata, open_gguf, write_gguf
-from ggufkit.pretokenizers import PRE_TOKENIZERS, WHITESPACE, get_pre_tokenizer, split
-from ggufkit.unicode_ranges import _table, char_class
+from ggufkit.tokenizer.pretokenizers import PRE_TOKENIZERS, WHITESPACE, get_pre_tokenizer, split
+from ggufkit.tokenizer.unicode_ranges import _table, char_class
 
 #: Every vocab file of the llama.cpp tree, by what we do with it. A new file upstream fails
 #: test_every_vocab_file_is_classified until it is placed here.
@@ -306,7 +306,7 @@ def test_pre_tokenizer_names_and_regexes_are_llama_cpp_s() -> None:
 
 
 def test_unicode_classes_equal_llama_cpp_s_table() -> None:
-    """ggufkit/unicode_ranges.py holds exactly the classes of llama.cpp's unicode-data.cpp (from U+0080)."""
+    """ggufkit/tokenizer/unicode_ranges.py holds exactly the classes of llama.cpp's unicode-data.cpp (from U+0080)."""
     src = (llama_cpp_dir() / "src" / "unicode-data.cpp").read_text(encoding="utf-8")
     flags_src = src[src.index("unicode_ranges_flags"):]
     ranges = [(int(a, 16), int(b, 16))

@@ -16,7 +16,7 @@ per-name flags (``ignore_merges``, ``add_bos``) are the ones in llama.cpp's ``sr
   those placeholders plus fixed ASCII sets. So ``\\p{Lu}`` matches any letter, ``~`` is not ``\\p{S}``, and a
   regex with neither ``\\p{..}`` nor custom matcher sees code points with non-ASCII whitespace as ``\\v``.
 * "Whitespace" is llama.cpp's set of 25 code points, not Python's ``\\s`` (which adds 0x1C-0x1F), and
-  categories come from llama.cpp's Unicode 15.1 table (:mod:`ggufkit.unicode_ranges`), not ``unicodedata``.
+  categories come from llama.cpp's Unicode 15.1 table (:mod:`ggufkit.tokenizer.unicode_ranges`), not ``unicodedata``.
 
 We reproduce this by building the same collapsed text and running Python's ``re`` (ASCII mode, whose ``\\s``
 equals the C locale's) on it; the two hand-written matchers are expressed as equivalent regexes over the
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from ggufkit.errors import TokenizerError
-from ggufkit.unicode_ranges import char_class
+from ggufkit.tokenizer.unicode_ranges import char_class
 
 # --- the regexes (verbatim from src/llama-vocab.cpp, llm_tokenizer_bpe::llm_tokenizer_bpe) -------------
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
