@@ -16,14 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import invoke
-from fixtures_mmproj import LAYOUTS, ORACLE_LAYOUT, copy_layout, llama_cpp_mmproj, make_vlm
+from fixtures_mmproj import LAYOUTS, ORACLE_LAYOUT, SAVED_LAYOUT, copy_layout, llama_cpp_mmproj, make_vlm
 from fixtures_models import make_checkpoint
 
 from ggufkit.converters import convert, convert_mmproj
 from ggufkit.errors import TensorMappingError, UnsupportedArchitectureError, UsageError
 from ggufkit.format import open_gguf
 
-CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration"]
+CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration", "LlavaForConditionalGeneration",
+           "Mistral3ForConditionalGeneration"]
+PIXTRAL = {"LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration"}
 #: Keys that name the file rather than describe the projector, and ggufkit's provenance keys.
 NAMING_KEYS = {"general.name"}
 
@@ -101,8 +103,11 @@ def _transformers_image_features(model_dir: Path, rgb: np.ndarray) -> np.ndarray
     if config["architectures"][0] == "Idefics3ForConditionalGeneration":
         pixels = pixels[None]  # [batch, images, channels, height, width]
     model = getattr(transformers, config["architectures"][0]).from_pretrained(model_dir).eval()
+    extra = {}
+    if config["architectures"][0] in PIXTRAL:
+        extra["image_sizes"] = torch.tensor([rgb.shape[:2]])
     with torch.no_grad():
-        out = model.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(pixels)))
+        out = model.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(pixels)), **extra)
     out = getattr(out, "pooler_output", out)
     if isinstance(out, (list, tuple)):
         out = torch.cat(list(out))
@@ -120,15 +125,38 @@ def test_libmtmd_embeddings(vlm: dict[str, dict[str, Path]], hf_class: str, tmp_
     size = json.loads((model / "config.json").read_text())["vision_config"]["image_size"]
     rgb = _image(size)
     ref = mtmd_image_embeddings(text, theirs, rgb)
-    hf = _transformers_image_features(model, rgb)
+    hf = _transformers_image_features(vlm[hf_class][SAVED_LAYOUT[hf_class]], rgb)
     for layout, d in vlm[hf_class].items():
         ours = convert_mmproj(d, tmp_path / f"ours-{layout}.gguf", outtype="f32").outputs[0]
         got = mtmd_image_embeddings(text, ours, rgb)
         assert [g.tobytes() for g in got] == [r.tobytes() for r in ref], layout
     # Every chunk (Idefics3: the one tile and the overview) holds the same pixels at the encoder's size.
     for chunk in ref:
+        if hf_class in PIXTRAL:
+            chunk = _without_breaks(chunk, hf.shape[0], _img_break_row(model))
         assert hf.shape == chunk.shape
         assert float(np.abs(chunk - hf).max()) <= 1e-3 * float(np.ptp(hf))
+
+
+def _img_break_row(model: Path) -> np.ndarray:
+    from safetensors.numpy import load_file
+
+    tokens = json.loads((model / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    token = next(int(i) for i, t in tokens.items() if t["content"] == "[IMG_BREAK]")
+    weights = load_file(str(model / "model.safetensors"))
+    emb = next(v for k, v in weights.items() if k.endswith("embed_tokens.weight"))
+    return np.asarray(emb[token], np.float32)
+
+
+def _without_breaks(chunk: np.ndarray, n_image: int, row: np.ndarray) -> np.ndarray:
+    """libmtmd's Pixtral output has the [IMG_BREAK] embedding after every row of patches but the last
+    (clip.cpp: clip_n_output_tokens); they must be that row exactly, and are dropped for the comparison."""
+    side = round(n_image ** 0.5)
+    assert side * side == n_image and chunk.shape[0] == n_image + side - 1
+    breaks = [r * (side + 1) + side for r in range(side - 1)]
+    for b in breaks:
+        assert chunk[b].tobytes() == row.tobytes()
+    return np.delete(chunk, breaks, axis=0)
 
 
 def test_cli_writes_hub_name_and_info_shows_projector(vlm: dict[str, dict[str, Path]], tmp_path: Path) -> None:
