@@ -229,3 +229,58 @@ def test_tensors_not_matching_config_are_refused(vlm: dict[str, dict[str, Path]]
     with pytest.raises(TensorMappingError, match=needle):
         convert_mmproj(model, tmp_path / "x.gguf")
     _refused(model, tmp_path, needle)
+
+
+@pytest.mark.parametrize("hf_class", sorted(PIXTRAL))
+def test_llama_cpp_converter_drops_img_break_in_the_released_pixtral_layout(vlm: dict[str, dict[str, Path]],
+                                                                          hf_class: str, tmp_path: Path) -> None:
+    # llama.cpp issue 24235: its projector from the hub's layout lacks v.token_embd.img_break; ggufkit's has it.
+    model = vlm[hf_class]["released"]
+    assert llama_cpp_mmproj(model, tmp_path / "theirs.gguf", "f16").returncode == 0
+    ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype="f16").outputs[0]
+    theirs_names, ours_names = set(_tensors(tmp_path / "theirs.gguf")), set(_tensors(ours))
+    assert ours_names - theirs_names == {"v.token_embd.img_break"}
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("    projector_type: gemma3\n", "    projector_type: gemma33\n", "unknown projector_type 'gemma33'"),
+    ("      clip.use_gelu: {default: true}\n", "      clip.use_gleu: {default: true}\n", "unknown clip key"),
+    ("      multi_modal_projector.mm_soft_emb_norm: V_MM_SOFT_EMB_NORM\n",
+     "      multi_modal_projector.mm_soft_emb_norm: ATTN_Q\n", "not part of architecture 'clip'"),
+    ("    types: {V_MM_INP_PROJ: f16,", "    types: {V_MM_INP_PROJ: q4,", "types: 'V_MM_INP_PROJ'"),
+    ("      token: \"[IMG_BREAK]\"\n", "      token: 3\n", "'token' must be the token's text"),
+])
+def test_broken_projector_section_is_refused(old: str, new: str, message: str) -> None:
+    from ggufkit.converters.registry import DEFAULT_REGISTRY, parse_registry
+    from ggufkit.errors import RegistryError
+
+    text = DEFAULT_REGISTRY.read_text(encoding="utf-8")
+    assert old in text
+    with pytest.raises(RegistryError, match=message):
+        parse_registry(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("hf_class", sorted(PIXTRAL))
+def test_text_model_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], hf_class: str,
+                                               tmp_path: Path) -> None:
+    # The text half of --with-mmproj (LLaVA: llama, Mistral 3: mistral3), as llama.cpp's converter writes it.
+    import os
+    import subprocess
+    import sys
+
+    from llama_cpp_sources import llama_cpp_dir
+
+    model = vlm[hf_class]["released"]
+    root = llama_cpp_dir()
+    run = subprocess.run([sys.executable, str(root / "convert_hf_to_gguf.py"), str(model), "--outfile",
+                          str(tmp_path / "theirs.gguf"), "--outtype", "f16"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root / "gguf-py")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    ours = convert(model, tmp_path / "ours.gguf", outtype="f16").outputs[0]
+    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
+    with open_gguf(tmp_path / "theirs.gguf") as a, open_gguf(ours) as b:
+        arch = a.get("general.architecture")
+        assert b.get("general.architecture") == arch
+        for key in a.kv:
+            if key.startswith(f"{arch}."):
+                assert np.array_equal(np.asarray(a.get(key)), np.asarray(b.get(key))), key
