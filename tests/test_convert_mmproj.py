@@ -284,3 +284,14 @@ def test_text_model_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], 
         for key in a.kv:
             if key.startswith(f"{arch}."):
                 assert np.array_equal(np.asarray(a.get(key)), np.asarray(b.get(key))), key
+
+
+def test_outtype_llama_cpp_does_not_write_projectors_in_is_refused(vlm: dict[str, dict[str, Path]],
+                                                                   tmp_path: Path) -> None:
+    model = vlm["Gemma3ForConditionalGeneration"]["released"]
+    with pytest.raises(UsageError, match="q4_k_m"):
+        convert_mmproj(model, tmp_path / "x.gguf", outtype="q4_k_m")
+    out = tmp_path / "out"
+    out.mkdir()
+    res = invoke("convert", str(model), "--mmproj", "--outtype", "q4_k_m", "-o", str(out))
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and list(out.iterdir()) == []
