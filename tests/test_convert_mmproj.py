@@ -295,3 +295,10 @@ def test_outtype_llama_cpp_does_not_write_projectors_in_is_refused(vlm: dict[str
     out.mkdir()
     res = invoke("convert", str(model), "--mmproj", "--outtype", "q4_k_m", "-o", str(out))
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and list(out.iterdir()) == []
+
+
+def test_list_names_the_projector_of_each_vision_class() -> None:
+    data = json.loads(invoke("convert", "--list", "--json").stdout)
+    projectors = {a["hf_class"]: a["mmproj"] for a in data["architectures"] if a["mmproj"]}
+    assert projectors == {"Gemma3ForConditionalGeneration": "gemma3", "Idefics3ForConditionalGeneration": "idefics3",
+                          "LlavaForConditionalGeneration": "pixtral", "Mistral3ForConditionalGeneration": "pixtral"}
