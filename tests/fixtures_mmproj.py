@@ -145,7 +145,7 @@ def make_vlm(dir: Path, hf_class: str, **overrides: object) -> Path:
 
 def copy_layout(src: Path, dst: Path, hf_class: str, layout: str) -> Path:
     """``src`` (saved as transformers saves it) re-saved in ``layout``."""
-    from safetensors.numpy import load_file, save_file
+    from safetensors.torch import load_file, save_file  # torch: bf16 checkpoints too
 
     shutil.copytree(src, dst)
     rename = LAYOUTS[hf_class][layout]

@@ -68,6 +68,30 @@ def test_projector_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], h
     assert _keys(theirs) == _keys(ours)
 
 
+@pytest.fixture(scope="module")
+def vlm_bf16(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Per class: a bf16 checkpoint (as publishers ship them) in the layout llama.cpp's converter handles."""
+    out = {}
+    for hf_class in CLASSES:
+        root = tmp_path_factory.mktemp(f"{hf_class}-bf16")
+        base = make_vlm(root / "base", hf_class, dtype="bfloat16")
+        out[hf_class] = copy_layout(base, root / "oracle", hf_class, ORACLE_LAYOUT[hf_class])
+    return out
+
+
+@pytest.mark.parametrize("outtype", ["auto", "q8_0"])
+@pytest.mark.parametrize("hf_class", CLASSES)
+def test_bf16_checkpoint_projector_equals_llama_cpp_converter(vlm_bf16: dict[str, Path], hf_class: str,
+                                                              outtype: str, tmp_path: Path) -> None:
+    # bf16 sources are widened to f32 before llama.cpp's modify_tensors: Gemma 3's soft_emb_norm + 1 is in f32.
+    model = vlm_bf16[hf_class]
+    run = llama_cpp_mmproj(model, tmp_path / "theirs.gguf", outtype)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype=outtype).outputs[0]
+    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
+    assert _keys(tmp_path / "theirs.gguf") == _keys(ours)
+
+
 @pytest.mark.parametrize("hf_class", CLASSES)
 def test_every_layout_gives_the_same_projector(vlm: dict[str, dict[str, Path]], hf_class: str,
                                                tmp_path: Path) -> None:
