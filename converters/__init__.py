@@ -57,10 +57,12 @@ def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outty
 
 
 def list_architectures() -> list[dict[str, Any]]:
-    """Supported HF classes: ``[{"hf_class", "arch", "vocab", "powerinfer"}]`` from registry.yaml."""
+    """Supported HF classes: ``[{"hf_class", "arch", "vocab", "powerinfer", "mmproj"}]`` from registry.yaml
+    (``mmproj``: the projector type ``--mmproj`` writes, or None)."""
     from ggufkit.converters.registry import load_registry
 
-    return [{"hf_class": e.hf_class, "arch": e.arch, "vocab": list(e.vocab), "powerinfer": e.powerinfer}
+    return [{"hf_class": e.hf_class, "arch": e.arch, "vocab": list(e.vocab), "powerinfer": e.powerinfer,
+             "mmproj": e.mmproj.projector_type if e.mmproj is not None else None}
             for e in load_registry().entries.values()]
 
 

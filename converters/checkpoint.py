@@ -289,10 +289,12 @@ class Checkpoint:
     def close(self) -> None:
         self._torch_cache = None
 
-    def sha256(self) -> list[tuple[str, str]]:
-        """(file name, sha256 hex) of every weight file, hashed in 4 MiB chunks."""
+    def sha256(self, only: set[Path] | None = None) -> list[tuple[str, str]]:
+        """(file name, sha256 hex) of every weight file (or of those in ``only``), hashed in 4 MiB chunks."""
         out = []
         for file in self.files:
+            if only is not None and file not in only:
+                continue
             h = hashlib.sha256()
             with open(file, "rb") as f:
                 while chunk := f.read(1 << 22):

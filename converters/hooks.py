@@ -20,7 +20,7 @@ from typing import Any
 
 HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata")
 #: Families with a hooks module (registry.yaml ``hooks:`` values).
-HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3"})
+HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3", "llava"})
 
 
 def hooks_module(family: str) -> Any:

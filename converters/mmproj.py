@@ -28,7 +28,7 @@ from ggufkit.converters.metadata import default_name, size_label
 from ggufkit.converters.mmproj_registry import ARCH, ProjectorSpec
 from ggufkit.converters.plan import OUTTYPES, ConvertPlan, PlanEntry, compile_rule, resolve_outtype
 from ggufkit.converters.registry import ArchEntry, load_registry
-from ggufkit.converters.transforms import TRANSFORMS, Heads
+from ggufkit.converters.transforms import TRANSFORMS, WIDENED, Heads
 from ggufkit.errors import CheckpointError, TensorMappingError, UnsupportedArchitectureError, UsageError
 from ggufkit.format.values import VT, Metadata
 
@@ -237,24 +237,46 @@ def _read_row(ckpt: Checkpoint, source: str, row: int) -> Callable[[], np.ndarra
     return load
 
 
-def _token_rows(spec: ProjectorSpec, hf_class: str, ckpt: Checkpoint, config: Mapping[str, Any],
+def token_id(model_dir: Path, token: str) -> int | None:
+    """``token``'s id from tokenizer_config.json's added_tokens_decoder, else tokenizer.json's added_tokens (the
+    order of conversion/llava.py ``LlavaVisionModel.get_token_id``)."""
+    for name, key in (("tokenizer_config.json", "added_tokens_decoder"), ("tokenizer.json", "added_tokens")):
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8")).get(key) or {}
+        except (OSError, ValueError, AttributeError):
+            raise CheckpointError(f"{name} is unreadable", path=path) from None
+        items = data.items() if isinstance(data, dict) else ((t.get("id"), t) for t in data if isinstance(t, dict))
+        for id_, info in items:
+            if isinstance(info, dict) and info.get("content") == token and id_ is not None:
+                try:
+                    return int(id_)
+                except (TypeError, ValueError):
+                    raise CheckpointError(f"{name}: token {token!r} has id {id_!r}", path=path) from None
+    return None
+
+
+def _token_rows(spec: ProjectorSpec, hf_class: str, ckpt: Checkpoint, model_dir: Path,
                 loaders: dict[str, Callable[[], np.ndarray]]) -> list[Raw]:
     from gguf import MODEL_TENSOR, TENSOR_NAMES
 
     out: list[Raw] = []
     for row in spec.token_rows:
+        # no .weight suffix: llama.cpp's name, which clip.cpp looks up (TN_TOK_IMG_BREAK "v.token_embd.img_break")
+        name = TENSOR_NAMES[MODEL_TENSOR[row.tensor]]
         emb = next((n for n in (f"{e}.weight" for e in row.embedding) if n in ckpt.tensors), None)
-        token = first_of(config, list(row.token))
         if emb is None:
-            raise TensorMappingError(f"{hf_class}: no text embedding ({', '.join(row.embedding)}) to take "
-                                     f"{TENSOR_NAMES[MODEL_TENSOR[row.tensor]]} from")
-        if token is _MISSING or not isinstance(token, int):
-            raise CheckpointError(f"config.json has none of {', '.join(row.token)} (the token whose embedding "
-                                  f"row is {TENSOR_NAMES[MODEL_TENSOR[row.tensor]]})")
+            raise TensorMappingError(f"{hf_class}: no text embedding ({', '.join(row.embedding)}) to take {name} "
+                                     f"({row.token}) from")
+        token = token_id(model_dir, row.token)
+        if token is None:
+            raise CheckpointError(f"the tokenizer files have no added token {row.token!r} (its embedding row is "
+                                  f"{name})", path=model_dir)
         st = ckpt.tensors[emb]
         if not 0 <= token < st.shape[0]:
-            raise CheckpointError(f"token id {token} lies outside the {st.shape[0]}-row embedding {emb}")
-        name = TENSOR_NAMES[MODEL_TENSOR[row.tensor]] + ".weight"
+            raise CheckpointError(f"token {row.token!r} (id {token}) lies outside the {st.shape[0]}-row {emb}")
         out.append((name, f"{emb}[{token}]", row.tensor, tuple(st.shape[1:]), st.dtype, None))
         loaders[name] = _read_row(ckpt, emb, token)
     return out
@@ -278,11 +300,13 @@ def build_mmproj_plan(model_dir: Path, repo: str | None, config: dict[str, Any],
     mapped, ignored = map_projector(spec, entry.hf_class, list(ckpt.tensors), n_block)
     loaders: dict[str, Callable[[], np.ndarray]] = {}
     raw: list[Raw] = []
+    n_head = int(keys["clip.vision.attention.head_count"][1]) if "clip.vision.attention.head_count" in keys else 0
     for hf, gguf, kind, transform in mapped:
         st = ckpt.tensors[hf]
-        raw.append((gguf, hf, kind, st.shape, st.dtype, transform))
-        loaders[gguf] = _loader(ckpt, hf, transform)
-    raw.extend(_token_rows(spec, entry.hf_class, ckpt, config, loaders))
+        dtype = "F32" if transform in WIDENED and st.dtype == "BF16" else st.dtype
+        raw.append((gguf, hf, kind, st.shape, dtype, transform))
+        loaders[gguf] = _loader(ckpt, hf, transform, Heads(n_head, n_head))
+    raw.extend(_token_rows(spec, entry.hf_class, ckpt, model_dir, loaders))
     check_projector_shapes(spec, entry.hf_class, keys, raw)
     hook = hooks_for(spec.hooks).get("mmproj_metadata")
     extra = hook(config, sources["preprocessor"]) if hook is not None else {}
@@ -309,7 +333,11 @@ def build_mmproj_plan(model_dir: Path, repo: str | None, config: dict[str, Any],
         meta.set(key, vtype, value, item)
     meta.set(G.QUANTIZATION_VERSION, VT.UINT32, GGML_QUANT_VERSION)
     meta.set(KEY_TOOL_VERSION, VT.STRING, __version__)
-    meta.set(KEY_SOURCE_SHA256, VT.STRING, "\n".join(f"{h}  {n}" for n, h in ckpt.sha256()))
+    # Provenance of the weight files the projector was read from (not the whole checkpoint: a 27B model's text
+    # shards would cost more to hash than the projector costs to convert).
+    files = {ckpt.tensors[hf].file for hf, _, _, _ in mapped}
+    files |= {ckpt.tensors[e.source.split("[")[0]].file for e in entries if e.kind.startswith("V_TOK_EMBD")}
+    meta.set(KEY_SOURCE_SHA256, VT.STRING, "\n".join(f"{h}  {n}" for n, h in ckpt.sha256(files)))
     ftype = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     out = mmproj_output_path(output, model_dir, repo, name, ftype)
     return ConvertPlan(entry.hf_class, ARCH, resolved, file_type, GGUF_MAGIC, meta, entries, ignored, out, loaders)
@@ -334,10 +362,12 @@ def mmproj_output_path(output: str | Path | None, model_dir: Path, repo: str | N
     return out
 
 
-def _loader(ckpt: Checkpoint, source: str, transform: str | None) -> Callable[[], np.ndarray]:
+def _loader(ckpt: Checkpoint, source: str, transform: str | None, heads: Heads) -> Callable[[], np.ndarray]:
+    # permute_q / permute_k reorder the vision tower's Q/K rows by its head count (conversion/llava.py
+    # LlavaVisionModel.modify_tensors: LlamaModel.permute with n_head for both).
     def load() -> np.ndarray:
         arr = ckpt.read(source)
-        return TRANSFORMS[transform](arr, Heads(0, 0)) if transform else arr
+        return TRANSFORMS[transform](arr, heads) if transform else arr
 
     return load
 

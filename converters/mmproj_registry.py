@@ -19,8 +19,10 @@ A projector is the vision tower and the projector of a multimodal checkpoint in 
                 family's own).
     shapes      MODEL_TENSOR -> expected weight shape (torch order): ints, clip.* keys of this section, or
                 "*" for any; a checkpoint whose tensors do not match its config is refused.
-    token_rows  MODEL_TENSOR -> {embedding: [HF names of the text embedding], token: [config fields of the
-                token id]}: one row of the text model's embedding written as a projector tensor.
+    token_rows  MODEL_TENSOR -> {embedding: [HF names of the text embedding], token: the token's text}: the
+                text embedding's row of that token (found in tokenizer_config.json's added_tokens_decoder, else
+                tokenizer.json's added_tokens, as llama.cpp's LlavaVisionModel.get_token_id does), written as a
+                projector tensor (Pixtral's [IMG_BREAK]).
     ignore      fnmatch patterns of HF names (after rename) the projector leaves out (the text model).
     hooks       family module ggufkit.converters.<name> with ``mmproj_metadata`` (keys YAML cannot say).
 """
@@ -78,7 +80,7 @@ class TokenRow:
 
     tensor: str
     embedding: tuple[str, ...]
-    token: tuple[str, ...]
+    token: str
 
 
 @dataclass(frozen=True)
@@ -169,8 +171,9 @@ def parse_projector(parser: Any, raw: Any) -> ProjectorSpec:
     for tensor, spec in (raw.get("token_rows") or {}).items():
         if tensor not in MODEL_TENSOR.__members__ or not isinstance(spec, dict) or set(spec) != {"embedding", "token"}:
             raise fail(f"token_rows: {tensor!r} needs a MODEL_TENSOR and exactly 'embedding' and 'token'")
-        rows.append(TokenRow(tensor, tuple(parser.str_list("mmproj", spec["embedding"])),
-                             tuple(parser.str_list("mmproj", spec["token"]))))
+        if not isinstance(spec["token"], str) or not spec["token"]:
+            raise fail(f"token_rows: {tensor}: 'token' must be the token's text")
+        rows.append(TokenRow(tensor, tuple(parser.str_list("mmproj", spec["embedding"])), spec["token"]))
     return ProjectorSpec(ptype, tuple(rename), tuple(keys), tuple(tensors), tuple(types), tuple(shapes),
                          tuple(rows), tuple(parser.str_list("mmproj", raw.get("ignore", []))),
                          parser.hooks(raw.get("hooks")))

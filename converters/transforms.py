@@ -75,8 +75,22 @@ def add_one(arr: np.ndarray, heads: Heads) -> np.ndarray:
     return np.asarray(arr, dtype=np.float32) + np.float32(1)
 
 
+def add_one_wide(arr: np.ndarray, heads: Heads) -> np.ndarray:
+    """``w + 1`` after llama.cpp's converter widens every dtype but f16/f32 to f32 (conversion/base.py
+    ``ModelBase.prepare_tensors``, before ``modify_tensors``): a bf16 source gives float32 (its planned source
+    dtype becomes F32, :data:`WIDENED`), f16 and f32 sources keep their precision. Gemma 3's projector norm
+    (conversion/gemma.py ``Gemma3VisionModel.modify_tensors``)."""
+    if arr.dtype == np.uint16:  # bf16 bits
+        return to_float32(arr, "BF16") + np.float32(1)
+    return add_one(arr, heads)
+
+
+#: Transforms whose output of a BF16 source is float32 (the planned source dtype becomes F32).
+WIDENED = frozenset({"add_one_wide"})
+
 TRANSFORMS: dict[str, Callable[[np.ndarray, Heads], np.ndarray]] = {
     "add_one": add_one,
+    "add_one_wide": add_one_wide,
     "permute_q": permute_q,
     "permute_k": permute_k,
     "neox_qkv": neox_qkv,

@@ -30,6 +30,26 @@ fixtures_models._BASE.setdefault("Idefics3ForConditionalGeneration", dict(
 fixtures_models._CLASSES.setdefault("Idefics3ForConditionalGeneration",
                                     ("Idefics3Config", "Idefics3ForConditionalGeneration"))
 fixtures_models._VOCAB.setdefault("Idefics3ForConditionalGeneration", "spm")
+_PIXTRAL = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                head_dim=16, image_size=32, patch_size=8)
+# Pixtral 12B's settings: the last layer's features, all of them
+fixtures_models._BASE.setdefault("LlavaForConditionalGeneration", dict(
+    text_config=dict(model_type="mistral", head_dim=16, tie_word_embeddings=False, sliding_window=None, **_TEXT),
+    vision_config=_PIXTRAL, image_token_index=5, vision_feature_layer=-1, vision_feature_select_strategy="full",
+    projector_hidden_act="gelu", multimodal_projector_bias=True, tie_word_embeddings=False))
+fixtures_models._CLASSES.setdefault("LlavaForConditionalGeneration", ("LlavaConfig", "LlavaForConditionalGeneration"))
+fixtures_models._VOCAB.setdefault("LlavaForConditionalGeneration", "spm")
+# Mistral Small 3.1's: a patch merger (2x2), no projector biases
+fixtures_models._BASE.setdefault("Mistral3ForConditionalGeneration", dict(
+    text_config=dict(model_type="mistral", head_dim=16, tie_word_embeddings=False, sliding_window=None, **_TEXT),
+    # 64 px: libmtmd upscales images below 8 tokens (clip.cpp: set_limit_image_tokens(8, 1024))
+    vision_config={**_PIXTRAL, "image_size": 64}, image_token_index=5, vision_feature_layer=-1, spatial_merge_size=2,
+    projector_hidden_act="gelu", multimodal_projector_bias=False, tie_word_embeddings=False))
+fixtures_models._CLASSES.setdefault("Mistral3ForConditionalGeneration",
+                                    ("Mistral3Config", "Mistral3ForConditionalGeneration"))
+fixtures_models._VOCAB.setdefault("Mistral3ForConditionalGeneration", "spm")
+#: Pixtral's [IMG_BREAK]: an added token after the sentencepiece pieces (embedding rows made for it).
+IMG_BREAK_EXTRA = 4
 
 
 def _gemma3_released(name: str) -> str:
@@ -44,6 +64,21 @@ def _gemma3_prefixed(name: str) -> str:
     return name if name.startswith("lm_head") else "model." + name
 
 
+def _llava_prefixed(name: str) -> str:
+    # transformers 4.5x's own layout: model.language_model / model.vision_tower / model.multi_modal_projector
+    if name.startswith("language_model.model."):
+        return "model.language_model." + name.removeprefix("language_model.model.")
+    if name.startswith("language_model.lm_head"):
+        return name.removeprefix("language_model.")
+    return "model." + name
+
+
+def _llava_flat(name: str) -> str:
+    # the text model at the root (model.*, lm_head): the only layout where llama.cpp's converter still sees the
+    # embedding ("language_model." names are dropped first) and writes v.token_embd.img_break
+    return name.removeprefix("language_model.")
+
+
 #: class -> layout -> rename of the names transformers saved (None: as saved).
 LAYOUTS: dict[str, dict[str, Callable[[str], str] | None]] = {
     "Gemma3ForConditionalGeneration": {"transformers5": None, "released": _gemma3_released,
@@ -51,9 +86,15 @@ LAYOUTS: dict[str, dict[str, Callable[[str], str] | None]] = {
     # The hub's SmolVLM / Idefics3 files and transformers 5 name tensors alike (model.vision_model.*,
     # model.connector.*, model.text_model.*).
     "Idefics3ForConditionalGeneration": {"released": None},
+    # transformers 5 saves what the hub's Pixtral / Mistral 3 files hold (language_model.model.*, vision_tower.*).
+    "LlavaForConditionalGeneration": {"released": None, "prefixed": _llava_prefixed, "flat": _llava_flat},
+    "Mistral3ForConditionalGeneration": {"released": None, "prefixed": _llava_prefixed, "flat": _llava_flat},
 }
+#: The layout transformers saved (and loads), per class.
+SAVED_LAYOUT = {cls: next(k for k, v in layouts.items() if v is None) for cls, layouts in LAYOUTS.items()}
 #: The layout llama.cpp's converter (0.3.36) handles, per class.
-ORACLE_LAYOUT = {"Gemma3ForConditionalGeneration": "released", "Idefics3ForConditionalGeneration": "released"}
+ORACLE_LAYOUT = {"Gemma3ForConditionalGeneration": "released", "Idefics3ForConditionalGeneration": "released",
+                 "LlavaForConditionalGeneration": "flat", "Mistral3ForConditionalGeneration": "flat"}
 
 
 def _preprocessor(dir: Path, hf_class: str) -> None:
@@ -71,6 +112,14 @@ def _preprocessor(dir: Path, hf_class: str) -> None:
                 "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 1,
                 "rescale_factor": 1 / 255, "size": {"longest_edge": size}, "max_image_size": {"longest_edge": size}}
+    elif hf_class in ("LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration"):
+        # PixtralImageProcessor's fields (CLIP's mean and std)
+        data = {"image_processor_type": "PixtralImageProcessor", "do_convert_rgb": True, "do_normalize": True,
+                "do_rescale": True, "do_resize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                "image_std": [0.26862954, 0.26130258, 0.27577711], "patch_size": {"height": 8, "width": 8},
+                "resample": 3, "rescale_factor": 1 / 255, "size": {"longest_edge": size}}
+        if hf_class == "Mistral3ForConditionalGeneration":
+            data["patch_size"] = {"height": 16, "width": 16}  # patch x spatial merge, as Mistral 3's file has it
     else:
         raise KeyError(hf_class)
     (dir / "preprocessor_config.json").write_text(json.dumps(data, indent=2))
@@ -78,14 +127,25 @@ def _preprocessor(dir: Path, hf_class: str) -> None:
 
 def make_vlm(dir: Path, hf_class: str, **overrides: object) -> Path:
     """A tiny ``hf_class`` checkpoint as this environment's transformers saves it, with its preprocessor config."""
+    pixtral = hf_class in ("LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration")
+    if pixtral:
+        overrides.setdefault("extra_vocab", IMG_BREAK_EXTRA)
     make_checkpoint(dir, hf_class, **overrides)
     _preprocessor(dir, hf_class)
+    if pixtral:
+        path = dir / "tokenizer_config.json"
+        config = json.loads(path.read_text())
+        n = json.loads((dir / "config.json").read_text())["text_config"]["vocab_size"] - IMG_BREAK_EXTRA
+        config.setdefault("added_tokens_decoder", {})[str(n)] = {
+            "content": "[IMG_BREAK]", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": True}
+        path.write_text(json.dumps(config, indent=2))
     return dir
 
 
 def copy_layout(src: Path, dst: Path, hf_class: str, layout: str) -> Path:
     """``src`` (saved as transformers saves it) re-saved in ``layout``."""
-    from safetensors.numpy import load_file, save_file
+    from safetensors.torch import load_file, save_file  # torch: bf16 checkpoints too
 
     shutil.copytree(src, dst)
     rename = LAYOUTS[hf_class][layout]

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+#: llama_flash_attn_type (llama.h): -1 auto, 0 disabled, 1 enabled.
+FLASH_ATTN_TYPE = -1
+
 
 def mtmd_image_embeddings(text_gguf: Path, mmproj_gguf: Path, rgb: np.ndarray) -> list[np.ndarray]:
     """The embeddings of each image chunk libmtmd makes of ``rgb`` (uint8 ``[height, width, 3]``): one
@@ -27,6 +30,7 @@ def mtmd_image_embeddings(text_gguf: Path, mmproj_gguf: Path, rgb: np.ndarray) -
         params.n_threads = 1
         params.print_timings = False
         params.warmup = False
+        params.flash_attn_type = FLASH_ATTN_TYPE
         ctx = m.mtmd_init_from_file(str(mmproj_gguf).encode(), model, params)
         assert ctx, f"libmtmd could not load {mmproj_gguf}"
         try:

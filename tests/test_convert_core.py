@@ -28,7 +28,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_shipped_registry_loads_and_every_entry_names_a_known_arch() -> None:
     reg = parse_registry(REGISTRY_TEXT)
     assert {e.arch for e in reg.entries.values()} == {"llama", "qwen2", "qwen3", "qwen", "gptneox", "opt", "qwen2moe",
-                                                     "qwen3moe", "gemma2", "gemma3", "phi3"}
+                                                     "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3"}
 
 
 @pytest.mark.parametrize(("old", "new", "message"), [
@@ -79,7 +79,8 @@ def test_broken_inheritance_is_refused(text: str, message: str) -> None:
 def test_every_hooks_module_named_in_the_registry_defines_hooks() -> None:
     from ggufkit.converters.hooks import HOOK_FAMILIES, hooks_for
 
-    named = {e.hooks for e in parse_registry(REGISTRY_TEXT).entries.values()} - {None}
+    entries = parse_registry(REGISTRY_TEXT).entries.values()
+    named = ({e.hooks for e in entries} | {e.mmproj.hooks for e in entries if e.mmproj is not None}) - {None}
     assert named == set(HOOK_FAMILIES)
     for family in named:
         assert hooks_for(family), family

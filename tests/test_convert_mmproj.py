@@ -16,14 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import invoke
-from fixtures_mmproj import LAYOUTS, ORACLE_LAYOUT, copy_layout, llama_cpp_mmproj, make_vlm
+from fixtures_mmproj import LAYOUTS, ORACLE_LAYOUT, SAVED_LAYOUT, copy_layout, llama_cpp_mmproj, make_vlm
 from fixtures_models import make_checkpoint
 
 from ggufkit.converters import convert, convert_mmproj
 from ggufkit.errors import TensorMappingError, UnsupportedArchitectureError, UsageError
 from ggufkit.format import open_gguf
 
-CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration"]
+CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration", "LlavaForConditionalGeneration",
+           "Mistral3ForConditionalGeneration"]
+PIXTRAL = {"LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration"}
 #: Keys that name the file rather than describe the projector, and ggufkit's provenance keys.
 NAMING_KEYS = {"general.name"}
 
@@ -66,6 +68,30 @@ def test_projector_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], h
     assert _keys(theirs) == _keys(ours)
 
 
+@pytest.fixture(scope="module")
+def vlm_bf16(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Per class: a bf16 checkpoint (as publishers ship them) in the layout llama.cpp's converter handles."""
+    out = {}
+    for hf_class in CLASSES:
+        root = tmp_path_factory.mktemp(f"{hf_class}-bf16")
+        base = make_vlm(root / "base", hf_class, dtype="bfloat16")
+        out[hf_class] = copy_layout(base, root / "oracle", hf_class, ORACLE_LAYOUT[hf_class])
+    return out
+
+
+@pytest.mark.parametrize("outtype", ["auto", "q8_0"])
+@pytest.mark.parametrize("hf_class", CLASSES)
+def test_bf16_checkpoint_projector_equals_llama_cpp_converter(vlm_bf16: dict[str, Path], hf_class: str,
+                                                              outtype: str, tmp_path: Path) -> None:
+    # bf16 sources are widened to f32 before llama.cpp's modify_tensors: Gemma 3's soft_emb_norm + 1 is in f32.
+    model = vlm_bf16[hf_class]
+    run = llama_cpp_mmproj(model, tmp_path / "theirs.gguf", outtype)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype=outtype).outputs[0]
+    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
+    assert _keys(tmp_path / "theirs.gguf") == _keys(ours)
+
+
 @pytest.mark.parametrize("hf_class", CLASSES)
 def test_every_layout_gives_the_same_projector(vlm: dict[str, dict[str, Path]], hf_class: str,
                                                tmp_path: Path) -> None:
@@ -101,8 +127,11 @@ def _transformers_image_features(model_dir: Path, rgb: np.ndarray) -> np.ndarray
     if config["architectures"][0] == "Idefics3ForConditionalGeneration":
         pixels = pixels[None]  # [batch, images, channels, height, width]
     model = getattr(transformers, config["architectures"][0]).from_pretrained(model_dir).eval()
+    extra = {}
+    if config["architectures"][0] in PIXTRAL:
+        extra["image_sizes"] = torch.tensor([rgb.shape[:2]])
     with torch.no_grad():
-        out = model.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(pixels)))
+        out = model.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(pixels)), **extra)
     out = getattr(out, "pooler_output", out)
     if isinstance(out, (list, tuple)):
         out = torch.cat(list(out))
@@ -111,24 +140,58 @@ def _transformers_image_features(model_dir: Path, rgb: np.ndarray) -> np.ndarray
 
 @pytest.mark.parametrize("hf_class", CLASSES)
 def test_libmtmd_embeddings(vlm: dict[str, dict[str, Path]], hf_class: str, tmp_path: Path) -> None:
-    from mtmd_runtime import mtmd_image_embeddings
-
     model = vlm[hf_class][ORACLE_LAYOUT[hf_class]]
     text = convert(model, tmp_path / "text.gguf", outtype="f32").outputs[0]
     theirs = tmp_path / "theirs.gguf"
     assert llama_cpp_mmproj(model, theirs, "f32").returncode == 0
     size = json.loads((model / "config.json").read_text())["vision_config"]["image_size"]
     rgb = _image(size)
-    ref = mtmd_image_embeddings(text, theirs, rgb)
-    hf = _transformers_image_features(model, rgb)
+    ref = _encode(text, theirs, rgb)
+    hf = _transformers_image_features(vlm[hf_class][SAVED_LAYOUT[hf_class]], rgb)
     for layout, d in vlm[hf_class].items():
         ours = convert_mmproj(d, tmp_path / f"ours-{layout}.gguf", outtype="f32").outputs[0]
-        got = mtmd_image_embeddings(text, ours, rgb)
+        got = _encode(text, ours, rgb)
         assert [g.tobytes() for g in got] == [r.tobytes() for r in ref], layout
     # Every chunk (Idefics3: the one tile and the overview) holds the same pixels at the encoder's size.
     for chunk in ref:
+        if hf_class in PIXTRAL:
+            chunk = _without_breaks(chunk, hf.shape[0], _img_break_row(model))
         assert hf.shape == chunk.shape
         assert float(np.abs(chunk - hf).max()) <= 1e-3 * float(np.ptp(hf))
+
+
+def _encode(text: Path, mmproj: Path, rgb: np.ndarray) -> list[np.ndarray]:
+    """libmtmd's embeddings, retried while they hold NaN: llama-cpp-python 0.3.36's libmtmd now and then writes
+    NaN into a Pixtral [IMG_BREAK] row (about one run in six here, with llama.cpp's own projector as with
+    ggufkit's, flash attention on or off); every other value is the same from run to run."""
+    from mtmd_runtime import mtmd_image_embeddings
+
+    for _ in range(8):
+        out = mtmd_image_embeddings(text, mmproj, rgb)
+        if all(np.isfinite(o).all() for o in out):
+            return out
+    raise AssertionError(f"libmtmd gave NaN in 8 runs with {mmproj.name}")
+
+
+def _img_break_row(model: Path) -> np.ndarray:
+    from safetensors.numpy import load_file
+
+    tokens = json.loads((model / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    token = next(int(i) for i, t in tokens.items() if t["content"] == "[IMG_BREAK]")
+    weights = load_file(str(model / "model.safetensors"))
+    emb = next(v for k, v in weights.items() if k.endswith("embed_tokens.weight"))
+    return np.asarray(emb[token], np.float32)
+
+
+def _without_breaks(chunk: np.ndarray, n_image: int, row: np.ndarray) -> np.ndarray:
+    """libmtmd's Pixtral output has the [IMG_BREAK] embedding after every row of patches but the last
+    (clip.cpp: clip_n_output_tokens); they must be that row exactly, and are dropped for the comparison."""
+    side = round(n_image ** 0.5)
+    assert side * side == n_image and chunk.shape[0] == n_image + side - 1
+    breaks = [r * (side + 1) + side for r in range(side - 1)]
+    for b in breaks:
+        assert chunk[b].tobytes() == row.tobytes()
+    return np.delete(chunk, breaks, axis=0)
 
 
 def test_cli_writes_hub_name_and_info_shows_projector(vlm: dict[str, dict[str, Path]], tmp_path: Path) -> None:
@@ -201,3 +264,76 @@ def test_tensors_not_matching_config_are_refused(vlm: dict[str, dict[str, Path]]
     with pytest.raises(TensorMappingError, match=needle):
         convert_mmproj(model, tmp_path / "x.gguf")
     _refused(model, tmp_path, needle)
+
+
+@pytest.mark.parametrize("hf_class", sorted(PIXTRAL))
+def test_llama_cpp_converter_drops_img_break_in_the_released_pixtral_layout(vlm: dict[str, dict[str, Path]],
+                                                                          hf_class: str, tmp_path: Path) -> None:
+    # llama.cpp issue 24235: its projector from the hub's layout lacks v.token_embd.img_break; ggufkit's has it.
+    model = vlm[hf_class]["released"]
+    assert llama_cpp_mmproj(model, tmp_path / "theirs.gguf", "f16").returncode == 0
+    ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype="f16").outputs[0]
+    theirs_names, ours_names = set(_tensors(tmp_path / "theirs.gguf")), set(_tensors(ours))
+    assert ours_names - theirs_names == {"v.token_embd.img_break"}
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("    projector_type: gemma3\n", "    projector_type: gemma33\n", "unknown projector_type 'gemma33'"),
+    ("      clip.use_gelu: {default: true}\n", "      clip.use_gleu: {default: true}\n", "unknown clip key"),
+    ("      multi_modal_projector.mm_soft_emb_norm: V_MM_SOFT_EMB_NORM\n",
+     "      multi_modal_projector.mm_soft_emb_norm: ATTN_Q\n", "not part of architecture 'clip'"),
+    ("    types: {V_MM_INP_PROJ: f16,", "    types: {V_MM_INP_PROJ: q4,", "types: 'V_MM_INP_PROJ'"),
+    ("      token: \"[IMG_BREAK]\"\n", "      token: 3\n", "'token' must be the token's text"),
+])
+def test_broken_projector_section_is_refused(old: str, new: str, message: str) -> None:
+    from ggufkit.converters.registry import DEFAULT_REGISTRY, parse_registry
+    from ggufkit.errors import RegistryError
+
+    text = DEFAULT_REGISTRY.read_text(encoding="utf-8")
+    assert old in text
+    with pytest.raises(RegistryError, match=message):
+        parse_registry(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("hf_class", sorted(PIXTRAL))
+def test_text_model_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], hf_class: str,
+                                               tmp_path: Path) -> None:
+    # The text half of --with-mmproj (LLaVA: llama, Mistral 3: mistral3), as llama.cpp's converter writes it.
+    import os
+    import subprocess
+    import sys
+
+    from llama_cpp_sources import llama_cpp_dir
+
+    model = vlm[hf_class]["released"]
+    root = llama_cpp_dir()
+    run = subprocess.run([sys.executable, str(root / "convert_hf_to_gguf.py"), str(model), "--outfile",
+                          str(tmp_path / "theirs.gguf"), "--outtype", "f16"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root / "gguf-py")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    ours = convert(model, tmp_path / "ours.gguf", outtype="f16").outputs[0]
+    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
+    with open_gguf(tmp_path / "theirs.gguf") as a, open_gguf(ours) as b:
+        arch = a.get("general.architecture")
+        assert b.get("general.architecture") == arch
+        for key in a.kv:
+            if key.startswith(f"{arch}."):
+                assert np.array_equal(np.asarray(a.get(key)), np.asarray(b.get(key))), key
+
+
+def test_outtype_llama_cpp_does_not_write_projectors_in_is_refused(vlm: dict[str, dict[str, Path]],
+                                                                   tmp_path: Path) -> None:
+    model = vlm["Gemma3ForConditionalGeneration"]["released"]
+    with pytest.raises(UsageError, match="q4_k_m"):
+        convert_mmproj(model, tmp_path / "x.gguf", outtype="q4_k_m")
+    out = tmp_path / "out"
+    out.mkdir()
+    res = invoke("convert", str(model), "--mmproj", "--outtype", "q4_k_m", "-o", str(out))
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and list(out.iterdir()) == []
+
+
+def test_list_names_the_projector_of_each_vision_class() -> None:
+    data = json.loads(invoke("convert", "--list", "--json").stdout)
+    projectors = {a["hf_class"]: a["mmproj"] for a in data["architectures"] if a["mmproj"]}
+    assert projectors == {"Gemma3ForConditionalGeneration": "gemma3", "Idefics3ForConditionalGeneration": "idefics3",
+                          "LlavaForConditionalGeneration": "pixtral", "Mistral3ForConditionalGeneration": "pixtral"}

@@ -16,8 +16,9 @@ from ggufkit.errors import EXIT_CHECK_FAILED
 
 def _render(d: Mapping[str, Any]) -> str:
     if "architectures" in d:
-        return table([(a["hf_class"], a["arch"], ",".join(a["vocab"]), "yes" if a["powerinfer"] else "")
-                      for a in d["architectures"]], ["HF class", "GGUF arch", "vocab", "--predictor"])
+        return table([(a["hf_class"], a["arch"], ",".join(a["vocab"]), "yes" if a["powerinfer"] else "",
+                       a.get("mmproj") or "") for a in d["architectures"]],
+                     ["HF class", "GGUF arch", "vocab", "--predictor", "--mmproj"])
     size = (f"{human_bytes(d['nbytes'])} of tensor data" if d["dry_run"]
             else f"{human_bytes(d['file_size'])} on disk")
     summary = (f"{d['hf_class']} -> {d['architecture']} ({d['outtype']}, file_type {d['file_type']}"
