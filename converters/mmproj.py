@@ -28,7 +28,7 @@ from ggufkit.converters.metadata import default_name, size_label
 from ggufkit.converters.mmproj_registry import ARCH, ProjectorSpec
 from ggufkit.converters.plan import OUTTYPES, ConvertPlan, PlanEntry, compile_rule, resolve_outtype
 from ggufkit.converters.registry import ArchEntry, load_registry
-from ggufkit.converters.transforms import TRANSFORMS, WIDENED, Heads
+from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_dtype
 from ggufkit.errors import CheckpointError, TensorMappingError, UnsupportedArchitectureError, UsageError
 from ggufkit.format.values import VT, Metadata
 
@@ -303,7 +303,7 @@ def build_mmproj_plan(model_dir: Path, repo: str | None, config: dict[str, Any],
     n_head = int(keys["clip.vision.attention.head_count"][1]) if "clip.vision.attention.head_count" in keys else 0
     for hf, gguf, kind, transform in mapped:
         st = ckpt.tensors[hf]
-        dtype = "F32" if transform in WIDENED and st.dtype == "BF16" else st.dtype
+        dtype = transformed_dtype(transform, st.dtype)
         raw.append((gguf, hf, kind, st.shape, dtype, transform))
         loaders[gguf] = _loader(ckpt, hf, transform, Heads(n_head, n_head))
     raw.extend(_token_rows(spec, entry.hf_class, ckpt, model_dir, loaders))

@@ -28,7 +28,7 @@ from ggufkit.converters.pretokenizer import PreTokenizerMatch
 from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
 from ggufkit.converters.rewrite import stack_experts
 from ggufkit.converters.shape_check import check_shapes
-from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_shape
+from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_dtype, transformed_shape
 from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
 from ggufkit.format.values import VT, Metadata
 from ggufkit.format.writer import TensorSpec
@@ -290,7 +290,8 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
                 # PowerInfer stores the down projection transposed, one neuron per row (PowerInfer llama.cpp: llm_load_tensors, ffn_down_t).
                 kind, transform = "FFN_DOWN_T", "transpose"
                 gguf_name = gguf_name.replace(".ffn_down.", ".ffn_down_t.")
-            raw.append((gguf_name, hf, kind, transformed_shape(transform, st.shape), st.dtype, transform))
+            raw.append((gguf_name, hf, kind, transformed_shape(transform, st.shape), transformed_dtype(transform, st.dtype),
+                        transform))
         n_expert = hp.get(f"{arch}.expert_count")
         raw, stack_loaders = stack_experts(raw, experts, None if n_expert is None else int(n_expert[1]),
                                            lambda source, transform: _loader(ckpt, source, transform, heads)())

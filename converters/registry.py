@@ -44,7 +44,7 @@ EXTRA_TENSORS: dict[str, str] = {
     "FC2": TENSOR_POWERINFER_FC2,
 }
 #: Transforms a registry entry may name (implemented in ggufkit.converters.transforms).
-TRANSFORM_NAMES = frozenset({"permute_q", "permute_k", "neox_qkv", "transpose", "add_one", "add_one_wide"})
+TRANSFORM_NAMES = frozenset({"permute_q", "permute_k", "neox_qkv", "transpose", "add_one"})
 #: Derive rules an hparam may name (implemented in ggufkit.converters.hparams).
 DERIVE_NAMES = frozenset({"head_dim", "partial_rotary_dim"})
 VOCAB_KINDS = frozenset({"spm", "llama_hf", "bpe", "tiktoken"})

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggufkit.converters.stream import bf16_from_float32, to_float32
+from ggufkit.converters.stream import to_float32
 from ggufkit.errors import TensorMappingError
 
 
@@ -65,32 +65,27 @@ def transpose(arr: np.ndarray, heads: Heads) -> np.ndarray:
 
 
 def add_one(arr: np.ndarray, heads: Heads) -> np.ndarray:
-    """``w + 1`` in the source's own precision, as llama.cpp's Gemma converters add it to the torch tensor
-    (conversion/gemma.py ``modify_tensors``: Gemma's RMSNorm multiplies by ``1 + w``). The result keeps the
-    source's representation: bf16 bits (uint16), float16 or float32."""
+    """``w + 1`` (Gemma's RMSNorm multiplies by ``1 + w``; conversion/gemma.py ``modify_tensors``) after
+    llama.cpp's converter has widened every dtype but f16/f32 to f32 (conversion/base.py
+    ``ModelBase.prepare_tensors``, before ``modify_tensors``): a bf16 source gives float32 (its planned source
+    dtype becomes F32, :func:`transformed_dtype`), f16 and f32 sources keep their precision."""
     if arr.dtype == np.uint16:  # bf16 bits
-        return bf16_from_float32(to_float32(arr, "BF16") + np.float32(1))
+        return to_float32(arr, "BF16") + np.float32(1)
     if arr.dtype == np.float16:
         return (arr + np.float16(1)).astype(np.float16)
     return np.asarray(arr, dtype=np.float32) + np.float32(1)
 
 
-def add_one_wide(arr: np.ndarray, heads: Heads) -> np.ndarray:
-    """``w + 1`` after llama.cpp's converter widens every dtype but f16/f32 to f32 (conversion/base.py
-    ``ModelBase.prepare_tensors``, before ``modify_tensors``): a bf16 source gives float32 (its planned source
-    dtype becomes F32, :data:`WIDENED`), f16 and f32 sources keep their precision. Gemma 3's projector norm
-    (conversion/gemma.py ``Gemma3VisionModel.modify_tensors``)."""
-    if arr.dtype == np.uint16:  # bf16 bits
-        return to_float32(arr, "BF16") + np.float32(1)
-    return add_one(arr, heads)
-
-
 #: Transforms whose output of a BF16 source is float32 (the planned source dtype becomes F32).
-WIDENED = frozenset({"add_one_wide"})
+WIDENED = frozenset({"add_one"})
+
+
+def transformed_dtype(transform: str | None, src_dtype: str) -> str:
+    """The source dtype a tensor has after ``transform`` (F32 where the transform widens a BF16 source)."""
+    return "F32" if transform in WIDENED and src_dtype == "BF16" else src_dtype
 
 TRANSFORMS: dict[str, Callable[[np.ndarray, Heads], np.ndarray]] = {
     "add_one": add_one,
-    "add_one_wide": add_one_wide,
     "permute_q": permute_q,
     "permute_k": permute_k,
     "neox_qkv": neox_qkv,

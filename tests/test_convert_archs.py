@@ -244,3 +244,18 @@ def test_check_is_skipped_visibly_for_an_arch_the_evaluator_cannot_run(tmp_path:
     assert result.status == "skipped" and not result.passed
     assert result.reason is not None and result.reason.startswith(
         "the evaluator cannot run this file: cannot evaluate 'llama': the evaluator has no traits")
+
+
+@pytest.mark.parametrize("hf_class", ["Gemma2ForCausalLM", "Gemma3ForCausalLM"])
+def test_bf16_gemma_norms_add_one_in_float32_as_llama_cpp_does(hf_class: str, tmp_path: Path) -> None:
+    """llama.cpp's converter widens bf16 tensors to f32 before Gemma's ``1 + w`` (conversion/base.py
+    ``ModelBase.prepare_tensors``): every norm of a bf16 checkpoint equals its file byte for byte."""
+    d = make_checkpoint(tmp_path / "m", hf_class, dtype="bfloat16")
+    ours = convert(d, tmp_path / "ours.gguf", outtype="bf16").outputs[0]
+    theirs = llama_cpp_convert(d, tmp_path / "theirs.gguf", outtype="bf16")
+    with open_gguf(theirs) as a, open_gguf(ours) as b:
+        norms = [t.name for t in a.tensors if "norm" in t.name]
+        assert norms
+        assert [(t.name, t.ggml_type) for t in a.tensors] == [(t.name, t.ggml_type) for t in b.tensors]
+        for t in a.tensors:
+            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
