@@ -220,3 +220,19 @@ def test_dry_run_lists_files_and_the_upload_and_writes_nothing(checkpoint: Path,
     assert {"README.md", "manifest.json", "quality.png"} <= set(names)
     assert report["push"]["files"] == sorted(names) and report["push"]["repo_id"] == "me/tiny-GGUF"
     assert [s["action"] for s in report["steps"]] == ["run"] * len(report["steps"])
+
+
+def test_a_failed_gate_exits_1_naming_the_types_and_pushes_nothing(released: tuple[Path, dict], checkpoint: Path,
+                                                                    tmp_path: Path) -> None:
+    out = tmp_path / "gated"
+    shutil.copytree(released[0], out)
+    result = invoke("release", str(checkpoint), "-o", str(out), *ARGS, "--max-kld", "q4_k_m=1e-6",
+                    "--max-kld", "all=1e6", "--push", "me/tiny-GGUF", "--json",
+                    env={"HF_TOKEN": "hf_dummy_not_used", "HF_HUB_OFFLINE": "1"})
+    assert result.exit_code == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["ran"] == [] and report["push"] is None
+    assert [f.split(":")[0] for f in report["failures"]] == ["Q4_K_M"]
+    assert "Q4_K_M: mean KLD" in result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["parameters"]["max_kld"] == {"*": 1e6, "Q4_K_M": 1e-6}
