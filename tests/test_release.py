@@ -236,3 +236,95 @@ def test_a_failed_gate_exits_1_naming_the_types_and_pushes_nothing(released: tup
     assert "Q4_K_M: mean KLD" in result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["parameters"]["max_kld"] == {"*": 1e6, "Q4_K_M": 1e-6}
+
+
+class _HubStandIn:
+    """A local stand-in of the four Hub endpoints huggingface_hub's ``create_repo`` and ``upload_folder``
+    call (repos/create, validate-yaml, preupload, commit), answering "regular" upload mode so that file contents arrive
+    base64-encoded inside the commit. It is not the Hub: LFS/Xet transfers are not exercised."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.created: list[dict] = []
+        self.validated: list[dict] = []
+        self.commits: list[dict] = []
+        self.unknown: list[str] = []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _reply(self, data: object, status: int = 200) -> None:
+                body = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                path = self.path.split("?")[0]
+                if path == "/api/validate-yaml":  # the Hub checks the card's front matter before the commit
+                    content = json.loads(body)["content"]
+                    hub.validated.append(yaml.safe_load(content.split("---\n")[1]))
+                    self._reply({})
+                elif path == "/api/repos/create":
+                    req = json.loads(body)
+                    hub.created.append(req)
+                    self._reply({"url": f"{hub.endpoint}/{req['organization']}/{req['name']}"})
+                elif "/preupload/" in path:
+                    files = json.loads(body)["files"]
+                    self._reply({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                           for f in files]})
+                elif "/commit/" in path:
+                    items = [json.loads(line) for line in body.splitlines() if line.strip()]
+                    hub.commits.append({"path": path, "items": items})
+                    repo = path.removeprefix("/api/models/").split("/commit/")[0]
+                    self._reply({"commitUrl": f"{hub.endpoint}/{repo}/commit/{'0' * 40}", "commitOid": "0" * 40})
+                else:
+                    hub.unknown.append(f"POST {path}")
+                    self._reply({"error": "not in the stand-in"}, 404)
+
+            def do_GET(self) -> None:
+                hub.unknown.append(f"GET {self.path}")
+                self._reply({"error": "not in the stand-in"}, 404)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def test_push_uploads_exactly_the_release_files_to_a_local_hub_stand_in(released: tuple[Path, dict],
+                                                                         checkpoint: Path, tmp_path: Path) -> None:
+    import base64
+
+    out = tmp_path / "pushed"
+    shutil.copytree(released[0], out)
+    hub = _HubStandIn()
+    try:
+        env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "hf_local_stand_in", "HF_HUB_DISABLE_XET": "1",
+               "HF_HOME": str(tmp_path / "hf")}
+        proc = subprocess.run([sys.executable, "-m", "ggufkit", "release", str(checkpoint), "-o", str(out), *ARGS,
+                               "--card-only", "--push", "me/tiny-GGUF", "--private", "--json"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, check=False)
+    finally:
+        hub.close()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    # huggingface_hub's own background look-up of known agent tools (answered 404 here) is the only other call
+    assert [u for u in hub.unknown if u != "GET /api/agent-harnesses"] == []
+    assert hub.validated and all(v["base_model_relation"] == "quantized" for v in hub.validated)
+    assert hub.created == [{"name": "tiny-GGUF", "organization": "me", "visibility": "private", "type": "model"}]
+    assert len(hub.commits) == 1 and hub.commits[0]["path"] == "/api/models/me/tiny-GGUF/commit/main"
+    sent = {i["value"]["path"]: base64.b64decode(i["value"]["content"]) for i in hub.commits[0]["items"]
+            if i["key"] == "file"}
+    assert sorted(sent) == report["files"] == report["push"]["files"]
+    assert all(sent[name] == (out / name).read_bytes() for name in sent)  # the state directory stays home
+    assert "ollama run hf.co/me/tiny-GGUF:Q4_K_M" in sent["README.md"].decode()
