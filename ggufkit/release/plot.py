@@ -21,6 +21,7 @@ def render_plot(rows: Sequence[dict[str, Any]], title: str) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    rows = sorted(rows, key=lambda r: (r["size"], r["type"]))  # the line runs from the smallest file up
     fig = Figure(figsize=(10, 4.2), dpi=100)
     FigureCanvasAgg(fig)
     fig.suptitle(title)
