@@ -58,6 +58,7 @@ def _success_args(files: dict[str, Path]) -> dict[str, list[str]]:
         "ppl": ["ppl", str(files["eval"]), "--tokens", str(files["tokens"]), "--ctx", "32", "--device", "cpu"],
         "imatrix": ["imatrix", "--in-file", str(files["imatrix"]), "-o", str(files["dir"] / "copy.gguf")],
         "demo": [],  # tests/test_demo.py runs it with --json and checks "ok"
+        "release": [],  # tests/test_release.py runs it with --json and checks its document
     }
 
 
@@ -73,7 +74,8 @@ def test_success_document_starts_with_ok_true(files, command):
 
 #: A usage error per command that click itself detects before the command runs.
 _MISSING = {"info": ["info"], "verify": ["verify"], "set-meta": ["set-meta"], "quantize": ["quantize"],
-            "convert": ["convert"], "ppl": ["ppl"], "imatrix": ["imatrix"], "demo": ["demo", "--steps", "-1"]}
+            "convert": ["convert"], "ppl": ["ppl"], "imatrix": ["imatrix"], "demo": ["demo", "--steps", "-1"],
+            "release": ["release"]}
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -268,7 +268,7 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
         from huggingface_hub import get_token
 
         if not get_token():
-            raise UsageError("--push needs a Hugging Face token: set HF_TOKEN or run `huggingface-cli login`")
+            raise UsageError("--push needs a Hugging Face token: set HF_TOKEN or run `hf auth login`")
     outdir = Path(o.outdir)
     if outdir.exists() and not outdir.is_dir():
         raise UsageError(f"{outdir}: OUTDIR exists and is not a directory")

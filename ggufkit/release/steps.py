@@ -132,7 +132,16 @@ def quant_step(ctx: StepContext, qtype: str) -> dict[str, Any]:
     rec = ctx.state.done(step, inputs, params)
     if rec is None:
         ctx.stage(f"quantizing to {qtype}")
-        imatrix = plan.outdir / plan.imatrix_file if "imatrix" in ctx.records and plan.imatrix_file else None
+        imatrix = None
+        if "imatrix" in ctx.records and plan.imatrix_file:
+            import dataclasses
+
+            from ggufkit.quant.imatrix import load_imatrix
+
+            # quantize.imatrix.file names the file as it sits in the release, not this machine's path,
+            # so that every machine of a fan-out writes the same bytes.
+            imatrix = dataclasses.replace(load_imatrix(plan.outdir / plan.imatrix_file),
+                                          path=Path(plan.imatrix_file))
         if imatrix is None and needs_imatrix(qtype):
             raise UsageError(f"{qtype} needs an importance matrix")
         report = quantize_file(first_output(ctx.records["master"], plan.outdir), plan.outdir / plan.type_file(qtype),
