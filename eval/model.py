@@ -479,6 +479,13 @@ def _to_rotate_half(tensors: dict[str, QTensor], hp: HParams) -> None:
                         t.permute_rows(order)
 
 
+def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A numpy-order shape without leading 1s (ggml_n_dims), at least one dimension."""
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
 def _load_tensor(model: GGUFModel, info: TensorInfo, device: torch.device, hasher: Any) -> QTensor:
     view = model.raw(info)
     hasher.update(view)
@@ -532,8 +539,10 @@ def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str
             if info.name not in expected:
                 hasher.update(model.raw(info))  # predictor tensors etc.: hashed, not loaded
                 continue
-            want = expected[info.name]
-            if len(want) != len(info.shape) or any(w not in (-1, s) for w, s in zip(want, info.shape)):
+            # ggml shapes end in implicit 1s (llama-quantize writes qwen2moe's [1, n_embd] shared-expert gate
+            # as [n_embd]): compared without leading 1s, as llama.cpp's loader compares them
+            want, have = _strip_ones(expected[info.name]), _strip_ones(info.shape)
+            if len(want) != len(have) or any(w not in (-1, s) for w, s in zip(want, have)):
                 raise EvaluationError(f"tensor {info.name!r} has shape {list(info.shape)}, expected "
                                       f"{[w if w >= 0 else '*' for w in want]}", path=model.path)
             if not can_dequantize(info.ggml_type):
