@@ -103,11 +103,11 @@ def test_q4_k_m_moe_is_llama_imatrixs_within_its_8_bit_activations(files: dict[s
             # the same routed pairs in all; only near-tied routings may move (measured: 4 of 512 per block)
             assert got_counts.sum() == counts.sum() == 2 * CHUNKS * CTX, name
             moved += int(np.abs(got_counts - counts).sum())
-            # measured worst: 2.8e-2 (mixtral), 1.8e-2 (qwen2moe)
+            # measured worst: 2.8e-2 (mixtral), 4.1e-2 (qwen2moe)
             assert rel_l2(got_sums, sums) <= 6e-2, name
         else:
             assert np.array_equal(got_counts, counts), name
-            assert rel_l2(got_sums, sums) <= 3e-2, name  # measured worst: 6.1e-3 (mixtral), 1.1e-2 (qwen2moe)
+            assert rel_l2(got_sums, sums) <= 3e-2, name  # measured worst: 6.1e-3 (mixtral), 1.4e-2 (qwen2moe)
     assert moved <= 0.05 * 6 * 2 * CHUNKS * CTX
 
 
