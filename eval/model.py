@@ -41,6 +41,12 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 #: Output-projection rows dequantized at a time, so a 150k vocabulary never needs a whole float copy.
 _VOCAB_CHUNK = 32768
 _EMB_OPT_POS_OFFSET = 2  # OPT's learned position table starts at row 2 (HF OPTLearnedPositionalEmbedding)
+#: ggml's CPU backend converts a matmul's float32 input to the weight's ``vec_dot_type`` before the dot
+#: products (ggml-cpu.c ``type_traits_cpu``; ``ggml_compute_forward_mul_mat`` converts src1 with
+#: ``from_float``, and llamafile's tinyBLAS takes F16 x F16 on x86), accumulating in float32. For float
+#: weights that is a plain rounding of the activations, reproduced with ``ggml_rounding``. (CPUs with AMX
+#: take F16 weights through ggml-cpu/amx instead, which multiplies the float32 input unrounded.)
+_GGML_SRC1_DTYPE = {GGMLQuantizationType.F16: torch.float16, GGMLQuantizationType.BF16: torch.bfloat16}
 
 
 class ActivationObserver(Protocol):
@@ -129,6 +135,8 @@ class GGUFCausalLM:
         self.model_sha256 = model_sha256
         self.file = file  # kept open: CPU tensors are zero-copy views of its mmap
         self._rope_cache: dict[tuple[int, float, float], tuple[torch.Tensor, torch.Tensor]] = {}
+        #: Round each F16/BF16 matmul's input as ggml's CPU backend does (:func:`load_model`'s ``ggml_rounding``).
+        self.ggml_rounding = False
         #: Sees the input of every weight matmul (ggufkit.eval.imatrix collects importance matrices with
         #: it); None: no cost.
         self.observer: ActivationObserver | None = None
@@ -158,7 +166,17 @@ class GGUFCausalLM:
         if t is None:
             return None
         # Norm weights and biases stay float32 (they are added in the float32 residual stream).
-        return t.float(torch.float32 if len(t.shape) == 1 else self.dtype)
+        if len(t.shape) == 1:
+            return t.float(torch.float32)
+        return self.tag_src1(t.float(self.dtype), t.qtype)
+
+    def tag_src1(self, w: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+        """Mark dequantized weight ``w`` so that :meth:`_linear` rounds its input to the type ggml's CPU
+        backend converts it to (with ``ggml_rounding`` and an F16/BF16 weight; else ``w`` as it is)."""
+        src1 = _GGML_SRC1_DTYPE.get(qtype) if self.ggml_rounding else None
+        if src1 is not None:
+            w.ggml_src1 = src1  # type: ignore[attr-defined]
+        return w
 
     def _r(self, name: str) -> torch.Tensor:
         """A required tensor (load_model checked that it exists), dequantized like :meth:`_w`."""
@@ -174,6 +192,9 @@ class GGUFCausalLM:
         return _rms_norm(x, w, hp.eps)
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        src1 = getattr(w, "ggml_src1", None)
+        if src1 is not None:
+            x = x.to(src1).to(torch.float32)
         y = _mm(x.to(w.dtype), w).to(torch.float32)
         return y if b is None else y + b
 
@@ -340,8 +361,8 @@ class GGUFCausalLM:
         self._observe(x, head.name)
         parts = []
         for a in range(0, hp.n_vocab, _VOCAB_CHUNK):
-            w = head.row_range(a, min(a + _VOCAB_CHUNK, hp.n_vocab), self.dtype)
-            parts.append(_mm(x.to(w.dtype), w).to(torch.float32))
+            w = self.tag_src1(head.row_range(a, min(a + _VOCAB_CHUNK, hp.n_vocab), self.dtype), head.qtype)
+            parts.append(self._linear(x, w))
             del w
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         if hp.final_softcap:
@@ -458,6 +479,13 @@ def _to_rotate_half(tensors: dict[str, QTensor], hp: HParams) -> None:
                         t.permute_rows(order)
 
 
+def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A numpy-order shape without leading 1s (ggml_n_dims), at least one dimension."""
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
 def _load_tensor(model: GGUFModel, info: TensorInfo, device: torch.device, hasher: Any) -> QTensor:
     view = model.raw(info)
     hasher.update(view)
@@ -470,13 +498,18 @@ def _load_tensor(model: GGUFModel, info: TensorInfo, device: torch.device, hashe
     return QTensor(info.name, info.ggml_type, info.shape, raw)
 
 
-def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str = "auto") -> GGUFCausalLM:
+def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str = "auto",
+               ggml_rounding: bool = False) -> GGUFCausalLM:
     """Open a GGUF model for scoring.
 
     Args:
         path: a GGUF or PowerInfer (PWRI) file, or any shard of a gguf-split set.
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
         dtype: ``auto``/``f32`` (float32 everywhere), or ``f16``/``bf16`` matmuls on a GPU.
+        ggml_rounding: round the input of every matmul with an F16 (BF16) weight to F16 (BF16) first, as
+            llama.cpp's plain CPU kernels do (``--no-repack``, or a CPU without AMX). Its AMX buffer type
+            (ggml-cpu/amx/mmq.cpp, ``ggml_backend_amx_mul_mat``: F16 weights times float32 inputs in
+            AVX-512) rounds nothing, like the default here.
 
     Returns:
         The model; its weights stay in their GGUF types on ``device``.
@@ -506,8 +539,10 @@ def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str
             if info.name not in expected:
                 hasher.update(model.raw(info))  # predictor tensors etc.: hashed, not loaded
                 continue
-            want = expected[info.name]
-            if len(want) != len(info.shape) or any(w not in (-1, s) for w, s in zip(want, info.shape)):
+            # ggml shapes end in implicit 1s (llama-quantize writes qwen2moe's [1, n_embd] shared-expert gate
+            # as [n_embd]): compared without leading 1s, as llama.cpp's loader compares them
+            want, have = _strip_ones(expected[info.name]), _strip_ones(info.shape)
+            if len(want) != len(have) or any(w not in (-1, s) for w, s in zip(want, have)):
                 raise EvaluationError(f"tensor {info.name!r} has shape {list(info.shape)}, expected "
                                       f"{[w if w >= 0 else '*' for w in want]}", path=model.path)
             if not can_dequantize(info.ggml_type):
@@ -524,7 +559,9 @@ def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str
                 raise EvaluationError("NORM RoPE with a fused attn_qkv or partial rotation is not supported",
                                       path=model.path)
             _to_rotate_half(tensors, hp)
-        return GGUFCausalLM(Path(path), hp, tensors, dev, torch_dtype, hasher.hexdigest(), model)
+        lm = GGUFCausalLM(Path(path), hp, tensors, dev, torch_dtype, hasher.hexdigest(), model)
+        lm.ggml_rounding = ggml_rounding
+        return lm
     except BaseException:
         model.close()
         raise

@@ -40,12 +40,12 @@ def moe_ffn(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
     for e in torch.unique(selected).tolist():
         rows, slot = torch.nonzero(selected == e, as_tuple=True)
         xe = x[rows]
-        g = model._linear(xe, _expert(gate, e, model.dtype))
-        u = model._linear(xe, _expert(up, e, model.dtype))
+        g = model._linear(xe, _expert(model, gate, e))
+        u = model._linear(xe, _expert(model, up, e))
         a = F.silu(g) * u
         if acts is not None:
             acts[rows, slot] = a
-        y = model._linear(a, _expert(down, e, model.dtype))
+        y = model._linear(a, _expert(model, down, e))
         out.index_add_(0, rows, y * weights[rows, slot, None])
     if acts is not None:
         model._observe_routed(p + "ffn_down_exps.weight", acts.reshape(*shape[:-1], hp.n_expert_used, -1), ids)
@@ -64,10 +64,11 @@ def moe_ffn(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
     return out.reshape(shape)
 
 
-def _expert(t: object, e: int, dtype: torch.dtype) -> torch.Tensor:
-    """Expert ``e``'s matrix of a stacked ``[n_expert, rows, cols]`` tensor, dequantized."""
+def _expert(model: GGUFCausalLM, t: object, e: int) -> torch.Tensor:
+    """Expert ``e``'s matrix of a stacked ``[n_expert, rows, cols]`` tensor, dequantized (and marked for
+    ggml's input rounding, as :meth:`GGUFCausalLM._w` marks a dense weight)."""
     from ggufkit.eval.model import QTensor
 
     assert isinstance(t, QTensor)
     rows = t.shape[1]
-    return t.row_range(e * rows, (e + 1) * rows, dtype)
+    return model.tag_src1(t.row_range(e * rows, (e + 1) * rows, model.dtype), t.qtype)

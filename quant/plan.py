@@ -503,6 +503,10 @@ def _input_file_type(metadata: Mapping[str, Any], tensors: Sequence[TensorSource
 def _plan_one(t: TensorSource, name: str, preset: Preset, model: Model, c: Counters, opts: QuantOptions,
               has_imatrix: bool) -> PlanEntry:
     shape, src = tuple(int(d) for d in t.shape), t.ggml_type
+    # llama-quantize counts dimensions with ggml_n_dims (trailing ne of 1 dropped) and writes them so
+    # (gguf_add_tensor): qwen2moe's ffn_gate_inp_shexp, stored [1, n_embd], is a vector it keeps as is.
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
     ne0 = shape[-1] if shape else 1
     cat = tensor_category(name)
     fallback = False

@@ -65,12 +65,15 @@ def _render_statistics(d: Mapping[str, Any]) -> str:
               help="Every N chunks rewrite OUTPUT with the data so far (0: only at the end).")
 @click.option("--batch", "-b", type=click.IntRange(min=1), default=None,
               help="Chunks per forward pass (default: 2048 tokens' worth).")
+@click.option("--ggml-rounding", is_flag=True,
+              help="Round the input of F16/BF16 matmuls to F16/BF16 first, as llama.cpp's plain CPU kernels do "
+                   "(its AMX build multiplies float32 inputs, like the default).")
 @device_option
 @common_options
 def imatrix(model: str | None, text_file: str | None, output: str, output_format: str, ctx: int,
             chunks: int | None, from_chunk: int, process_output: bool, parse_special: bool, in_files: tuple[str, ...],
             show_statistics: bool, no_ppl: bool, save_frequency: int, output_frequency: int, batch: int | None,
-            device: str, out: Output) -> None:
+            ggml_rounding: bool, device: str, out: Output) -> None:
     """Collect MODEL's importance matrix on a text as llama-imatrix does (same tensors, sums, counts and
     files), for `ggufkit quantize --imatrix` or llama-quantize. Without MODEL, combine or convert --in-file
     files; with --show-statistics, describe one.
@@ -116,6 +119,7 @@ def imatrix(model: str | None, text_file: str | None, output: str, output_format
                              dataset=text_file, ctx=ctx, chunks=chunks, from_chunk=from_chunk,
                              process_output=process_output, parse_special=parse_special, compute_ppl=not no_ppl,
                              in_files=in_files, save_frequency=save_frequency, output_frequency=output_frequency,
-                             batch=batch, device=device, progress=out.progress(), on_chunk=on_chunk)
+                             batch=batch, device=device, ggml_rounding=ggml_rounding, progress=out.progress(),
+                             on_chunk=on_chunk)
     out.echo("\n")
     out.result(result.to_dict(), _render)
