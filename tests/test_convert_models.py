@@ -46,9 +46,11 @@ LLAMA_CPP_ARCHS = {"llama", "qwen2", "qwen3", "qwen", "gptneox"}
 
 def test_runner_has_a_case_for_every_registry_entry() -> None:
     from test_convert_archs import CASES as ARCH_CASES
+    from test_convert_mmproj import CLASSES as VISION_CLASSES
 
-    # OPT: test_convert_powerinfer.py; issue 11's architectures: test_convert_archs.py.
-    covered = {c[1] for c in CASES} | {"OPTForCausalLM"} | {c[1] for c in ARCH_CASES}
+    # OPT: test_convert_powerinfer.py; issue 11's architectures: test_convert_archs.py; the vision-language
+    # classes (text halves and projectors): test_convert_mmproj.py.
+    covered = {c[1] for c in CASES} | {"OPTForCausalLM"} | {c[1] for c in ARCH_CASES} | set(VISION_CLASSES)
     assert covered == set(load_registry().entries)
 
 
