@@ -9,7 +9,6 @@ through the same writer as text conversions (:func:`ggufkit.converters.core.writ
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 import time
@@ -26,7 +25,7 @@ from ggufkit.converters.hooks import hooks_for
 from ggufkit.converters.hparams import _MISSING, first_of
 from ggufkit.converters.metadata import default_name, size_label
 from ggufkit.converters.mmproj_registry import ARCH, ProjectorSpec
-from ggufkit.converters.plan import OUTTYPES, ConvertPlan, PlanEntry, compile_rule, resolve_outtype
+from ggufkit.converters.plan import OUTTYPES, ConvertPlan, PlanEntry, match_rules, resolve_outtype
 from ggufkit.converters.registry import ArchEntry, load_registry
 from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_dtype
 from ggufkit.errors import CheckpointError, TensorMappingError, UnsupportedArchitectureError, UsageError
@@ -144,32 +143,14 @@ def map_projector(spec: ProjectorSpec, hf_class: str, names: list[str],
         TensorMappingError: names no rule consumes, a block index beyond the config's block count, a GGUF name
             produced twice (two layouts mixed), or blocks with missing tensors.
     """
-    rules = [(compile_rule(r), r) for r in spec.tensors]
-    mapped: list[tuple[str, str, str, str | None]] = []
-    ignored, leftovers = [], []
+    matches, ignored, leftovers = match_rules(spec.tensors, spec.ignore, names, lambda n: _rename(spec, n),
+                                              n_block, "clip.vision.block_count")
     seen: dict[str, str] = {}
-    for name in names:
-        local = _rename(spec, name)
-        stem = re.sub(r"\.(weight|bias)$", "", local)
-        if any(fnmatch.fnmatchcase(local, p) or fnmatch.fnmatchcase(stem, p) for p in spec.ignore):
-            ignored.append(name)
-            continue
-        for pattern, rule in rules:
-            m = pattern.match(local)
-            if m is None:
-                continue
-            bid = m.group("bid") if "{bid}" in rule.hf_template else None
-            if bid is not None and int(bid) >= n_block:
-                leftovers.append(f"{name} (block {bid} >= clip.vision.block_count {n_block})")
-                break
-            gguf = rule.gguf_template.format(bid=bid) + (m.group("suffix") or "")
-            if gguf in seen:
-                raise TensorMappingError(f"{hf_class}: {name} and {seen[gguf]} both give {gguf}")
-            seen[gguf] = name
-            mapped.append((name, gguf, rule.tensor, rule.transform))
-            break
-        else:
-            leftovers.append(name)
+    for name, gguf, _ in matches:
+        if gguf in seen:
+            raise TensorMappingError(f"{hf_class}: {name} and {seen[gguf]} both give {gguf}")
+        seen[gguf] = name
+    mapped = [(name, gguf, rule.tensor, rule.transform) for name, gguf, rule in matches]
     if leftovers:
         more = f" and {len(leftovers) - 10} more" if len(leftovers) > 10 else ""
         raise TensorMappingError(f"{hf_class} projector: no rule for source tensors {', '.join(leftovers[:10])}"

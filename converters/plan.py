@@ -124,6 +124,40 @@ def compile_rule(rule: TensorRule) -> re.Pattern[str]:
     return re.compile(rf"^{body}(?P<suffix>\.weight|\.bias)?$")
 
 
+def match_rules(rules: tuple[TensorRule, ...] | list[TensorRule], ignore: tuple[str, ...] | list[str],
+                names: list[str], local_name: Callable[[str], str], n_block: int,
+                block_key: str) -> tuple[list[tuple[str, str, TensorRule]], list[str], list[str]]:
+    """Match checkpoint names against tensor rules (shared by the text and projector planners).
+
+    ``local_name`` turns a checkpoint name into the name the rules and ignore patterns see; a block index at or
+    beyond ``n_block`` is a leftover naming ``block_key``.
+
+    Returns:
+        ([(hf name, gguf name, rule)], [ignored hf names], [leftover descriptions]), in source order.
+    """
+    compiled = [(compile_rule(r), r) for r in rules]
+    mapped, ignored, leftovers = [], [], []
+    for name in names:
+        local = local_name(name)
+        stem = re.sub(r"\.(weight|bias)$", "", local)
+        if any(fnmatch.fnmatchcase(local, p) or fnmatch.fnmatchcase(stem, p) for p in ignore):
+            ignored.append(name)
+            continue
+        for pattern, rule in compiled:
+            m = pattern.match(local)
+            if m is None:
+                continue
+            bid = m.group("bid") if "{bid}" in rule.hf_template else None
+            if bid is not None and int(bid) >= n_block:
+                leftovers.append(f"{name} (block {bid} >= {block_key} {n_block})")
+                break
+            mapped.append((name, rule.gguf_template.format(bid=bid) + (m.group("suffix") or ""), rule))
+            break
+        else:
+            leftovers.append(name)
+    return mapped, ignored, leftovers
+
+
 def map_tensors(entry: ArchEntry, names: list[str], n_layer: int) -> tuple[list[tuple[str, str, TensorRule]],
                                                                             list[str]]:
     """Map HF names to GGUF names.
@@ -134,27 +168,8 @@ def map_tensors(entry: ArchEntry, names: list[str], n_layer: int) -> tuple[list[
     Raises:
         TensorMappingError: names no rule consumes and no ignore pattern matches, or a block index out of range.
     """
-    rules = [(compile_rule(r), r) for r in entry.tensors]
-    mapped, ignored, leftovers = [], [], []
-    for name in names:
-        local = name.removeprefix(entry.strip_prefix) if entry.strip_prefix else name
-        stem = re.sub(r"\.(weight|bias)$", "", local)
-        if any(fnmatch.fnmatchcase(local, p) or fnmatch.fnmatchcase(stem, p) for p in entry.ignore):
-            ignored.append(name)
-            continue
-        for pattern, rule in rules:
-            m = pattern.match(local)
-            if m is None:
-                continue
-            bid = m.group("bid") if "{bid}" in rule.hf_template else None
-            if bid is not None and int(bid) >= n_layer:
-                leftovers.append(f"{name} (block {bid} >= block_count {n_layer})")
-                break
-            gguf = rule.gguf_template.format(bid=bid) + (m.group("suffix") or "")
-            mapped.append((name, gguf, rule))
-            break
-        else:
-            leftovers.append(name)
+    local = (lambda n: n.removeprefix(entry.strip_prefix)) if entry.strip_prefix else (lambda n: n)
+    mapped, ignored, leftovers = match_rules(entry.tensors, entry.ignore, names, local, n_layer, "block_count")
     if leftovers:
         more = f" and {len(leftovers) - 10} more" if len(leftovers) > 10 else ""
         raise TensorMappingError(f"{entry.hf_class}: no rule for source tensors {', '.join(leftovers[:10])}{more}; "
