@@ -16,7 +16,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -212,8 +212,42 @@ def score_positions(logits: Any, targets: Any) -> np.ndarray:
     return nll.cpu().numpy()
 
 
-def _chunk_batches(n_chunk: int, batch: int) -> list[range]:
-    return [range(a, min(a + batch, n_chunk)) for a in range(0, n_chunk, batch)]
+def chunk_windows(stream: Any, batch: int, add_bos: bool, bos_id: int | None) -> Iterator[tuple[range, Any, Any]]:
+    """llama-perplexity's batches of ``stream``'s chunks (``[n_chunk, ctx]``): (chunk numbers, the window with
+    BOS written over each chunk's first token, the targets of the scored second half)."""
+    n_chunk, ctx = stream.shape
+    for a in range(0, n_chunk, batch):
+        group = range(a, min(a + batch, n_chunk))
+        window = stream[group.start:group.stop].clone()
+        if add_bos and bos_id is not None:
+            window[:, 0] = bos_id  # replaces the first token; never scored (targets start at first+1)
+        yield group, window, stream[group.start:group.stop, ctx // 2 + 1:]
+
+
+def fill_baseline_store(base: Any, windows: Iterable[tuple[range, Any, Any]], store: Any | None,
+                        progress: Progress, stats: RunningStats | None = None) -> None:
+    """Score the baseline on every window into ``store`` (when given) and its own NLLs into ``stats`` (when
+    given)."""
+    for group, window, targets in windows:
+        logits = base.logits(window, start=window.shape[1] // 2)[:, :-1]
+        targets = targets.to(base.device)
+        for i in range(len(group)):
+            if stats is not None:
+                stats.add(score_positions(logits[i], targets[i]))
+            if store is not None:
+                store.append(logits[i], targets[i])
+            progress.advance(1)
+        del logits
+
+
+def add_stored_kld(stats: RunningStats, logits: Any, store: Any, targets: Any) -> None:
+    """One chunk's KLD statistics against the stored baseline's next record."""
+    from ggufkit.eval.kld_store import stored_statistics
+
+    assert stats.kld is not None
+    v = stored_statistics(logits, store.read(len(targets)), targets)
+    stats.kld.add_values(v["kld"], v["nll"], v["nll_base"], v["p_diff"], int(v["same_top"].sum()),
+                         kld_upper=v["kld_upper"])
 
 
 def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, tokens: Sequence[int] | None = None,
@@ -255,7 +289,7 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
     import torch
 
     from ggufkit.eval.kld import KLDAccumulator
-    from ggufkit.eval.kld_store import BaselineStore, stored_statistics
+    from ggufkit.eval.kld_store import BaselineStore
     from ggufkit.eval.model import load_model, read_hparams
 
     if text is not None and tokens is not None:
@@ -295,25 +329,15 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
         first = ctx // 2
         stream = torch.tensor(ids[: n_chunk * ctx], dtype=torch.int64).reshape(n_chunk, ctx)
 
-        def windows() -> Any:
-            for group in _chunk_batches(n_chunk, batch):
-                window = stream[group.start:group.stop].clone()
-                if add_bos and bos_id is not None:
-                    window[:, 0] = bos_id  # replaces the first token; never scored (targets start at first+1)
-                yield group, window, stream[group.start:group.stop, first + 1:]
+        def windows() -> Iterator[tuple[range, Any, Any]]:
+            return chunk_windows(stream, batch, add_bos, bos_id)
 
         if mode == "stored":
             assert base is not None
             store = BaselineStore(base.n_vocab, kld_top_k, kld_tmp_dir)
             progress.begin(n_chunk, "chunk", "baseline")
             t0 = time.perf_counter()
-            for group, window, targets in windows():
-                base_logits = base.logits(window, start=first)[:, :-1]
-                targets = targets.to(base.device)
-                for i in range(len(group)):
-                    store.append(base_logits[i], targets[i])
-                    progress.advance(1)
-                del base_logits
+            fill_baseline_store(base, windows(), store, progress)
             scoring += time.perf_counter() - t0
             progress.end()
             base_sha = base.model_sha256
@@ -341,9 +365,7 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
                 if base_logits is not None:
                     stats.kld.add(logits[i], base_logits[i], targets[i])
                 elif store is not None:
-                    v = stored_statistics(logits[i], store.read(len(targets[i])), targets[i])
-                    stats.kld.add_values(v["kld"], v["nll"], v["nll_base"], v["p_diff"], int(v["same_top"].sum()),
-                                         kld_upper=v["kld_upper"])
+                    add_stored_kld(stats, logits[i], store, targets[i])
                 chunk_ppl.append(stats.ppl)
                 progress.advance(1)
                 if on_chunk is not None:

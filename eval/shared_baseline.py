@@ -57,12 +57,15 @@ def evaluate(master: Path, models: Mapping[str, Path], *, text: str, ctx: int, c
 
     from ggufkit.errors import EvaluationError
     from ggufkit.eval.kld import KLDAccumulator
-    from ggufkit.eval.kld_store import BaselineStore, stored_statistics
+    from ggufkit.eval.kld_store import BaselineStore
     from ggufkit.eval.model import load_model
     from ggufkit.eval.perplexity import (
         DEFAULT_BATCH_TOKENS,
         RunningStats,
+        add_stored_kld,
         check_chunking,
+        chunk_windows,
+        fill_baseline_store,
         score_positions,
         tokenize_text,
     )
@@ -82,26 +85,12 @@ def evaluate(master: Path, models: Mapping[str, Path], *, text: str, ctx: int, c
         stream = torch.tensor(ids[: n_chunk * ctx], dtype=torch.int64).reshape(n_chunk, ctx)
 
         def windows() -> Any:
-            # As eval/perplexity.py: perplexity: batches of chunks, BOS written over each chunk's first token.
-            for a in range(0, n_chunk, batch):
-                b = min(a + batch, n_chunk)
-                window = stream[a:b].clone()
-                if add_bos and bos_id is not None:
-                    window[:, 0] = bos_id
-                yield range(a, b), window, stream[a:b, first + 1:]
+            return chunk_windows(stream, batch, add_bos, bos_id)
 
         store = BaselineStore(base.n_vocab, kld_top_k) if models else None
         stats = RunningStats()
         progress.begin(n_chunk, "chunk", master.name)
-        for group, window, targets in windows():
-            logits = base.logits(window, start=first)[:, :-1]
-            targets = targets.to(base.device)
-            for i in range(len(group)):
-                stats.add(score_positions(logits[i], targets[i]))
-                if store is not None:
-                    store.append(logits[i], targets[i])
-                progress.advance(1)
-            del logits
+        fill_baseline_store(base, windows(), store, progress, stats)
         progress.end()
         master_scores: Scores = {"ppl": stats.ppl, "ppl_error": stats.ppl_error, "chunks": n_chunk, "ctx": ctx,
                                  "tokens_scored": stats.count, "n_tokens": len(ids), "text_sha256": text_sha,
@@ -130,9 +119,7 @@ def evaluate(master: Path, models: Mapping[str, Path], *, text: str, ctx: int, c
                     logits = model.logits(window, start=first)[:, :-1]
                     for i in range(len(group)):
                         st.add(score_positions(logits[i], targets[i]))
-                        v = stored_statistics(logits[i], store.read(len(targets[i])), targets[i])
-                        st.kld.add_values(v["kld"], v["nll"], v["nll_base"], v["p_diff"],
-                                          int(v["same_top"].sum()), kld_upper=v["kld_upper"])
+                        add_stored_kld(st, logits[i], store, targets[i])
                         progress.advance(1)
                     del logits
                 progress.end()
