@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,7 @@ def _llama_perplexity(model: Path, text_file: Path) -> float:
     exit (common/log.cpp), so a run that exits 0 without the final line is run again (at most 5 times)."""
     from llama_cpp_sources import tool_path
 
-    for _ in range(5):
+    for _ in range(10):
         proc = subprocess.run([str(tool_path("llama-perplexity")), "-m", str(model), "-f", str(text_file), "-c",
                                "64", "--chunks", "4", "-t", "2", "--no-repack"], capture_output=True, text=True,
                               check=False)
@@ -43,6 +44,11 @@ def _llama_perplexity(model: Path, text_file: Path) -> float:
         output = proc.stdout + proc.stderr
         if "Final estimate: PPL = " in output:
             return float(output.split("Final estimate: PPL = ")[1].split()[0])
+        # The running PPL after the last chunk is the final estimate (tools/perplexity: both print
+        # exp(nll/count) with 4 decimals); use it when only the closing line was lost.
+        last = re.search(r"\[4\]([0-9.]+),", output)
+        if last:
+            return float(last.group(1))
     raise AssertionError(output[-3000:])
 
 
