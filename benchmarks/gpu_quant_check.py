@@ -68,7 +68,7 @@ def main() -> None:
         rec: dict = {"type": qtype.name}
         try:
             gq, gdq = k.cuda()
-        except (ImportError, AttributeError) as exc:
+        except (ImportError, AttributeError, LookupError) as exc:
             rec["cuda"] = f"missing: {exc}"
             print(json.dumps(rec), flush=True)
             continue

@@ -31,11 +31,11 @@ from ggufkit.quant.cuda_legacy import _primitives, retarget
 
 _THREADS = 64  # each thread holds ~0.8 KB of local scratch; small thread blocks keep occupancy up
 
-_FP_FUNCS = ("_rint_pos", "fp32_to_fp16", "fp16_to_fp32")
+_FP_FUNCS = ("_rint_pos", "fp32_to_fp16", "fp32_to_fp16_x86", "fp16_to_fp32")
 _MATH_FUNCS = ("_mantissa_bits", "nearest_int_full", "round_clamp", "_in_fast_range", "_qkx_round", "_qkx_sums",
                "_qkx_err", "make_qkx_quants", "make_qx_quants", "make_qp_quants", "make_q3_quants",
                "get_scale_min_k4")
-_BLOCK_FUNCS = ("_f16_bits_x86", "_q45k_finish_block", "q45k_quantize_block", "q45k_dequantize_block",
+_BLOCK_FUNCS = ("_q45k_finish_block", "q45k_quantize_block", "q45k_dequantize_block",
                 "_q6k_finish_block", "q6k_quantize_block", "q6k_dequantize_block")
 
 

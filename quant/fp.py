@@ -5,6 +5,7 @@ Everything here mirrors one routine of ggml (ggml-impl.h, ggml.c):
 * :func:`fp32_to_fp16` - ``GGML_FP32_TO_FP16`` (software path of ``ggml-impl.h``): IEEE binary16,
   round-to-nearest-even, subnormals rounded too, ``|x| >= 65520`` -> inf, sign of zero kept, NaN ->
   ``sign | 0x7E00``.
+* :func:`fp32_to_fp16_x86` - the same for a computed scale, NaN stored as x86 makes it (0xFE00).
 * :func:`fp16_to_fp32` - ``GGML_FP16_TO_FP32``, exact.
 * :func:`nearest_int` - ggml's ``nearest_int`` magic-number trick (round half to even for |v| < 2^22).
 * :func:`roundf` - C ``roundf`` (round half away from zero), returned as an int.
@@ -69,6 +70,19 @@ def fp32_to_fp16(x: np.float32) -> np.uint16:
         exp += 1
         q = 1024
     return np.uint16(sign | ((exp + 15) << 10) | (q - 1024))
+
+
+@numba.njit(cache=True, fastmath=False)
+def fp32_to_fp16_x86(v: np.float32) -> int:
+    """:func:`fp32_to_fp16` of a computed scale, with the NaN sign x86 gives it.
+
+    With an imatrix and overflowing weights (|x| ~ 1e19 and up, x*x = inf) a scale fit returns NaN. x86
+    creates every NaN as 0xFFC00000 (sign set) and arithmetic passes it on unchanged, so ggml stores 0xFE00;
+    CUDA's canonical NaN is positive, so the sign is fixed here rather than taken from the value.
+    """
+    if v != v:
+        return 0xFE00
+    return np.int64(fp32_to_fp16(v))
 
 
 @numba.njit(cache=True, fastmath=False)

@@ -23,8 +23,7 @@ import numba
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fsub
-from ggufkit.quant.kquants import _f16_bits_x86
+from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16_x86, fsub
 from ggufkit.quant.kquants_math import GROUP_MAX_EPS, nearest_int_full
 
 IQ4_NL_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.IQ4_NL][1]  # 18
@@ -150,7 +149,7 @@ def iq4_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nsub: int, o
             max_scale = d
     if nsub > 1:
         d = -max_scale / np.float32(32.0)
-        dh = _f16_bits_x86(d)
+        dh = fp32_to_fp16_x86(d)
         idv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
         sh = 0
         for ib in range(nsub):
@@ -169,7 +168,7 @@ def iq4_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, nsub: int, o
         out[3] = (sh >> 8) & 0xFF
         q0 = 8
     else:
-        dh = _f16_bits_x86(scales[0])
+        dh = fp32_to_fp16_x86(scales[0])
         idv = np.float32(1.0) / scales[0] if scales[0] != np.float32(0.0) else np.float32(0.0)
         for j in range(32):
             L[j] = best_index_iq4(fmul(idv, x[j]))

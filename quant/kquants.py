@@ -34,7 +34,7 @@ import numba
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16, fsub
+from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16, fp32_to_fp16_x86, fsub
 from ggufkit.quant.kquants_math import (
     GROUP_MAX_EPS,
     get_scale_min_k4,
@@ -54,19 +54,6 @@ Q6_K_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q6_K][1]  # 210
 
 #: Blocks per prange iteration: amortizes the scratch allocation; has no effect on the bytes.
 _CHUNK = 16
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _f16_bits_x86(v: np.float32) -> int:
-    """``GGML_FP32_TO_FP16`` of a super-scale, with the NaN sign x86 gives it.
-
-    With an imatrix and overflowing weights (|x| ~ 1e19 and up, x*x = inf) ``make_qp_quants`` returns NaN.
-    x86 creates every NaN as 0xFFC00000 (sign set) and arithmetic passes it on unchanged, so ggml stores
-    0xFE00; CUDA's canonical NaN is positive, so the sign is fixed here rather than taken from the value.
-    """
-    if v != v:
-        return 0xFE00
-    return np.int64(fp32_to_fp16(v))
 
 
 # --- Q4_K / Q5_K --------------------------------------------------------------------------------
@@ -161,8 +148,8 @@ def _q45k_finish_block(use_qw: bool, nmax: int, x: np.ndarray, out: np.ndarray, 
             s[j + 4] = ((ls & 0xF) | ((lm & 0xF) << 4)) & 0xFF
             s[j - 4] = (np.int64(s[j - 4]) | ((ls >> 4) << 6)) & 0xFF
             s[j] = (np.int64(s[j]) | ((lm >> 4) << 6)) & 0xFF
-    d16 = _f16_bits_x86(d_block)
-    dmin16 = _f16_bits_x86(m_block)
+    d16 = fp32_to_fp16_x86(d_block)
+    dmin16 = fp32_to_fp16_x86(m_block)
     out[0] = d16 & 0xFF
     out[1] = d16 >> 8
     out[2] = dmin16 & 0xFF

@@ -25,8 +25,7 @@ import numba
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fsub
-from ggufkit.quant.kquants import _f16_bits_x86
+from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16_x86, fsub
 from ggufkit.quant.kquants_math import (
     GROUP_MAX_EPS,
     make_q3_quants,
@@ -130,8 +129,8 @@ def _q2k_finish_block(use_qw: bool, x: np.ndarray, out: np.ndarray, L: np.ndarra
     if use_qw:
         dm = make_qp_quants(16, 15, scales, Ls, sw)
         mm = make_qp_quants(16, 15, mins, Lm, sw)
-        d16 = _f16_bits_x86(dm)
-        m16 = _f16_bits_x86(mm)
+        d16 = fp32_to_fp16_x86(dm)
+        m16 = fp32_to_fp16_x86(mm)
         for j in range(16):
             out[j] = (np.int64(Ls[j]) | (np.int64(Lm[j]) << 4)) & 0xFF
     else:
@@ -146,7 +145,7 @@ def _q2k_finish_block(use_qw: bool, x: np.ndarray, out: np.ndarray, L: np.ndarra
             iscale = np.float32(15.0) / max_scale
             for j in range(16):
                 out[j] = nearest_int_full(fmul(iscale, scales[j])) & 0xFF
-            d16 = _f16_bits_x86(max_scale / np.float32(15.0))
+            d16 = fp32_to_fp16_x86(max_scale / np.float32(15.0))
         else:
             for j in range(16):
                 out[j] = 0
@@ -155,7 +154,7 @@ def _q2k_finish_block(use_qw: bool, x: np.ndarray, out: np.ndarray, L: np.ndarra
             iscale = np.float32(15.0) / max_min
             for j in range(16):
                 out[j] = (np.int64(out[j]) | (nearest_int_full(fmul(iscale, mins[j])) << 4)) & 0xFF
-            m16 = _f16_bits_x86(max_min / np.float32(15.0))
+            m16 = fp32_to_fp16_x86(max_min / np.float32(15.0))
         else:
             m16 = 0
     _store_f16(out, 80, d16)
@@ -235,7 +234,7 @@ def _q3k_finish_block(use_qw: bool, x: np.ndarray, out: np.ndarray, L: np.ndarra
         d_block = make_qx_quants(16, 32, scales, sw, True, Ls, buf)
         for j in range(16):
             _pack_q3_scale(sc_bytes, j, np.int64(Ls[j]))
-        d16 = _f16_bits_x86(d_block)
+        d16 = fp32_to_fp16_x86(d_block)
     else:
         max_scale = np.float32(0.0)
         amax = np.float32(0.0)
@@ -249,7 +248,7 @@ def _q3k_finish_block(use_qw: bool, x: np.ndarray, out: np.ndarray, L: np.ndarra
             for j in range(16):
                 li = _c_int8(nearest_int_full(fmul(iscale, scales[j])))  # int8_t l = nearest_int(...)
                 _pack_q3_scale(sc_bytes, j, max(-32, min(31, li)) + 32)
-            d16 = _f16_bits_x86(np.float32(1.0) / iscale)
+            d16 = fp32_to_fp16_x86(np.float32(1.0) / iscale)
         else:
             d16 = 0
     _store_f16(out, 108, d16)

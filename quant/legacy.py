@@ -29,7 +29,16 @@ import numba
 import numpy as np
 from numba import prange
 
-from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16, fsub, nearest_int, roundf
+from ggufkit.quant.fp import (
+    fadd,
+    fmul,
+    fp16_to_fp32,
+    fp32_to_fp16,
+    fp32_to_fp16_x86,
+    fsub,
+    nearest_int,
+    roundf,
+)
 
 QK = 32  # elements per block for every type in this module
 _F32_MAX = np.float32(3.4028234663852886e38)
@@ -292,7 +301,7 @@ def q4_0_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
     legacy_weights(x, r, b, qw, sigma2, w)
     d = make_qx_quants(x, r, b * QK, QK, 8, w, True, L)
     o = b * 18
-    store_f16(out, r, o, int(fp32_to_fp16(d)))
+    store_f16(out, r, o, fp32_to_fp16_x86(d))
     for j in range(16):
         out[r, o + 2 + j] = (L[j] | (L[j + 16] << 4)) & 0xFF
 
@@ -430,7 +439,7 @@ def q5_0_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
     legacy_weights(x, r, b, qw, sigma2, w)
     d = make_qx_quants(x, r, b * QK, QK, 16, w, True, L)
     o = b * 22
-    store_f16(out, r, o, int(fp32_to_fp16(d)))
+    store_f16(out, r, o, fp32_to_fp16_x86(d))
     store_q5(out, r, o + 2, L)
 
 
