@@ -231,15 +231,21 @@ def f16_bits_to_f32_rows(src: np.ndarray, table: np.ndarray, dst: np.ndarray, ba
         bad_rows[r] = flag
 
 
-@numba.njit(cache=True, fastmath=False, parallel=True)
+@numba.njit(cache=True, fastmath=False)
 def f32_non_finite_rows(x: np.ndarray, bad_rows: np.ndarray) -> None:
-    """Flag rows of float32[n_rows, n] holding an inf or NaN (``bad_rows`` uint8[n_rows])."""
-    for r in numba.prange(x.shape[0]):
-        flag = 0
-        for j in range(x.shape[1]):
-            v = x[r, j]
-            flag |= (v - v) != 0.0  # inf - inf and NaN - NaN are NaN; finite - itself is 0
-        bad_rows[r] = flag
+    """Flag rows of C-contiguous float32[n_rows, n] holding an inf or NaN (``bad_rows`` uint8[n_rows]).
+
+    On the bits: an all-ones exponent plus one exponent step carries into bit 31, and an OR over the row
+    keeps it. Integer OR vectorises (a float reduction does not without fastmath), so one thread runs at
+    memory speed (~1.5 G values/s), faster than a parallel float loop and immune to busy cores.
+    """
+    bits = x.view(np.uint32)
+    for r in range(bits.shape[0]):
+        m = np.uint32(0)
+        row = bits[r]
+        for j in range(row.shape[0]):
+            m |= (row[j] & np.uint32(0x7F800000)) + np.uint32(0x00800000)
+        bad_rows[r] = (m >> np.uint32(31)) & np.uint32(1)
 
 
 _F16_TABLE: list[np.ndarray] = []

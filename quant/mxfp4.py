@@ -49,7 +49,8 @@ def _e8m0_of_amax(amax: np.float32) -> int:
     if m < 0.99951171875:  # 1 - 2^-11
         fl = e - 1
     else:
-        fl = int(math.floor(float(np.float32(math.log2(float(amax))))))  # CUDA's floor returns a float
+        # int(): numba-cuda's math.floor returns a float (the CUDA kernel failed to compile without it)
+        fl = int(math.floor(float(np.float32(math.log2(float(amax))))))  # noqa: RUF046
     return (fl - 2 + 127) & 0xFF
 
 
