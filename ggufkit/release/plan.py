@@ -25,6 +25,10 @@ DEFAULT_IMATRIX_TYPES = ("IQ2_M", "IQ3_M", "IQ4_XS")
 #: Shards are cut below the hub's 50 GB per-file limit (decimal units, as llama.cpp's --split-max-size).
 DEFAULT_SPLIT_MAX_SIZE = 48 * 10**9
 MASTER_TYPES = ("auto", "bf16", "f16", "f32")
+#: Types a vision projector is written in (llama.cpp's converter with --mmproj); f16 by default, as publishers
+#: ship them.
+MMPROJ_TYPES = ("f32", "f16", "bf16", "q8_0")
+DEFAULT_MMPROJ_TYPE = "f16"
 #: The bundled sample is split: its first characters calibrate the imatrix, the rest is the evaluation text
 #: (the same split as ``ggufkit demo``), so a default release never scores on its calibration text.
 SAMPLE_SPLIT = 200_000
@@ -86,6 +90,8 @@ class ReleaseOptions:
     dry_run: bool = False
     device: str = "auto"
     quantized_by: str = "ggufkit"
+    mmproj_type: str | None = None
+    no_mmproj: bool = False
 
 
 @dataclass
@@ -111,6 +117,11 @@ class ReleasePlan:
     source_files: dict[str, dict[str, Any]]
     source_card: str | None
     notes: list[str] = field(default_factory=list)
+    #: The vision projector (``mmproj-{basename}-{FTYPE}.gguf``) of a vision-language checkpoint, its outtype
+    #: and estimated size; None for text-only models and with ``--no-mmproj``.
+    mmproj_file: str | None = None
+    mmproj_outtype: str | None = None
+    mmproj_bytes: int = 0
 
     def master_file(self) -> str:
         return f"{self.prefix}-{self.master_type}.gguf"
@@ -246,6 +257,10 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
         raise UsageError("--push uploads a whole release; run it with --card-only after the --only runs")
     if o.ctx < 16:
         raise UsageError(f"--ctx {o.ctx} is too small (at least 16)")
+    if o.mmproj_type is not None and o.mmproj_type not in MMPROJ_TYPES:
+        raise UsageError(f"--mmproj-type {o.mmproj_type!r}: expected one of {', '.join(MMPROJ_TYPES)}")
+    if o.mmproj_type is not None and o.no_mmproj:
+        raise UsageError("give one of --mmproj-type and --no-mmproj")
     use_imatrix = not o.no_imatrix
     types = [canonical_type(t) for t in o.types] if o.types else \
         list(DEFAULT_TYPES + (DEFAULT_IMATRIX_TYPES if use_imatrix else ()))
@@ -296,12 +311,37 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
     plan = ReleasePlan(o, outdir, model_dir, repo, revision, model_name, prefix, master_type,
                        dry.plan.nbytes, dry.plan.n_params, types, only or types, use_imatrix, imatrix_file,
                        imatrix_text, eval_text, source_files, source_card)
+    _plan_projector(plan, model_dir)
     if use_imatrix and o.imatrix is None and o.imatrix_text is None:
         plan.notes.append("importance matrix from the bundled English sample; a calibration text like the "
                           "model's real use (--imatrix-text) is better")
     if not o.card_only:
         _check_texts(plan)
     return plan
+
+
+def _plan_projector(plan: ReleasePlan, model_dir: Path) -> None:
+    """A vision-language checkpoint (a ``vision_config`` in config.json) ships its projector beside every quant,
+    unless ``--no-mmproj``; a vision class ggufkit writes no projector for is refused before any work."""
+    from ggufkit.converters import convert_mmproj
+    from ggufkit.converters.checkpoint import read_config
+    from ggufkit.errors import UnsupportedArchitectureError
+
+    o = plan.options
+    if not isinstance(read_config(model_dir).get("vision_config"), dict):
+        if o.mmproj_type is not None:
+            plan.notes.append(f"--mmproj-type {o.mmproj_type}: {plan.model_name} is a text-only model; no projector")
+        return
+    if o.no_mmproj:
+        return
+    outtype = o.mmproj_type or DEFAULT_MMPROJ_TYPE
+    try:
+        dry = convert_mmproj(o.model, None, outtype=outtype, dry_run=True)
+    except UnsupportedArchitectureError as exc:
+        raise UsageError(f"{exc.message}; give --no-mmproj to release the "
+                         "text model alone") from None
+    assert dry.plan.output is not None
+    plan.mmproj_file, plan.mmproj_outtype, plan.mmproj_bytes = dry.plan.output.name, outtype, dry.plan.nbytes
 
 
 def _check_outdir(outdir: Path, source_files: dict[str, dict[str, Any]]) -> None:

@@ -68,6 +68,38 @@ def master_step(ctx: StepContext) -> dict[str, Any]:
     return rec
 
 
+def mmproj_inputs(plan: ReleasePlan) -> tuple[dict[str, Any], dict[str, Any]]:
+    return {"source": plan.source_files}, {"outtype": plan.mmproj_outtype}
+
+
+def mmproj_step(ctx: StepContext) -> dict[str, Any] | None:
+    """The vision projector, written once beside every quant (none for text-only models)."""
+    from ggufkit.converters import convert_mmproj
+    from ggufkit.format import open_gguf
+    from ggufkit.summary import projector_summary
+
+    plan = ctx.plan
+    if plan.mmproj_file is None:
+        return None
+    inputs, params = mmproj_inputs(plan)
+    rec = ctx.state.done("mmproj", inputs, params)
+    if rec is None:
+        ctx.stage(f"writing the vision projector {plan.mmproj_file}")
+        out = plan.outdir / plan.mmproj_file
+        convert_mmproj(plan.options.model, out, outtype=params["outtype"], progress=ctx.progress)
+        with open_gguf(out) as f:
+            summary = projector_summary(f)
+        assert summary is not None
+        results = {k: summary[k] for k in ("projector_type", "image_size", "patch_size", "tokens_per_image")}
+        rec = ctx.state.finish("mmproj", inputs, params, [plan.mmproj_file],
+                               {"file_type": plan.mmproj_file.removesuffix(".gguf").rsplit("-", 1)[1], **results})
+        ctx.ran.append("mmproj")
+    else:
+        ctx.skipped.append("mmproj")
+    ctx.records["mmproj"] = rec
+    return rec
+
+
 def first_output(rec: dict[str, Any], outdir: Path) -> Path:
     return outdir / sorted(rec["outputs"])[0]
 
@@ -223,6 +255,9 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
     out.append(StepStatus("master", check("master", m_in, m_par), [plan.master_file()], plan.master_bytes,
                           f"convert to {plan.master_type}"))
     known = "master" in records
+    if plan.mmproj_file is not None:
+        out.append(StepStatus("mmproj", check("mmproj", *mmproj_inputs(plan)), [plan.mmproj_file], plan.mmproj_bytes,
+                              f"vision projector in {plan.mmproj_outtype}"))
     if plan.use_imatrix:
         assert plan.imatrix_file is not None
         action = check("imatrix", *imatrix_params(plan, records)) if known or o.imatrix is not None else "run"
