@@ -173,3 +173,39 @@ def test_push_sends_the_projector(released: tuple[Path, dict], vlm: Path, tmp_pa
     assert json.loads(proc.stdout)["ran"] == []
     sent = {i["value"]["path"] for c in hub.commits for i in c["items"] if i["key"] == "file"}
     assert MMPROJ in sent and QUANT in sent
+
+
+def test_fan_out_then_card_only_equals_the_single_machine_release(vlm: Path, tmp_path: Path) -> None:
+    args = ["--types", "q8_0,q4_0", *ARGS[2:]]
+    single = tmp_path / "single"
+    assert invoke("release", str(vlm), "-o", str(single), *args).exit_code == 0
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out, qtype in ((a, "q8_0"), (b, "q4_0")):
+        result = invoke("release", str(vlm), "-o", str(out), *args, "--only", qtype, "--json")
+        assert result.exit_code == 0, result.stderr
+        assert MMPROJ in json.loads(result.stdout)["files"]  # every machine writes the same projector
+    assert _sha(a / MMPROJ) == _sha(b / MMPROJ)
+    for p in b.rglob("*"):
+        if p.is_file() and not (a / p.relative_to(b)).exists():
+            (a / p.relative_to(b)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, a / p.relative_to(b))
+    result = invoke("release", str(vlm), "-o", str(a), *args, "--card-only")
+    assert result.exit_code == 0, result.stderr
+    assert _artifacts(a) == _artifacts(single)
+
+
+def test_a_vision_class_without_projector_support_is_refused_before_any_work(tmp_path: Path) -> None:
+    from fixtures_models import make_checkpoint
+
+    model = make_checkpoint(tmp_path / "llama-vision", "LlamaForCausalLM")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vision_config": {"hidden_size": 32}}))
+    out = tmp_path / "out"
+    result = invoke("release", str(model), "-o", str(out), *ARGS)
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "no projector support for LlamaForCausalLM" in result.stderr and "Gemma3ForConditionalGeneration" in \
+        result.stderr and "--no-mmproj" in result.stderr
+    assert not out.exists()
+    result = invoke("release", str(model), "-o", str(out), *ARGS, "--no-mmproj", "--dry-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert [s["step"] for s in json.loads(result.stdout)["steps"]][0] == "master"

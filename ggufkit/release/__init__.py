@@ -1,7 +1,8 @@
 """``ggufkit release``: a model's whole GGUF release in one resumable command.
 
-convert once to the master GGUF -> importance matrix -> quantize every type -> score the master once and
-each type against it -> model card, plot and manifest -> quality gates -> optional upload. Each step is
+(vision-language models: the projector, ``mmproj-*.gguf``) -> convert once to the master GGUF -> importance
+matrix -> quantize every type -> score the master once and each type against it -> model card, plot and
+manifest -> quality gates -> optional upload. Each step is
 skipped when its record says its inputs are unchanged and its files intact (:mod:`ggufkit.release.manifest`).
 
 Example:
@@ -124,8 +125,8 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
     if options.card_only:
         _load_records(sc)
     else:
+        mmproj_step(sc)  # first: small, and a projector that does not match its config stops the run early
         master_step(sc)
-        mmproj_step(sc)
         imatrix_step(sc)
         for qtype in plan.work_types:
             quant_step(sc, qtype)

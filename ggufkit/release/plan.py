@@ -117,11 +117,10 @@ class ReleasePlan:
     source_files: dict[str, dict[str, Any]]
     source_card: str | None
     notes: list[str] = field(default_factory=list)
-    #: The vision projector (``mmproj-{basename}-{FTYPE}.gguf``) of a vision-language checkpoint, its outtype
-    #: and estimated size; None for text-only models and with ``--no-mmproj``.
+    #: The vision projector (``mmproj-{basename}-{FTYPE}.gguf``) of a vision-language checkpoint and its outtype;
+    #: None for text-only models and with ``--no-mmproj``.
     mmproj_file: str | None = None
     mmproj_outtype: str | None = None
-    mmproj_bytes: int = 0
 
     def master_file(self) -> str:
         return f"{self.prefix}-{self.master_type}.gguf"
@@ -322,26 +321,30 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
 
 def _plan_projector(plan: ReleasePlan, model_dir: Path) -> None:
     """A vision-language checkpoint (a ``vision_config`` in config.json) ships its projector beside every quant,
-    unless ``--no-mmproj``; a vision class ggufkit writes no projector for is refused before any work."""
-    from ggufkit.converters import convert_mmproj
+    unless ``--no-mmproj``; a vision class ggufkit writes no projector for is refused before any work. Only the
+    config is read here (planning the projector hashes its weight files: the dry run and the step do that)."""
     from ggufkit.converters.checkpoint import read_config
+    from ggufkit.converters.metadata import default_name
+    from ggufkit.converters.mmproj import mmproj_output_path, projector_entry
     from ggufkit.errors import UnsupportedArchitectureError
 
     o = plan.options
-    if not isinstance(read_config(model_dir).get("vision_config"), dict):
+    config = read_config(model_dir)
+    if not isinstance(config.get("vision_config"), dict):
         if o.mmproj_type is not None:
             plan.notes.append(f"--mmproj-type {o.mmproj_type}: {plan.model_name} is a text-only model; no projector")
         return
     if o.no_mmproj:
         return
-    outtype = o.mmproj_type or DEFAULT_MMPROJ_TYPE
     try:
-        dry = convert_mmproj(o.model, None, outtype=outtype, dry_run=True)
+        projector_entry(config, model_dir)
     except UnsupportedArchitectureError as exc:
-        raise UsageError(f"{exc.message}; give --no-mmproj to release the "
-                         "text model alone") from None
-    assert dry.plan.output is not None
-    plan.mmproj_file, plan.mmproj_outtype, plan.mmproj_bytes = dry.plan.output.name, outtype, dry.plan.nbytes
+        raise UsageError(f"{exc.message}; give --no-mmproj to release the text model alone") from None
+    outtype = o.mmproj_type or DEFAULT_MMPROJ_TYPE
+    # convert --mmproj's own file name (mmproj-{basename}-{FTYPE}.gguf)
+    plan.mmproj_file = mmproj_output_path(None, model_dir, plan.repo, default_name(model_dir, plan.repo),
+                                          outtype.upper()).name
+    plan.mmproj_outtype = outtype
 
 
 def _check_outdir(outdir: Path, source_files: dict[str, dict[str, Any]]) -> None:

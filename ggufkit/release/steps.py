@@ -1,7 +1,8 @@
 """The steps of a release, each skipped when its record matches (see :mod:`ggufkit.release.manifest`).
 
-master (convert) -> imatrix (collect on the master, or copy the given file) -> one quantization per type ->
-evaluation (the master scored once, each type compared with it). Every file is written atomically by the
+projector (vision-language models: ``mmproj-*.gguf``) -> master (convert) -> imatrix (collect on the master,
+or copy the given file) -> one quantization per type -> evaluation (the master scored once, each type compared
+with it). Every file is written atomically by the
 API it comes from (ggufkit.format.atomic), so a SIGKILL leaves no partial file under a final name.
 """
 
@@ -251,13 +252,17 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
 
     if o.card_only:
         return [StepStatus("card", "run", ["README.md", "quality.png", "manifest.json"])]
+    if plan.mmproj_file is not None:
+        from ggufkit.converters import convert_mmproj
+
+        # planning the projector checks its tensors against the config (and hashes its weight files)
+        dry = convert_mmproj(o.model, plan.outdir / plan.mmproj_file, outtype=plan.mmproj_outtype, dry_run=True)
+        out.append(StepStatus("mmproj", check("mmproj", *mmproj_inputs(plan)), [plan.mmproj_file], dry.plan.nbytes,
+                              f"vision projector in {plan.mmproj_outtype}"))
     m_in, m_par = master_inputs(plan)
     out.append(StepStatus("master", check("master", m_in, m_par), [plan.master_file()], plan.master_bytes,
                           f"convert to {plan.master_type}"))
     known = "master" in records
-    if plan.mmproj_file is not None:
-        out.append(StepStatus("mmproj", check("mmproj", *mmproj_inputs(plan)), [plan.mmproj_file], plan.mmproj_bytes,
-                              f"vision projector in {plan.mmproj_outtype}"))
     if plan.use_imatrix:
         assert plan.imatrix_file is not None
         action = check("imatrix", *imatrix_params(plan, records)) if known or o.imatrix is not None else "run"
