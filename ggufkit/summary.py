@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 from gguf import Keys, LlamaFileType
 
 from ggufkit.constants import KEY_SLACK
@@ -45,24 +46,82 @@ def adapter_summary(model: GGUFModel) -> dict[str, Any] | None:
     }
 
 
+#: Projector types whose image tokens are the patches divided by ``n_merge`` per side (clip.cpp
+#: clip_n_output_tokens: GEMMA3, IDEFICS3, ...) and their ``n_merge`` when the file has no
+#: ``clip.vision.projector.scale_factor`` (clip.cpp clip_model_loader::load_hparams: Gemma 3 defaults to 4,
+#: the rest keep clip_hparams' 1).
+_SCALED = {"gemma3": 4, "idefics3": 1, "internvl": 1, "llama4": 1}
+#: Projector types merging 2x2 patches whatever ``clip.vision.spatial_merge_size`` says (clip_n_output_tokens:
+#: "2 conv, so double patch size").
+_DOUBLE_PATCH = frozenset({"qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "glm4v"})
+#: Projector types whose tokens are the patches themselves (clip_n_output_tokens: "do nothing").
+_PLAIN = frozenset({"mlp", "mlp_norm", "janus_pro", "phi4"})
+
+
+def tokens_per_image(projector_type: str | None, image_size: Any, patch_size: Any, *,
+                     scale_factor: Any = None, spatial_merge_size: Any = None,
+                     img_break: bool = False) -> int | None:
+    """Image tokens libmtmd gives an ``image_size`` x ``image_size`` image (one tile for tiling models), as
+    tools/mtmd/clip.cpp ``clip_n_output_tokens`` computes them; None for projector types not covered here.
+
+    Pixtral (and Mistral 3, the same projector type with a spatial merge) adds one ``[IMG_BREAK]`` token after
+    every row of patches but the last when the file has ``v.token_embd.img_break``.
+    """
+    if not projector_type or not image_size or not patch_size:
+        return None
+    side = int(image_size) // int(patch_size)
+    n_patches = side * side
+    if projector_type in _PLAIN:
+        return n_patches
+    if projector_type in _SCALED:
+        merge = int(scale_factor) if scale_factor else _SCALED[projector_type]
+        return n_patches // (merge * merge)
+    if projector_type in _DOUBLE_PATCH:
+        return (int(image_size) // (int(patch_size) * 2)) ** 2
+    if projector_type == "pixtral":
+        per_side = side // (int(spatial_merge_size) if spatial_merge_size else 1)
+        return per_side * per_side + (per_side - 1 if img_break else 0)
+    return None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
 def projector_summary(model: GGUFModel) -> dict[str, Any] | None:
-    """A vision projector's (``clip`` architecture, libmtmd's mmproj file) projector type, image and patch
-    size, tower size and patches per image (None for other files). Keys as tools/mtmd/clip.cpp reads them:
-    ``clip.projector_type`` (or ``clip.vision.projector_type`` in files with several encoders)."""
+    """A vision projector's (``clip`` architecture, libmtmd's mmproj file) projector type, modalities, image and
+    patch size, tokens per image, tower size and every ``clip.*`` key (None for other files). Keys as
+    tools/mtmd/clip.cpp reads them: ``clip.projector_type`` (or ``clip.vision.projector_type`` in files with
+    several encoders)."""
     if model.architecture != "clip":
         return None
     get = model.get
     image, patch = get("clip.vision.image_size"), get("clip.vision.patch_size")
     patches = (int(image) // int(patch)) ** 2 if image and patch else None
+    proj = get("clip.vision.projector_type") or get("clip.projector_type")
+    names = {t.name for t in model.tensors}
+    modalities = [m for m in ("vision", "audio") if get(f"clip.has_{m}_encoder")]
     return {
-        "projector_type": get("clip.vision.projector_type") or get("clip.projector_type"),
+        "projector_type": proj,
         "has_vision_encoder": bool(get("clip.has_vision_encoder")),
+        "modalities": modalities,
         "image_size": image,
         "patch_size": patch,
         "patches_per_image": patches,
+        "tokens_per_image": tokens_per_image(
+            proj, image, patch, scale_factor=get("clip.vision.projector.scale_factor"),
+            spatial_merge_size=get("clip.vision.spatial_merge_size"),
+            img_break="v.token_embd.img_break" in names),
         "embedding_length": get("clip.vision.embedding_length"),
         "block_count": get("clip.vision.block_count"),
         "projection_dim": get("clip.vision.projection_dim"),
+        "clip_keys": {k: _plain(get(k)) for k in sorted(model.kv) if k.startswith("clip.")},
     }
 
 

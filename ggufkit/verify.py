@@ -126,7 +126,9 @@ def verify(path: str | Path, *, hash_tensors: bool = False, progress: Progress |
 
 
 def _check_projector(model: GGUFModel, report: VerifyReport) -> None:
-    # clip.cpp (clip_model_loader) needs a projector type, and image and patch sizes, to load a vision encoder.
+    # clip.cpp (clip_model_loader::load_hparams) needs a projector type, image and patch sizes, and an image
+    # mean and std of at least 3 items each ("image_mean/image_std arrays must have at least 3 elements") to
+    # load a vision encoder.
     report.projector = projector_summary(model)
     p = report.projector
     if p is None or not p["has_vision_encoder"]:
@@ -136,6 +138,14 @@ def _check_projector(model: GGUFModel, report: VerifyReport) -> None:
         if not value:
             report.problems.append(Problem("projector", f"{key} is missing: libmtmd cannot load the vision "
                                            "encoder", report.path))
+    for key in ("clip.vision.image_mean", "clip.vision.image_std"):
+        value = p["clip_keys"].get(key)
+        if not isinstance(value, list) or len(value) < 3:
+            report.problems.append(Problem("projector", f"{key} must list at least 3 values (one per RGB "
+                                           "channel): libmtmd cannot load the vision encoder", report.path))
+    if p["projector_type"] and p["image_size"] and p["patch_size"] and p["tokens_per_image"] is None:
+        report.warnings.append(f"projector type {p['projector_type']!r}: ggufkit does not know how many tokens "
+                               "libmtmd makes of an image with it")
 
 
 def _check_adapter(model: GGUFModel, report: VerifyReport) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 from cli_helpers import invoke
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from gguf_builders import random_tensor_bytes, valid_raw, write_model
@@ -114,3 +115,72 @@ def test_float_specials_are_valid_json(tmp_path: Path) -> None:
     d = _info(path)
     assert d["metadata"]["x.nan"]["value"] == "nan"
     assert d["metadata"]["x.arr"]["value"]["first"] == ["inf", 1.0]
+
+
+# -- projector files (mmproj) ------------------------------------------------------------------------------------
+VLM_CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration", "LlavaForConditionalGeneration",
+               "Mistral3ForConditionalGeneration"]
+
+
+@pytest.fixture(scope="module")
+def vlm_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Per vision-language class: its text GGUF and ggufkit's f16 projector, from the layout llama.cpp handles."""
+    from fixtures_mmproj import ORACLE_LAYOUT, copy_layout, make_vlm
+
+    from ggufkit.converters import convert, convert_mmproj
+
+    out = {}
+    for hf_class in VLM_CLASSES:
+        root = tmp_path_factory.mktemp(hf_class)
+        model = copy_layout(make_vlm(root / "base", hf_class), root / "model", hf_class, ORACLE_LAYOUT[hf_class])
+        text = convert(model, root / "text.gguf", outtype="f32").outputs[0]
+        out[hf_class] = (text, convert_mmproj(model, root / "mmproj.gguf", outtype="f16").outputs[0])
+    return out
+
+
+@pytest.mark.parametrize("hf_class", VLM_CLASSES)
+def test_projector_tokens_per_image_are_those_libmtmd_makes(vlm_files: dict[str, tuple[Path, Path]],
+                                                             hf_class: str) -> None:
+    from mtmd_runtime import mtmd_image_embeddings
+
+    text, mmproj = vlm_files[hf_class]
+    p = _info(mmproj)["projector"]
+    size = p["image_size"]
+    rgb = (np.arange(size * size * 3) % 251).astype(np.uint8).reshape(size, size, 3)
+    chunks = mtmd_image_embeddings(text, mmproj, rgb)
+    # Idefics3 (SmolVLM) gives the tile and an overview of the same size: each has the tokens of one image.
+    assert p["tokens_per_image"] > 0
+    assert [c.shape[0] for c in chunks] == [p["tokens_per_image"]] * len(chunks)
+
+
+def test_projector_info_shows_clip_keys_types_and_sizes(vlm_files: dict[str, tuple[Path, Path]]) -> None:
+    _, mmproj = vlm_files["Mistral3ForConditionalGeneration"]
+    d = _info(mmproj)
+    p = d["projector"]
+    assert d["architecture"] == "clip" and p["projector_type"] == "pixtral" and p["modalities"] == ["vision"]
+    assert (p["image_size"], p["patch_size"], p["patches_per_image"]) == (64, 8, 64)
+    # 64 patches merged 2x2 (clip.vision.spatial_merge_size) in 4 rows of 4, an [IMG_BREAK] after each but the last
+    assert p["tokens_per_image"] == 19
+    clip = {k: v["value"] for k, v in d["metadata"].items() if k.startswith("clip.")}
+    assert set(p["clip_keys"]) == set(clip) and p["clip_keys"]["clip.vision.spatial_merge_size"] == 2
+    assert len(p["clip_keys"]["clip.vision.image_mean"]) == 3
+    text = invoke("info", str(mmproj)).stdout
+    assert "projector:    pixtral (vision), image 64 px, patch 8 px (64 patches, 19 tokens per image)" in text
+
+
+def test_tokens_per_image_follows_clip_cpp_per_projector_type() -> None:
+    from ggufkit.summary import tokens_per_image
+
+    # clip.cpp clip_n_output_tokens on an image_size square: Gemma 3 896/14 = 64 per side, merged 4x4 -> 256
+    assert tokens_per_image("gemma3", 896, 14) == 256
+    assert tokens_per_image("gemma3", 896, 14, scale_factor=2) == 1024
+    # SmolVLM-256M: 512/16 = 32 per side, pixel shuffle by 4 -> 64 per tile
+    assert tokens_per_image("idefics3", 512, 16, scale_factor=4) == 64
+    # Qwen2.5-VL / Qwen3-VL: 2x2 patches merged -> (image / (2 * patch))^2
+    assert tokens_per_image("qwen2.5vl_merger", 560, 14) == 400
+    assert tokens_per_image("qwen3vl_merger", 768, 16, spatial_merge_size=2) == 576
+    # Pixtral 12B 1024/16 = 64 per side, no merge, 63 [IMG_BREAK]s; Mistral Small 3.1 1540/14 = 110, merged 2x2
+    assert tokens_per_image("pixtral", 1024, 16, img_break=True) == 64 * 64 + 63
+    assert tokens_per_image("pixtral", 1540, 14, spatial_merge_size=2, img_break=True) == 55 * 55 + 54
+    assert tokens_per_image("pixtral", 1024, 16) == 64 * 64
+    assert tokens_per_image("some_future_type", 1024, 16) is None

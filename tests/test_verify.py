@@ -135,3 +135,45 @@ def test_missing_architecture_is_a_warning_not_a_problem(tmp_path: Path) -> None
     write_gguf(path, Metadata(), [], [])
     report = verify(path)
     assert report.ok and any("general.architecture is missing" in w for w in report.warnings)
+
+
+@pytest.fixture(scope="module")
+def gemma3_vlm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny Gemma 3 vision-language checkpoint's text GGUF and ggufkit's f16 projector."""
+    from fixtures_mmproj import copy_layout, make_vlm
+
+    from ggufkit.converters import convert, convert_mmproj
+
+    root = tmp_path_factory.mktemp("gemma3-vlm")
+    model = copy_layout(make_vlm(root / "base", "Gemma3ForConditionalGeneration"), root / "released",
+                        "Gemma3ForConditionalGeneration", "released")
+    return (convert(model, root / "text.gguf", outtype="f32").outputs[0],
+            convert_mmproj(model, root / "mmproj.gguf", outtype="f16").outputs[0])
+
+
+def test_projector_file_is_valid_and_described(gemma3_vlm: tuple[Path, Path]) -> None:
+    code, report = _run(str(gemma3_vlm[1]))
+    assert code == 0 and report["ok"], report
+    p = report["projector"]
+    assert (p["projector_type"], p["modalities"], p["image_size"], p["patch_size"]) == ("gemma3", ["vision"], 32, 8)
+    # (32/8)^2 = 16 patches, merged 2x2 (clip.vision.projector.scale_factor from mm_tokens_per_image = 4)
+    assert p["tokens_per_image"] == 4 and p["clip_keys"]["clip.vision.projector.scale_factor"] == 2
+    text = invoke("verify", str(gemma3_vlm[1])).stdout
+    assert "projector: gemma3 (vision), image 32 px, patch 8 px, 4 tokens per image" in text
+
+
+def test_projector_without_image_std_is_a_problem_libmtmd_agrees(gemma3_vlm: tuple[Path, Path],
+                                                                 tmp_path: Path) -> None:
+    from mtmd_runtime import mtmd_image_embeddings
+
+    text, mmproj = gemma3_vlm
+    broken = tmp_path / "broken.gguf"
+    res = invoke("set-meta", str(mmproj), "--delete", "clip.vision.image_std", "-o", str(broken))
+    assert res.exit_code == 0, res.stderr
+    code, report = _run(str(broken))
+    assert code == 2 and not report["ok"]
+    assert [p["kind"] for p in report["problems"]] == ["projector"]
+    assert "clip.vision.image_std" in report["problems"][0]["message"]
+    with pytest.raises(AssertionError, match="libmtmd could not load"):
+        mtmd_image_embeddings(text, broken, np.zeros((32, 32, 3), np.uint8))
+    mtmd_image_embeddings(text, mmproj, np.zeros((32, 32, 3), np.uint8))  # the file it was made from loads

@@ -28,9 +28,11 @@ def _render(d: Mapping[str, Any]) -> str:
                      + (f"; UNPAIRED: {', '.join(a['unpaired'][:3])}" if a["unpaired"] else ""))
     if d.get("projector"):
         p = d["projector"]
-        lines.append(f"projector:    {p['projector_type']}, image {p['image_size']} px, patch {p['patch_size']} px "
-                     f"({p['patches_per_image']} patches), {p['block_count']} blocks of {p['embedding_length']}, "
-                     f"projects to {p['projection_dim']}")
+        tokens = p["tokens_per_image"] if p["tokens_per_image"] is not None else "?"
+        lines.append(f"projector:    {p['projector_type']} ({'+'.join(p['modalities']) or 'no encoder'}), image "
+                     f"{p['image_size']} px, patch {p['patch_size']} px ({p['patches_per_image']} patches, {tokens} "
+                     f"tokens per image), {p['block_count']} blocks of {p['embedding_length']}, projects to "
+                     f"{p['projection_dim']}")
     t = d["totals"]
     bpw = f"{t['bits_per_weight']:.4f}" if t["bits_per_weight"] else "-"
     lines.append(f"tensors:      {t['tensors']}, {t['parameters']:,} parameters, {human_bytes(t['bytes'])}, "

@@ -31,6 +31,10 @@ def _render(d: Mapping[str, Any]) -> str:
                   f"{100 * r['same_top_p']:.1f}%") for r in d["rows"]]
         lines += ["", table(rows, ["type", "size", "bpw", "PPL", "ΔPPL", "mean KLD", "p99 KLD", "same top"],
                             align="lrrrrrrr")]
+    if d.get("projector"):
+        pj = d["projector"]
+        lines.append(f"vision projector: {pj['file']} ({pj['file_type']}, {pj['projector_type']}, "
+                     f"{pj['tokens_per_image']} tokens per image), {human_bytes(pj['size'])}")
     if d["push"]:
         lines.append(f"uploaded to {d['push']['url']}")
     if d["failures"]:
@@ -72,6 +76,10 @@ def _render(d: Mapping[str, Any]) -> str:
 @click.option("--private", is_flag=True, help="Create the hub repo private (with --push).")
 @click.option("--revision", default=None, metavar="BRANCH", help="Upload to this branch (with --push).")
 @click.option("--quantized-by", default="ggufkit", show_default=True, help="The card's quantized_by.")
+@click.option("--mmproj-type", type=click.Choice(["f32", "f16", "bf16", "q8_0"]), default=None,
+              help="Type of a vision-language model's projector (mmproj-*.gguf, shipped beside every quant; "
+                   "default f16).")
+@click.option("--no-mmproj", is_flag=True, help="Release a vision-language model's text model without its projector.")
 @dry_run_option
 @device_option
 @common_options
@@ -79,11 +87,13 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
             imatrix: str | None, no_imatrix: bool, eval_text: str | None, ctx: int, chunks: int | None,
             imatrix_chunks: int | None, kld_top_k: int, max_kld: tuple[str, ...], split_max_size: int | None,
             only: tuple[str, ...], card_only: bool, push: str | None, private: bool, revision: str | None,
-            quantized_by: str, dry_run: bool, device: str, out: Output) -> None:
+            quantized_by: str, mmproj_type: str | None, no_mmproj: bool, dry_run: bool, device: str,
+            out: Output) -> None:
     """Make MODEL's whole GGUF release in OUTDIR: convert once to the master, collect an importance matrix,
     quantize every type, score the master once and each type against it (PPL, ΔPPL, mean and p99 KLD, same
     top token), write the model card (README.md), a plot and manifest.json, check the gates, and upload with
-    --push. A rerun skips every step whose inputs and files are unchanged; a killed run is resumed by
+    --push. A vision-language model's projector (mmproj-*.gguf) is written once and shipped beside every
+    quant. A rerun skips every step whose inputs and files are unchanged; a killed run is resumed by
     running it again. Bad input exits 2 before any work; a failed gate exits 1 naming the types.
 
     \b
@@ -104,7 +114,8 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
                          imatrix_chunks=imatrix_chunks, kld_top_k=kld_top_k, max_kld=max_kld,
                          split_max_size=split_max_size, only=only, card_only=card_only, push=push,
                          private=private, revision=revision, dry_run=dry_run, device=device,
-                         quantized_by=quantized_by, progress=out.progress(), on_stage=out.info)
+                         quantized_by=quantized_by, mmproj_type=mmproj_type, no_mmproj=no_mmproj,
+                         progress=out.progress(), on_stage=out.info)
     for note in result.notes:
         out.info(f"note: {note}")
     out.result(result.to_dict(), _render)

@@ -17,7 +17,9 @@ def _render(d: Mapping[str, Any]) -> str:
              + (f", {len(d['shards'])} shards)" if len(d["shards"]) > 1 else ")")]
     if d.get("projector"):
         pr = d["projector"]
-        lines.append(f"  projector: {pr['projector_type']}, image {pr['image_size']} px, patch {pr['patch_size']} px")
+        lines.append(f"  projector: {pr['projector_type']} ({'+'.join(pr['modalities']) or 'no encoder'}), image "
+                     f"{pr['image_size']} px, patch {pr['patch_size']} px, "
+                     f"{pr['tokens_per_image'] if pr['tokens_per_image'] is not None else '?'} tokens per image")
     for p in d["problems"]:
         where = f" at byte {p['offset']}" if p["offset"] is not None else ""
         lines.append(f"  problem ({p['kind']}){where}: {p['message']}")

@@ -1,7 +1,8 @@
 """``ggufkit release``: a model's whole GGUF release in one resumable command.
 
-convert once to the master GGUF -> importance matrix -> quantize every type -> score the master once and
-each type against it -> model card, plot and manifest -> quality gates -> optional upload. Each step is
+(vision-language models: the projector, ``mmproj-*.gguf``) -> convert once to the master GGUF -> importance
+matrix -> quantize every type -> score the master once and each type against it -> model card, plot and
+manifest -> quality gates -> optional upload. Each step is
 skipped when its record says its inputs are unchanged and its files intact (:mod:`ggufkit.release.manifest`).
 
 Example:
@@ -39,6 +40,7 @@ class ReleaseResult:
     skipped: list[str] = field(default_factory=list)
     push: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    projector: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -56,7 +58,8 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
             max_kld: Sequence[str] | Mapping[str, float] = (), split_max_size: int | None = None,
             only: Sequence[str] = (), card_only: bool = False, push: str | None = None, private: bool = False,
             revision: str | None = None, dry_run: bool = False, device: str = "auto",
-            quantized_by: str = "ggufkit", progress: Progress | None = None,
+            quantized_by: str = "ggufkit", mmproj_type: str | None = None, no_mmproj: bool = False,
+            progress: Progress | None = None,
             on_stage: Callable[[str], None] | None = None) -> ReleaseResult:
     """Make (or resume, or plan) a GGUF release of ``model`` in ``outdir``.
 
@@ -80,6 +83,9 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
         dry_run: return the plan; write nothing.
         device: where the imatrix, quantization and evaluation run (``auto``, ``cpu``, ``cuda``).
         quantized_by: the card's ``quantized_by``.
+        mmproj_type, no_mmproj: a vision-language checkpoint's projector (``mmproj-{basename}-{FTYPE}.gguf``,
+            shipped beside every quant) is written in this type (``f32``, ``f16``, ``bf16``, ``q8_0``; default
+            ``f16``), or not at all with ``no_mmproj``. Text-only models have none.
         progress, on_stage: progress bars and one-line stage messages.
 
     Returns:
@@ -97,7 +103,7 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
         imatrix_chunks=imatrix_chunks, kld_top_k=kld_top_k, max_kld=parse_max_kld(max_kld),
         split_max_size=split_max_size if split_max_size is not None else DEFAULT_SPLIT_MAX_SIZE, only=tuple(only),
         card_only=card_only, push=push, private=private, revision=revision, dry_run=dry_run, device=device,
-        quantized_by=quantized_by)
+        quantized_by=quantized_by, mmproj_type=mmproj_type, no_mmproj=no_mmproj)
     from ggufkit.release.manifest import State
 
     state = State(options.outdir)
@@ -105,13 +111,21 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
     notes = list(plan.notes)
     if dry_run:
         return _dry_run(plan, state, notes)
-    from ggufkit.release.steps import StepContext, eval_step, imatrix_step, master_step, quant_step
+    from ggufkit.release.steps import (
+        StepContext,
+        eval_step,
+        imatrix_step,
+        master_step,
+        mmproj_step,
+        quant_step,
+    )
 
     plan.outdir.mkdir(parents=True, exist_ok=True)
     sc = StepContext(plan, state, progress or NullProgress(), on_stage or (lambda _: None))
     if options.card_only:
         _load_records(sc)
     else:
+        mmproj_step(sc)  # first: small, and a projector that does not match its config stops the run early
         master_step(sc)
         imatrix_step(sc)
         for qtype in plan.work_types:
@@ -129,7 +143,8 @@ def _load_records(ctx: Any) -> None:
     from ggufkit.errors import UsageError
 
     plan = ctx.plan
-    steps = ["master", *(["imatrix"] if plan.use_imatrix else []), "eval-master",
+    steps = ["master", *(["mmproj"] if plan.mmproj_file else []), *(["imatrix"] if plan.use_imatrix else []),
+             "eval-master",
              *(f"{s}-{t}" for t in plan.types for s in ("quantize", "eval"))]
     missing = [s for s in steps if ctx.state.record(s) is None]
     if missing:
@@ -160,6 +175,15 @@ def _rows(plan: ReleasePlan, ctx: Any) -> tuple[dict[str, Any], list[dict[str, A
     return master, rows, files
 
 
+def _projector(plan: ReleasePlan, ctx: Any) -> dict[str, Any] | None:
+    """The projector's file, sha256, size, bits per weight and what the mmproj step measured (None: no projector)."""
+    rec = ctx.records.get("mmproj")
+    if plan.mmproj_file is None or rec is None:
+        return None
+    return {"file": plan.mmproj_file, **rec["outputs"][plan.mmproj_file],
+            "bpw": _bpw(plan.outdir / plan.mmproj_file), **rec["results"]}
+
+
 def _bpw(path: Path) -> float:
     from ggufkit.format import open_gguf
 
@@ -188,8 +212,9 @@ def _assemble(plan: ReleasePlan, ctx: Any, notes: list[str]) -> ReleaseResult:
 
     ctx.stage("writing the model card, plot and manifest")
     master, rows, files = _rows(plan, ctx)
+    projector = _projector(plan, ctx)
     write_bytes(plan.outdir / PLOT, render_plot(rows, f"{plan.model_name}: size against quality"))
-    card = render_card(plan, master, rows, files, plan.options.push, __version__)
+    card = render_card(plan, master, rows, files, plan.options.push, __version__, projector=projector)
     write_bytes(plan.outdir / CARD, card.encode("utf-8"))
     artifacts = sorted({n for r in ctx.records.values() for n in r["outputs"]} | {CARD, PLOT})
     manifest = build_manifest(plan, ctx.records, artifacts, ctx.state, __version__)
@@ -198,7 +223,7 @@ def _assemble(plan: ReleasePlan, ctx: Any, notes: list[str]) -> ReleaseResult:
     files_all = sorted([*artifacts, MANIFEST])
     failures = _gates(plan, rows)
     result = ReleaseResult(str(plan.outdir), False, [], files_all, rows, master, failures, ctx.ran, ctx.skipped,
-                           notes=notes)
+                           notes=notes, projector=projector)
     if plan.options.push is not None and not failures:
         ctx.stage(f"uploading {len(files_all)} files to {plan.options.push}")
         result.push = push(plan.outdir, plan.options.push, files_all, private=plan.options.private,

@@ -36,7 +36,7 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
-def front_matter(plan: Any, repo_id: str | None) -> dict[str, Any]:
+def front_matter(plan: Any, repo_id: str | None, vision: bool = False) -> dict[str, Any]:
     """The card's YAML metadata; license and language come from the source card when it has them."""
     src = source_card_front_matter(plan.source_card)
     meta: dict[str, Any] = {"base_model": plan.repo or plan.model_name, "base_model_relation": "quantized",
@@ -44,15 +44,16 @@ def front_matter(plan: Any, repo_id: str | None) -> dict[str, Any]:
     for key in ("license", "license_name", "license_link", "language"):
         if key in src:
             meta[key] = src[key]
-    tags = ["gguf", "ggufkit", "llama.cpp", "quantized"] + (["imatrix"] if plan.use_imatrix else [])
+    tags = ["gguf", "ggufkit", "llama.cpp", "quantized"] + (["imatrix"] if plan.use_imatrix else []) \
+        + (["vision", "mmproj"] if vision else [])
     meta["tags"] = tags
-    meta["pipeline_tag"] = src.get("pipeline_tag", "text-generation")
+    meta["pipeline_tag"] = src.get("pipeline_tag", "image-text-to-text" if vision else "text-generation")
     meta["library_name"] = "gguf"
     return meta
 
 
 def render_card(plan: Any, master: dict[str, Any], rows: Sequence[dict[str, Any]], files: dict[str, list[str]],
-                repo_id: str | None, version: str) -> str:
+                repo_id: str | None, version: str, *, projector: dict[str, Any] | None = None) -> str:
     """The README.md text.
 
     Args:
@@ -63,24 +64,35 @@ def render_card(plan: Any, master: dict[str, Any], rows: Sequence[dict[str, Any]
         files: type (and ``master``) -> its file names.
         repo_id: the hub repository the card will live in (placeholder when unknown).
         version: ggufkit's version.
+        projector: a vision-language model's projector (``file``, ``file_type``, ``size``, ``bpw``,
+            ``projector_type``, ``image_size``, ``tokens_per_image``): listed with the files, run with
+            llama-mtmd-cli; None (text-only models) leaves the card as it was.
     """
     import yaml
 
     o = plan.options
     repo = repo_id or REPO_PLACEHOLDER
     exact = all(r.get("mean_kld_upper") is None or r["mean_kld_upper"] == r["mean_kld"] for r in rows)
-    lines = ["---", yaml.safe_dump(front_matter(plan, repo_id), sort_keys=False, allow_unicode=True).rstrip(),
+    pj = projector
+    meta = front_matter(plan, repo_id, pj is not None)
+    lines = ["---", yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(),
              "---", "", f"# {plan.model_name} GGUF", "",
              "GGUF quantizations of "
              + (f"[{plan.repo}](https://huggingface.co/{plan.repo})" if plan.repo else plan.model_name)
              + f", made with ggufkit {version} (`ggufkit release`): quantized byte-identically to llama.cpp's "
                f"`llama-quantize` from the {plan.master_type} master"
-             + (", with an importance matrix" if plan.use_imatrix else "") + ".", "",
+             + (", with an importance matrix" if plan.use_imatrix else "") + "."
+             + (f" The vision projector `{pj['file']}` goes beside any of them: images are read by llama.cpp's "
+                "libmtmd (llama-mtmd-cli, llama-server)." if pj else ""), "",
              "## Files", "",
              "| file | type | size | bits/weight | PPL | ΔPPL | mean KLD | p99 KLD | same top | note |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
              f"| `{files['master'][0]}` | {plan.master_type} (master) | {_human(master['size'])} | "
              f"{master['bpw']:.2f} | {master['ppl']:.4f} ± {master['ppl_error']:.4f} | – | – | – | – | reference |"]
+    if pj:
+        lines.append(f"| `{pj['file']}` | {pj['file_type']} (vision projector) | {_human(pj['size'])} | "
+                     f"{pj['bpw']:.2f} | – | – | – | – | – | {pj['projector_type']}, {pj['tokens_per_image']} tokens "
+                     f"per {pj['image_size']} px image; load with `--mmproj` beside any file |")
     for r in rows:
         name = files[r["type"]][0] + (f" (+{len(files[r['type']]) - 1} shards)" if len(files[r["type"]]) > 1 else "")
         lines.append(f"| `{name}` | {r['type']} | {_human(r['size'])} | {r['bpw']:.2f} | "
@@ -95,13 +107,22 @@ def render_card(plan: Any, master: dict[str, Any], rows: Sequence[dict[str, Any]
               f"percentile; {kld_note}). Same top: share of positions whose most likely token is the master's. "
               "Note: the master's logits are scored once and every type is compared with them.", "",
               f"![size against quality]({PLOT})", "",
-              "## How to run", "",
-              "llama.cpp:", "", "```sh",
-              f"llama-cli -hf {repo}:{rows[0]['type'] if rows else plan.master_type} -p \"Hello\"",
-              f"llama-cli -m {files[rows[0]['type']][0] if rows else files['master'][0]} -p \"Hello\"",
+              "## How to run", ""]
+    first_type = rows[0]["type"] if rows else plan.master_type
+    first_file = files[rows[0]["type"]][0] if rows else files["master"][0]
+    if pj:
+        lines += ["llama.cpp, text and images (`-hf` fetches the projector with the model):", "", "```sh",
+                  f"llama-mtmd-cli -hf {repo}:{first_type} --image image.jpg -p \"Describe this image.\"",
+                  f"llama-mtmd-cli -m {first_file} --mmproj {pj['file']} --image image.jpg -p \"Describe this image.\"",
+                  f"llama-server -m {first_file} --mmproj {pj['file']}",
+                  "```", ""]
+    lines += ["llama.cpp" + (", text only" if pj else "") + ":", "", "```sh",
+              f"llama-cli -hf {repo}:{first_type} -p \"Hello\"",
+              f"llama-cli -m {first_file} -p \"Hello\"",
               "```", "", "llama-cpp-python:", "", "```python", "from llama_cpp import Llama", "",
-              f"llm = Llama.from_pretrained(repo_id=\"{repo}\", filename=\"*{rows[0]['type'] if rows else plan.master_type}.gguf\")",
-              "print(llm(\"Hello\", max_tokens=32)[\"choices\"][0][\"text\"])", "```", "", "ollama:", "", "```sh"]
+              f"llm = Llama.from_pretrained(repo_id=\"{repo}\", filename=\"*{first_type}.gguf\")",
+              "print(llm(\"Hello\", max_tokens=32)[\"choices\"][0][\"text\"])", "```", "",
+              "ollama" + (" (the projector is fetched with the model)" if pj else "") + ":", "", "```sh"]
     lines += [f"ollama run hf.co/{repo}:{r['type']}" for r in rows] + ["```", ""]
     it = plan.imatrix_text
     im = ("none" if not plan.use_imatrix else
@@ -113,6 +134,8 @@ def render_card(plan: Any, master: dict[str, Any], rows: Sequence[dict[str, Any]
               f"- source: {plan.repo or plan.model_name}" + (f" at revision `{plan.revision}`" if plan.revision else "")
               + f" (files sha256 `{plan.source_id}`, listed in `manifest.json`)",
               f"- master: `{files['master'][0]}` ({plan.master_type}, converted by ggufkit {version})",
+              *([f"- vision projector: `{pj['file']}` ({pj['file_type']}, projector type {pj['projector_type']}, "
+                 f"converted by ggufkit {version} from the same checkpoint)"] if pj else []),
               f"- importance matrix: {im}",
               f"- evaluation text: {plan.eval_text.name} (sha256 `{plan.eval_text.sha256}`), ctx {o.ctx}, "
               f"{master['chunks']} chunks",

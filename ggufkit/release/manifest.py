@@ -91,7 +91,7 @@ def build_manifest(plan: Any, records: dict[str, dict[str, Any]], files: list[st
                    version: str) -> dict[str, Any]:
     """The manifest: every file's sha256 and size, the source, the tool, every step and every number."""
     o = plan.options
-    return {
+    manifest: dict[str, Any] = {
         "format": FORMAT,
         "tool": {"name": "ggufkit", "version": version},
         "model": plan.model_name,
@@ -108,3 +108,9 @@ def build_manifest(plan: Any, records: dict[str, dict[str, Any]], files: list[st
                   for name, rec in sorted(records.items())},
         "files": {name: state.hash(name) for name in sorted(files) if name != MANIFEST},
     }
+    if plan.mmproj_file is not None and "mmproj" in records:
+        # a vision-language model's projector, loaded beside every quant (text-only manifests are unchanged)
+        manifest["parameters"]["mmproj_type"] = plan.mmproj_outtype
+        manifest["projector"] = {"file": plan.mmproj_file, **state.hash(plan.mmproj_file),
+                                 **records["mmproj"]["results"]}
+    return manifest

@@ -25,6 +25,10 @@ DEFAULT_IMATRIX_TYPES = ("IQ2_M", "IQ3_M", "IQ4_XS")
 #: Shards are cut below the hub's 50 GB per-file limit (decimal units, as llama.cpp's --split-max-size).
 DEFAULT_SPLIT_MAX_SIZE = 48 * 10**9
 MASTER_TYPES = ("auto", "bf16", "f16", "f32")
+#: Types a vision projector is written in (llama.cpp's converter with --mmproj); f16 by default, as publishers
+#: ship them.
+MMPROJ_TYPES = ("f32", "f16", "bf16", "q8_0")
+DEFAULT_MMPROJ_TYPE = "f16"
 #: The bundled sample is split: its first characters calibrate the imatrix, the rest is the evaluation text
 #: (the same split as ``ggufkit demo``), so a default release never scores on its calibration text.
 SAMPLE_SPLIT = 200_000
@@ -86,6 +90,8 @@ class ReleaseOptions:
     dry_run: bool = False
     device: str = "auto"
     quantized_by: str = "ggufkit"
+    mmproj_type: str | None = None
+    no_mmproj: bool = False
 
 
 @dataclass
@@ -111,6 +117,10 @@ class ReleasePlan:
     source_files: dict[str, dict[str, Any]]
     source_card: str | None
     notes: list[str] = field(default_factory=list)
+    #: The vision projector (``mmproj-{basename}-{FTYPE}.gguf``) of a vision-language checkpoint and its outtype;
+    #: None for text-only models and with ``--no-mmproj``.
+    mmproj_file: str | None = None
+    mmproj_outtype: str | None = None
 
     def master_file(self) -> str:
         return f"{self.prefix}-{self.master_type}.gguf"
@@ -246,6 +256,10 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
         raise UsageError("--push uploads a whole release; run it with --card-only after the --only runs")
     if o.ctx < 16:
         raise UsageError(f"--ctx {o.ctx} is too small (at least 16)")
+    if o.mmproj_type is not None and o.mmproj_type not in MMPROJ_TYPES:
+        raise UsageError(f"--mmproj-type {o.mmproj_type!r}: expected one of {', '.join(MMPROJ_TYPES)}")
+    if o.mmproj_type is not None and o.no_mmproj:
+        raise UsageError("give one of --mmproj-type and --no-mmproj")
     use_imatrix = not o.no_imatrix
     types = [canonical_type(t) for t in o.types] if o.types else \
         list(DEFAULT_TYPES + (DEFAULT_IMATRIX_TYPES if use_imatrix else ()))
@@ -296,12 +310,41 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
     plan = ReleasePlan(o, outdir, model_dir, repo, revision, model_name, prefix, master_type,
                        dry.plan.nbytes, dry.plan.n_params, types, only or types, use_imatrix, imatrix_file,
                        imatrix_text, eval_text, source_files, source_card)
+    _plan_projector(plan, model_dir)
     if use_imatrix and o.imatrix is None and o.imatrix_text is None:
         plan.notes.append("importance matrix from the bundled English sample; a calibration text like the "
                           "model's real use (--imatrix-text) is better")
     if not o.card_only:
         _check_texts(plan)
     return plan
+
+
+def _plan_projector(plan: ReleasePlan, model_dir: Path) -> None:
+    """A vision-language checkpoint (a ``vision_config`` in config.json) ships its projector beside every quant,
+    unless ``--no-mmproj``; a vision class ggufkit writes no projector for is refused before any work. Only the
+    config is read here (planning the projector hashes its weight files: the dry run and the step do that)."""
+    from ggufkit.converters.checkpoint import read_config
+    from ggufkit.converters.metadata import default_name
+    from ggufkit.converters.mmproj import mmproj_output_path, projector_entry
+    from ggufkit.errors import UnsupportedArchitectureError
+
+    o = plan.options
+    config = read_config(model_dir)
+    if not isinstance(config.get("vision_config"), dict):
+        if o.mmproj_type is not None:
+            plan.notes.append(f"--mmproj-type {o.mmproj_type}: {plan.model_name} is a text-only model; no projector")
+        return
+    if o.no_mmproj:
+        return
+    try:
+        projector_entry(config, model_dir)
+    except UnsupportedArchitectureError as exc:
+        raise UsageError(f"{exc.message}; give --no-mmproj to release the text model alone") from None
+    outtype = o.mmproj_type or DEFAULT_MMPROJ_TYPE
+    # convert --mmproj's own file name (mmproj-{basename}-{FTYPE}.gguf)
+    plan.mmproj_file = mmproj_output_path(None, model_dir, plan.repo, default_name(model_dir, plan.repo),
+                                          outtype.upper()).name
+    plan.mmproj_outtype = outtype
 
 
 def _check_outdir(outdir: Path, source_files: dict[str, dict[str, Any]]) -> None:

@@ -1,7 +1,8 @@
 """The steps of a release, each skipped when its record matches (see :mod:`ggufkit.release.manifest`).
 
-master (convert) -> imatrix (collect on the master, or copy the given file) -> one quantization per type ->
-evaluation (the master scored once, each type compared with it). Every file is written atomically by the
+projector (vision-language models: ``mmproj-*.gguf``) -> master (convert) -> imatrix (collect on the master,
+or copy the given file) -> one quantization per type -> evaluation (the master scored once, each type compared
+with it). Every file is written atomically by the
 API it comes from (ggufkit.format.atomic), so a SIGKILL leaves no partial file under a final name.
 """
 
@@ -65,6 +66,38 @@ def master_step(ctx: StepContext) -> dict[str, Any]:
     else:
         ctx.skipped.append("master")
     ctx.records["master"] = rec
+    return rec
+
+
+def mmproj_inputs(plan: ReleasePlan) -> tuple[dict[str, Any], dict[str, Any]]:
+    return {"source": plan.source_files}, {"outtype": plan.mmproj_outtype}
+
+
+def mmproj_step(ctx: StepContext) -> dict[str, Any] | None:
+    """The vision projector, written once beside every quant (none for text-only models)."""
+    from ggufkit.converters import convert_mmproj
+    from ggufkit.format import open_gguf
+    from ggufkit.summary import projector_summary
+
+    plan = ctx.plan
+    if plan.mmproj_file is None:
+        return None
+    inputs, params = mmproj_inputs(plan)
+    rec = ctx.state.done("mmproj", inputs, params)
+    if rec is None:
+        ctx.stage(f"writing the vision projector {plan.mmproj_file}")
+        out = plan.outdir / plan.mmproj_file
+        convert_mmproj(plan.options.model, out, outtype=params["outtype"], progress=ctx.progress)
+        with open_gguf(out) as f:
+            summary = projector_summary(f)
+        assert summary is not None
+        results = {k: summary[k] for k in ("projector_type", "image_size", "patch_size", "tokens_per_image")}
+        rec = ctx.state.finish("mmproj", inputs, params, [plan.mmproj_file],
+                               {"file_type": plan.mmproj_file.removesuffix(".gguf").rsplit("-", 1)[1], **results})
+        ctx.ran.append("mmproj")
+    else:
+        ctx.skipped.append("mmproj")
+    ctx.records["mmproj"] = rec
     return rec
 
 
@@ -219,6 +252,13 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
 
     if o.card_only:
         return [StepStatus("card", "run", ["README.md", "quality.png", "manifest.json"])]
+    if plan.mmproj_file is not None:
+        from ggufkit.converters import convert_mmproj
+
+        # planning the projector checks its tensors against the config (and hashes its weight files)
+        dry = convert_mmproj(o.model, plan.outdir / plan.mmproj_file, outtype=plan.mmproj_outtype, dry_run=True)
+        out.append(StepStatus("mmproj", check("mmproj", *mmproj_inputs(plan)), [plan.mmproj_file], dry.plan.nbytes,
+                              f"vision projector in {plan.mmproj_outtype}"))
     m_in, m_par = master_inputs(plan)
     out.append(StepStatus("master", check("master", m_in, m_par), [plan.master_file()], plan.master_bytes,
                           f"convert to {plan.master_type}"))
