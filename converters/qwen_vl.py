@@ -31,9 +31,10 @@ def _vision(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _is_qwen25(config: Mapping[str, Any]) -> bool:
-    # conversion/qwenvl.py picks the projector by the root model_type; the merged config keeps it only where
-    # text_config has none, so the vision tower's model_type decides here.
-    return str(_vision(config).get("model_type", "")).startswith("qwen2_5_vl")
+    # conversion/qwenvl.py picks the projector by the root model_type, which the merged config loses to
+    # text_config's ("qwen2_5_vl_text"), and released vision_configs name none: the class decides.
+    archs = config.get("architectures")
+    return isinstance(archs, list) and bool(archs) and archs[0] == "Qwen2_5_VLForConditionalGeneration"
 
 
 def mmproj_metadata(config: Mapping[str, Any], preprocessor: Mapping[str, Any]) -> dict[str, Any]:

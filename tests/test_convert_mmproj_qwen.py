@@ -72,6 +72,22 @@ def test_bf16_checkpoint_projector_equals_llama_cpp_converter(hf_class: str, tmp
     assert _keys(tmp_path / "theirs.gguf") == _keys(ours)
 
 
+def test_qwen25_released_config_style_equals_llama_cpp_converter(qwen: dict[str, dict[str, Path]],
+                                                                  tmp_path: Path) -> None:
+    # The hub's Qwen2.5-VL config.json (transformers 4.49): the text fields at the root, no text_config, no
+    # model_type in vision_config.
+    model = shutil.copytree(qwen["Qwen2_5_VLForConditionalGeneration"]["released"], tmp_path / "hub")
+    config = json.loads((model / "config.json").read_text())
+    config = {**config, **config.pop("text_config"), "model_type": "qwen2_5_vl"}
+    config["vision_config"].pop("model_type")
+    (model / "config.json").write_text(json.dumps(config))
+    run = llama_cpp_mmproj(model, tmp_path / "theirs.gguf", "f16")
+    assert run.returncode == 0, run.stderr[-2000:]
+    ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype="f16").outputs[0]
+    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
+    assert _keys(tmp_path / "theirs.gguf") == _keys(ours)
+
+
 @pytest.mark.parametrize("hf_class", QWEN_CLASSES)
 def test_every_layout_gives_the_same_projector(qwen: dict[str, dict[str, Path]], hf_class: str,
                                                tmp_path: Path) -> None:
