@@ -133,6 +133,17 @@ def test_text_model_equals_llama_cpp_converter(qwen: dict[str, dict[str, Path]],
             assert np.array_equal(np.asarray(a.get(key)), np.asarray(b.get(key))), key
 
 
+@pytest.mark.parametrize("hf_class", QWEN_CLASSES)
+def test_every_layout_gives_the_same_text_model(qwen: dict[str, dict[str, Path]], hf_class: str,
+                                                tmp_path: Path) -> None:
+    want = None
+    for layout, model in qwen[hf_class].items():
+        got = _tensors(convert(model, tmp_path / f"{layout}.gguf", outtype="f16").outputs[0])
+        if want is None:
+            want = got
+        assert got == want, layout
+
+
 def _pixels(model_dir: Path, rgb: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """Qwen2VLImageProcessor's patches of an image already at a multiple of patch x merge: normalized, the frame
     repeated (temporal patch 2), flattened merge window by merge window."""
