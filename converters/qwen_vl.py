@@ -87,12 +87,27 @@ def _deepstack_indexes(vision: Mapping[str, Any], depth: int) -> list[int]:
     return list(indexes)
 
 
-def _rows(load: Callable[[], np.ndarray], start: int, stop: int) -> Callable[[], np.ndarray]:
-    return lambda: np.ascontiguousarray(load()[start:stop])
+class _Parts:
+    """Slices of one source tensor, read once: the tensor is kept from its first part until its last has been
+    taken (the writer streams the parts one after the other), so memory stays bounded by one tensor."""
 
+    def __init__(self, load: Callable[[], np.ndarray], n: int) -> None:
+        self._load, self._n, self._taken = load, n, 0
+        self._arr: np.ndarray | None = None
 
-def _frame(load: Callable[[], np.ndarray], t: int) -> Callable[[], np.ndarray]:
-    return lambda: np.ascontiguousarray(load()[:, :, t])
+    def part(self, index: Any) -> Callable[[], np.ndarray]:
+        def take() -> np.ndarray:
+            arr = self._arr
+            if arr is None:
+                arr = self._arr = self._load()
+                self._taken = 0
+            out = np.ascontiguousarray(arr[index])
+            self._taken += 1
+            if self._taken == self._n:
+                self._arr = None
+            return out
+
+        return take
 
 
 def mmproj_rewrite(raw: list[Raw], loaders: dict[str, Callable[[], np.ndarray]],
@@ -116,19 +131,21 @@ def mmproj_rewrite(raw: list[Raw], loaders: dict[str, Callable[[], np.ndarray]],
             if len(shape) != 5 or shape[2] != 2:
                 raise TensorMappingError(f"{source} has shape {list(shape)}; libmtmd needs a 3-D convolution over "
                                          "2 frames ([out, in, 2, patch, patch])")
+            frames = _Parts(load, 2)
             for t, name in enumerate((gguf, f"{gguf}.1")):
                 out.append((name, f"{source}[:, :, {t}]", kind, (*shape[:2], *shape[3:]), dtype, transform))
-                loaders[name] = _frame(load, t)
+                loaders[name] = frames.part(np.s_[:, :, t])
             continue
         if kind == "V_ENC_ATTN_QKV" and split_qkv:
             if shape[0] % 3:
                 raise TensorMappingError(f"{source} has {shape[0]} rows, not 3 equal parts (q, k, v)")
             c = shape[0] // 3
+            parts = _Parts(load, 3)
             for i, part in enumerate(("Q", "K", "V")):
                 name = gguf.replace(".attn_qkv.", f".attn_{part.lower()}.")
                 out.append((name, f"{source}[{i * c}:{(i + 1) * c}]", f"V_ENC_ATTN_{part}", (c, *shape[1:]), dtype,
                             transform))
-                loaders[name] = _rows(load, i * c, (i + 1) * c)
+                loaders[name] = parts.part(np.s_[i * c:(i + 1) * c])
             continue
         if kind.startswith("V_DS_"):
             if indexes is None:
@@ -137,9 +154,9 @@ def mmproj_rewrite(raw: list[Raw], loaders: dict[str, Callable[[], np.ndarray]],
             if position >= len(indexes):
                 raise TensorMappingError(f"{source}: deepstack merger {position}, but deepstack_visual_indexes "
                                          f"lists {len(indexes)} layers")
-            parts = gguf.split(".")
-            parts[2] = str(indexes[position])
-            gguf = ".".join(parts)
+            pieces = gguf.split(".")
+            pieces[2] = str(indexes[position])
+            gguf = ".".join(pieces)
         out.append((gguf, source, kind, shape, dtype, transform))
         loaders[gguf] = load
     return out
