@@ -24,9 +24,11 @@ from ggufkit.errors import TensorMappingError, UnsupportedArchitectureError
 from ggufkit.format import open_gguf
 
 QWEN_CLASSES = ["Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"]
-#: Image side per class: Qwen2.5-VL 224 px = 16x16 patches in 2x2 windows of 112 px (window attention in the
-#: layers outside fullatt_block_indexes); Qwen3-VL 96 px = 3x3 tokens (libmtmd enlarges images under 8 tokens).
-IMAGE_SIDE = {"Qwen2_5_VLForConditionalGeneration": 224, "Qwen3VLForConditionalGeneration": 96}
+#: (class, image side): Qwen2.5-VL at 112 px (one 112 px window, the issue's case) and 224 px (16x16 patches in
+#: 2x2 windows: window attention in the layers outside fullatt_block_indexes); Qwen3-VL at 96 px = 3x3 tokens
+#: (libmtmd enlarges images under 8 tokens).
+IMAGES = [("Qwen2_5_VLForConditionalGeneration", 112), ("Qwen2_5_VLForConditionalGeneration", 224),
+          ("Qwen3VLForConditionalGeneration", 96)]
 
 
 @pytest.fixture(scope="module")
@@ -181,15 +183,15 @@ def _transformers_features(model_dir: Path, rgb: np.ndarray) -> np.ndarray:
 HF_BOUND = {"Qwen2_5_VLForConditionalGeneration": 1e-3, "Qwen3VLForConditionalGeneration": 1e-3}
 
 
-@pytest.mark.parametrize("hf_class", QWEN_CLASSES)
-def test_libmtmd_embeddings(qwen: dict[str, dict[str, Path]], hf_class: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("hf_class", "side"), IMAGES)
+def test_libmtmd_embeddings(qwen: dict[str, dict[str, Path]], hf_class: str, side: int, tmp_path: Path) -> None:
     from mtmd_runtime import mtmd_image_embeddings
 
     model = qwen[hf_class][ORACLE_LAYOUT[hf_class]]
     text = convert(model, tmp_path / "text.gguf", outtype="f32").outputs[0]
     theirs = tmp_path / "theirs.gguf"
     assert llama_cpp_mmproj(model, theirs, "f32").returncode == 0
-    rgb = np.random.default_rng(7).integers(0, 256, (IMAGE_SIDE[hf_class],) * 2 + (3,), dtype=np.uint8)
+    rgb = np.random.default_rng(7).integers(0, 256, (side, side, 3), dtype=np.uint8)
     ref = mtmd_image_embeddings(text, theirs, rgb)
     for layout, d in qwen[hf_class].items():
         ours = convert_mmproj(d, tmp_path / f"ours-{layout}.gguf", outtype="f32").outputs[0]
