@@ -2,7 +2,8 @@
 
 The checkpoint is built here: Gemma 3's released layout with the real SigLIP-so400m tower of Gemma 3 4B-27B
 (27 layers, width 1152, FFN 4304, 896 px images in 14 px patches), random bf16 weights: 0.82 GB of vision
-weights, plus a small text embedding the projector leaves out. Each converter runs in its own fresh process
+weights, plus a small text embedding the projector leaves out; and Qwen2.5-VL's tower at half depth
+(:data:`QWEN_VISION`, 0.66 GB), whose fused qkv and 3-D patch embedding are split on the way. Each converter runs in its own fresh process
 (``bench_convert.measure``: the child's ``ru_maxrss``).
 
 Run: ``python -m pytest benchmarks/bench_mmproj.py --benchmark-enable -s`` (not part of CI). Target (issue 17):
@@ -75,8 +76,64 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+#: Qwen2.5-VL's tower at half the depth of the 3B-72B one (width 1280, FFN 3420, 16 heads, 14 px patches, a
+#: full-attention layer every 8): 0.66 GB of bf16 vision weights, the fused qkv and the 3-D patch embedding split.
+QWEN_VISION = dict(depth=16, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
+                   out_hidden_size=2048, fullatt_block_indexes=[7, 15], window_size=112, spatial_merge_size=2,
+                   temporal_patch_size=2, model_type="qwen2_5_vl_vision", hidden_act="silu")
+
+
+def build_qwen25_checkpoint(d: Path) -> int:
+    """A Qwen2.5-VL checkpoint (released layout) in ``d``; returns its vision weight bytes."""
+    d.mkdir(parents=True, exist_ok=True)
+    text = {"hidden_size": 2048, "intermediate_size": 4096, "num_hidden_layers": 1, "num_attention_heads": 16,
+            "num_key_value_heads": 2, "vocab_size": 320, "rms_norm_eps": 1e-6, "model_type": "qwen2_5_vl_text"}
+    config = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+              "text_config": text, "vision_config": QWEN_VISION}
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711], "patch_size": 14, "merge_size": 2}))
+    rng = np.random.default_rng(0)
+    h, ff = QWEN_VISION["hidden_size"], QWEN_VISION["intermediate_size"]
+    tensors: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": _bf16(rng, (320, text["hidden_size"])),
+        "visual.patch_embed.proj.weight": _bf16(rng, (h, 3, 2, 14, 14)),
+        "visual.merger.ln_q.weight": _bf16(rng, (h,)),
+        "visual.merger.mlp.0.weight": _bf16(rng, (4 * h, 4 * h)), "visual.merger.mlp.0.bias": _bf16(rng, (4 * h,)),
+        "visual.merger.mlp.2.weight": _bf16(rng, (2048, 4 * h)), "visual.merger.mlp.2.bias": _bf16(rng, (2048,)),
+    }
+    for i in range(QWEN_VISION["depth"]):
+        q = f"visual.blocks.{i}."
+        for name, shape in (("attn.qkv", (3 * h, h)), ("attn.proj", (h, h)), ("mlp.gate_proj", (ff, h)),
+                            ("mlp.up_proj", (ff, h)), ("mlp.down_proj", (h, ff))):
+            tensors[q + name + ".weight"] = _bf16(rng, shape)
+            tensors[q + name + ".bias"] = _bf16(rng, (shape[0],))
+        for norm in ("norm1", "norm2"):
+            tensors[q + norm + ".weight"] = _bf16(rng, (h,))
+    save_bf16(tensors, d / "model.safetensors")
+    return sum(t.nbytes for k, t in tensors.items() if k.startswith("visual."))
+
+
+@pytest.fixture(scope="module")
+def qwen25_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("bench") / "qwen25-vl-tower"
+    assert build_qwen25_checkpoint(d) >= 600_000_000
+    return d
+
+
 @pytest.mark.parametrize("outtype", ["f16", "q8_0"])
 def test_mmproj_time_and_peak_rss_vs_llama_cpp(benchmark, checkpoint: Path, outtype: str, tmp_path: Path) -> None:
+    _time_and_rss(benchmark, checkpoint, outtype, tmp_path)
+
+
+@pytest.mark.parametrize("outtype", ["f16"])
+def test_qwen25_mmproj_time_and_peak_rss_vs_llama_cpp(benchmark, qwen25_checkpoint: Path, outtype: str,
+                                                      tmp_path: Path) -> None:
+    _time_and_rss(benchmark, qwen25_checkpoint, outtype, tmp_path)
+
+
+def _time_and_rss(benchmark, checkpoint: Path, outtype: str, tmp_path: Path) -> None:
     llama_cpp = llama_cpp_dir()
     env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
     ours_cmd = [sys.executable, "-m", "ggufkit", "convert", str(checkpoint), "--mmproj", "-o",
@@ -102,5 +159,5 @@ def test_mmproj_time_and_peak_rss_vs_llama_cpp(benchmark, checkpoint: Path, outt
             "ggufkit_peak_rss_mb": rss_ours / 2**20, "llama_cpp_peak_rss_mb": rss_ref / 2**20,
             "rss_ratio": rss_ours / rss_ref, "total_s": time.perf_counter() - start}
     benchmark.extra_info.update(info)
-    print(f"\nmmproj {outtype}: ggufkit {t_ours:.1f} s / {rss_ours / 2**20:.0f} MiB, llama.cpp {t_ref:.1f} s / "
+    print(f"\nmmproj {checkpoint.name} {outtype}: ggufkit {t_ours:.1f} s / {rss_ours / 2**20:.0f} MiB, llama.cpp {t_ref:.1f} s / "
           f"{rss_ref / 2**20:.0f} MiB -> time ratio {info['time_ratio']:.2f}, RSS ratio {info['rss_ratio']:.2f}")

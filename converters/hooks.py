@@ -10,6 +10,8 @@ A hooks module ``ggufkit.converters.<family>`` defines any of these module-level
     and expert stacking, before output types are chosen.
     ``mmproj_metadata(config, preprocessor) -> {key: (type, value, item type)}``: projector keys YAML cannot
     say (written after clip.projector_type; see :mod:`ggufkit.converters.mmproj`).
+    ``mmproj_rewrite(raw, loaders, config) -> raw``: as ``rewrite_tensors``, for a projector's planned tensors
+    (split a fused tensor, renumber), before its types are chosen and its shapes checked.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata")
+HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata", "mmproj_rewrite")
 #: Families with a hooks module (registry.yaml ``hooks:`` values).
-HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3", "llava"})
+HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3", "llava", "qwen_vl"})
 
 
 def hooks_module(family: str) -> Any:

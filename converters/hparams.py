@@ -13,7 +13,8 @@ from ggufkit.converters.registry import ArchEntry, HParam
 from ggufkit.errors import CheckpointError
 from ggufkit.format.values import VT, Metadata
 
-_VT = {"u32": VT.UINT32, "i32": VT.INT32, "f32": VT.FLOAT32, "bool": VT.BOOL, "str": VT.STRING}
+_VT = {"u32": VT.UINT32, "i32": VT.INT32, "f32": VT.FLOAT32, "bool": VT.BOOL, "str": VT.STRING,
+       "i32_list": VT.ARRAY}
 _MISSING = object()
 
 
@@ -55,15 +56,37 @@ def _partial_rotary_dim(config: Mapping[str, Any]) -> Any:
     return int((1.0 if pct is _MISSING else float(pct)) * head)
 
 
+def _mrope_sections(config: Mapping[str, Any]) -> Any:
+    # M-RoPE's [temporal, height, width] rotary sections padded with zeros to the 4 llama.cpp reads
+    # (conversion/base.py TextModel.set_gguf_parameters: mrope_section, add_rope_dimension_sections).
+    sections = first_of(config, ["rope_parameters.mrope_section", "rope_scaling.mrope_section", "mrope_section"])
+    if sections is _MISSING or not isinstance(sections, list) or len(sections) > 4:
+        return _MISSING if sections is _MISSING else sections
+    return [*sections, *[0] * (4 - len(sections))]
+
+
+def _deepstack_layers(config: Mapping[str, Any]) -> Any:
+    # Qwen3-VL: one deepstack input per listed vision layer (conversion/qwen3vl.py Qwen3VLTextModel).
+    indexes = lookup(config, "vision_config.deepstack_visual_indexes")
+    return len(indexes) if isinstance(indexes, list) else 0
+
+
 DERIVE: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "head_dim": _head_dim,
     "partial_rotary_dim": _partial_rotary_dim,
+    "mrope_sections": _mrope_sections,
+    "deepstack_layers": _deepstack_layers,
 }
 
 
 def _typed(hp: HParam, value: Any, arch: str) -> Any:
     key = f"{arch}.{hp.key}"
     try:
+        if hp.value_type == "i32_list":
+            if not isinstance(value, list) or len(value) > 4 or any(isinstance(v, bool) or int(v) != v
+                                                                   for v in value):
+                raise ValueError(value)
+            return [int(v) for v in value]
         if hp.value_type in ("u32", "i32"):
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)
@@ -144,5 +167,5 @@ def rope_scaling_keys(arch: str, config: Mapping[str, Any]) -> dict[str, tuple[V
 def hparams_metadata(values: Mapping[str, tuple[VT, Any]]) -> Metadata:
     meta = Metadata()
     for key, (vtype, value) in values.items():
-        meta.set(key, vtype, value)
+        meta.set(key, vtype, value, VT.INT32 if vtype == VT.ARRAY else None)
     return meta

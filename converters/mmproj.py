@@ -288,6 +288,9 @@ def build_mmproj_plan(model_dir: Path, repo: str | None, config: dict[str, Any],
         raw.append((gguf, hf, kind, st.shape, dtype, transform))
         loaders[gguf] = _loader(ckpt, hf, transform, Heads(n_head, n_head))
     raw.extend(_token_rows(spec, entry.hf_class, ckpt, model_dir, loaders))
+    rewrite = hooks_for(spec.hooks).get("mmproj_rewrite")
+    if rewrite is not None:
+        raw = rewrite(raw, loaders, config)
     check_projector_shapes(spec, entry.hf_class, keys, raw)
     hook = hooks_for(spec.hooks).get("mmproj_metadata")
     extra = hook(config, sources["preprocessor"]) if hook is not None else {}

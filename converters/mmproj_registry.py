@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gguf import MODEL_TENSOR, Keys, VisionProjectorType
+from gguf import MODEL_ARCH, MODEL_TENSOR, MODEL_TENSORS, Keys, VisionProjectorType
 
 from ggufkit.errors import RegistryError
 
@@ -59,6 +59,7 @@ def _clip_keys() -> frozenset[str]:
 
 
 CLIP_KEYS = _clip_keys()
+CLIP_TENSORS = frozenset(t.name for t in MODEL_TENSORS[MODEL_ARCH.MMPROJ])
 PROJECTOR_TYPES = frozenset(v for k, v in vars(VisionProjectorType).items()
                             if not k.startswith("_") and isinstance(v, str))
 
@@ -159,9 +160,12 @@ def parse_projector(parser: Any, raw: Any) -> ProjectorSpec:
             raise fail(f"types: {tensor!r}: {rule!r} (expected a MODEL_TENSOR and one of {sorted(TYPE_RULES)})")
         types.append((tensor, rule))
     shapes = []
+    spec_hooks = raw.get("hooks")
     key_names = {k.key for k in keys}
     for tensor, dims in (raw.get("shapes") or {}).items():
-        if tensor not in kinds or not isinstance(dims, list):
+        # a rule's tensor, or one the family's mmproj_rewrite makes (Qwen2.5-VL's Q, K, V split from qkv)
+        made = tensor in kinds or (spec_hooks is not None and tensor in CLIP_TENSORS)
+        if not made or not isinstance(dims, list):
             raise fail(f"shapes: {tensor!r} is not produced by a tensor rule, or its shape is not a list")
         for d in dims:
             if not (isinstance(d, int) or d == "*" or d in key_names):

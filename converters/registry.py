@@ -46,10 +46,10 @@ EXTRA_TENSORS: dict[str, str] = {
 #: Transforms a registry entry may name (implemented in ggufkit.converters.transforms).
 TRANSFORM_NAMES = frozenset({"permute_q", "permute_k", "neox_qkv", "transpose", "add_one"})
 #: Derive rules an hparam may name (implemented in ggufkit.converters.hparams).
-DERIVE_NAMES = frozenset({"head_dim", "partial_rotary_dim"})
+DERIVE_NAMES = frozenset({"head_dim", "partial_rotary_dim", "mrope_sections", "deepstack_layers"})
 VOCAB_KINDS = frozenset({"spm", "llama_hf", "bpe", "tiktoken"})
 OUTPUT_MODES = frozenset({"optional", "required", "drop"})
-VALUE_TYPES = frozenset({"u32", "i32", "f32", "bool", "str"})
+VALUE_TYPES = frozenset({"u32", "i32", "f32", "bool", "str", "i32_list"})
 
 _ENTRY_FIELDS = {"arch", "vocab", "hparams", "rope_scaling", "tensors", "transforms", "ignore", "output",
                  "strip_prefix", "powerinfer", "hooks", "add_space_prefix", "special_by_flag", "mmproj"}

@@ -48,6 +48,27 @@ fixtures_models._BASE.setdefault("Mistral3ForConditionalGeneration", dict(
 fixtures_models._CLASSES.setdefault("Mistral3ForConditionalGeneration",
                                     ("Mistral3Config", "Mistral3ForConditionalGeneration"))
 fixtures_models._VOCAB.setdefault("Mistral3ForConditionalGeneration", "spm")
+# Qwen2.5-VL: 4 layers with a full-attention layer every 2 (window attention in the others), Qwen's patch 14 and
+# 112-pixel window; Qwen3-VL: 3 layers, deepstack mergers reading layers 0 and 2, a 4x4 position-embedding grid.
+# GPT-2's real BPE vocabulary: llama.cpp's converter writes the text halves only for a tokenizer it knows.
+_QWEN_TEXT = dict(_TEXT, rms_norm_eps=1e-6, tie_word_embeddings=False)
+fixtures_models._BASE.setdefault("Qwen2_5_VLForConditionalGeneration", dict(
+    text_config=dict(model_type="qwen2_5_vl_text", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                    "mrope_section": [2, 3, 3]}, **_QWEN_TEXT),
+    vision_config=dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, out_hidden_size=64,
+                       fullatt_block_indexes=[1, 3], window_size=112, spatial_merge_size=2, temporal_patch_size=2),
+    tie_word_embeddings=False))
+fixtures_models._BASE.setdefault("Qwen3VLForConditionalGeneration", dict(
+    text_config=dict(model_type="qwen3_vl_text", head_dim=16, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+        **_QWEN_TEXT),
+    vision_config=dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, out_hidden_size=64,
+                       num_position_embeddings=16, deepstack_visual_indexes=[0, 2], spatial_merge_size=2,
+                       temporal_patch_size=2),
+    tie_word_embeddings=False))
+for _cls in ("Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"):
+    fixtures_models._CLASSES.setdefault(_cls, (_cls.replace("ForConditionalGeneration", "Config"), _cls))
+    fixtures_models._VOCAB.setdefault(_cls, "real:gpt-2")
 #: Pixtral's [IMG_BREAK]: an added token after the sentencepiece pieces (embedding rows made for it).
 IMG_BREAK_EXTRA = 4
 
@@ -79,6 +100,21 @@ def _llava_flat(name: str) -> str:
     return name.removeprefix("language_model.")
 
 
+def _qwen_prefixed(name: str) -> str:
+    # transformers 4.5x's Qwen2.5-VL module layout: model.visual.*, model.language_model.*, lm_head
+    if name.startswith("visual."):
+        return "model." + name
+    return "model.language_model." + name.removeprefix("model.") if name.startswith("model.") else name
+
+
+def _qwen_flat(name: str) -> str:
+    # Qwen2.5-VL's released layout for Qwen3-VL's weights: visual.*, model.*, lm_head
+    if name.startswith("model.visual."):
+        return name.removeprefix("model.")
+    return "model." + name.removeprefix("model.language_model.") if name.startswith("model.language_model.") \
+        else name
+
+
 #: class -> layout -> rename of the names transformers saved (None: as saved).
 LAYOUTS: dict[str, dict[str, Callable[[str], str] | None]] = {
     "Gemma3ForConditionalGeneration": {"transformers5": None, "released": _gemma3_released,
@@ -89,17 +125,21 @@ LAYOUTS: dict[str, dict[str, Callable[[str], str] | None]] = {
     # transformers 5 saves what the hub's Pixtral / Mistral 3 files hold (language_model.model.*, vision_tower.*).
     "LlavaForConditionalGeneration": {"released": None, "prefixed": _llava_prefixed, "flat": _llava_flat},
     "Mistral3ForConditionalGeneration": {"released": None, "prefixed": _llava_prefixed, "flat": _llava_flat},
+    # transformers 5 saves what the hub's files hold: Qwen2.5-VL flat, Qwen3-VL under model.
+    "Qwen2_5_VLForConditionalGeneration": {"released": None, "prefixed": _qwen_prefixed},
+    "Qwen3VLForConditionalGeneration": {"released": None, "flat": _qwen_flat},
 }
 #: The layout transformers saved (and loads), per class.
 SAVED_LAYOUT = {cls: next(k for k, v in layouts.items() if v is None) for cls, layouts in LAYOUTS.items()}
 #: The layout llama.cpp's converter (0.3.36) handles, per class.
 ORACLE_LAYOUT = {"Gemma3ForConditionalGeneration": "released", "Idefics3ForConditionalGeneration": "released",
-                 "LlavaForConditionalGeneration": "flat", "Mistral3ForConditionalGeneration": "flat"}
+                 "LlavaForConditionalGeneration": "flat", "Mistral3ForConditionalGeneration": "flat",
+                 "Qwen2_5_VLForConditionalGeneration": "released", "Qwen3VLForConditionalGeneration": "released"}
 
 
 def _preprocessor(dir: Path, hf_class: str) -> None:
     config = json.loads((dir / "config.json").read_text())
-    size = config["vision_config"]["image_size"]
+    size = config["vision_config"].get("image_size")
     if hf_class == "Gemma3ForConditionalGeneration":
         # as the hub's Gemma 3 processor files say it: SigLIP's mean/std, image_seq_length = tokens per image
         data = {"image_processor_type": "Gemma3ImageProcessor", "do_normalize": True, "do_rescale": True,
@@ -120,6 +160,14 @@ def _preprocessor(dir: Path, hf_class: str) -> None:
                 "resample": 3, "rescale_factor": 1 / 255, "size": {"longest_edge": size}}
         if hf_class == "Mistral3ForConditionalGeneration":
             data["patch_size"] = {"height": 16, "width": 16}  # patch x spatial merge, as Mistral 3's file has it
+    elif hf_class in ("Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"):
+        # Qwen2VLImageProcessor's fields (CLIP's mean and std), the patch and merge of the vision config
+        vision = config["vision_config"]
+        data = {"image_processor_type": "Qwen2VLImageProcessor", "do_convert_rgb": True, "do_normalize": True,
+                "do_rescale": True, "do_resize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                "image_std": [0.26862954, 0.26130258, 0.27577711], "min_pixels": 3136, "max_pixels": 12845056,
+                "patch_size": vision["patch_size"], "merge_size": 2, "temporal_patch_size": 2, "resample": 3,
+                "rescale_factor": 1 / 255}
     else:
         raise KeyError(hf_class)
     (dir / "preprocessor_config.json").write_text(json.dumps(data, indent=2))

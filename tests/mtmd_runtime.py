@@ -24,7 +24,8 @@ def mtmd_image_embeddings(text_gguf: Path, mmproj_gguf: Path, rgb: np.ndarray) -
     model = llama_cpp.llama_model_load_from_file(str(text_gguf).encode(), mparams)
     assert model, f"llama.cpp could not load {text_gguf}"
     try:
-        n_embd = llama_cpp.llama_model_n_embd(model)
+        # the input width: Qwen3-VL appends its deepstack features to each image embedding (llama.h)
+        n_embd = llama_cpp.llama_model_n_embd_inp(model)
         params = m.mtmd_context_params_default()
         params.use_gpu = False
         params.n_threads = 1

@@ -336,4 +336,6 @@ def test_list_names_the_projector_of_each_vision_class() -> None:
     data = json.loads(invoke("convert", "--list", "--json").stdout)
     projectors = {a["hf_class"]: a["mmproj"] for a in data["architectures"] if a["mmproj"]}
     assert projectors == {"Gemma3ForConditionalGeneration": "gemma3", "Idefics3ForConditionalGeneration": "idefics3",
-                          "LlavaForConditionalGeneration": "pixtral", "Mistral3ForConditionalGeneration": "pixtral"}
+                          "LlavaForConditionalGeneration": "pixtral", "Mistral3ForConditionalGeneration": "pixtral",
+                          "Qwen2_5_VLForConditionalGeneration": "qwen2.5vl_merger",
+                          "Qwen3VLForConditionalGeneration": "qwen3vl_merger"}

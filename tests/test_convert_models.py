@@ -47,10 +47,12 @@ LLAMA_CPP_ARCHS = {"llama", "qwen2", "qwen3", "qwen", "gptneox"}
 def test_runner_has_a_case_for_every_registry_entry() -> None:
     from test_convert_archs import CASES as ARCH_CASES
     from test_convert_mmproj import CLASSES as VISION_CLASSES
+    from test_convert_mmproj_qwen import QWEN_CLASSES
 
     # OPT: test_convert_powerinfer.py; issue 11's architectures: test_convert_archs.py; the vision-language
-    # classes (text halves and projectors): test_convert_mmproj.py.
+    # classes (text halves and projectors): test_convert_mmproj.py, test_convert_mmproj_qwen.py.
     covered = {c[1] for c in CASES} | {"OPTForCausalLM"} | {c[1] for c in ARCH_CASES} | set(VISION_CLASSES)
+    covered |= set(QWEN_CLASSES)
     assert covered == set(load_registry().entries)
 
 
