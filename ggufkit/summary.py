@@ -54,6 +54,25 @@ _SCALED = {"gemma3": 4, "idefics3": 1, "internvl": 1, "llama4": 1}
 #: Projector types merging 2x2 patches whatever ``clip.vision.spatial_merge_size`` says (clip_n_output_tokens:
 #: "2 conv, so double patch size").
 _DOUBLE_PATCH = frozenset({"qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "glm4v"})
+#: Projector types whose images libmtmd resizes to a token budget (mtmd-image.cpp
+#: ``mtmd_image_preprocessor_dyn_size``): (min, max) tokens as clip.cpp load_hparams sets them with
+#: ``set_limit_image_tokens``.
+_TOKEN_LIMITS = {"pixtral": (8, 1024), "qwen2vl_merger": (8, 4096), "qwen2.5vl_merger": (8, 4096),
+                 "qwen3vl_merger": (8, 4096)}
+
+
+def _resized_side(side: int, align: int, min_tokens: int, max_tokens: int) -> int:
+    """The side of a square image after mtmd-image.cpp ``calc_size_preserved_ratio`` (float32, as in C)."""
+    f32 = np.float32
+    min_px, max_px = min_tokens * align * align, max_tokens * align * align
+    s = max(align, int(np.round(f32(side) / f32(align))) * align)
+    if s * s > max_px:
+        beta = np.sqrt(f32(side) * f32(side) / f32(max_px), dtype=f32)
+        return max(align, int(np.floor(f32(f32(side) / beta) / f32(align))) * align)
+    if s * s < min_px:
+        beta = np.sqrt(f32(min_px) / (f32(side) * f32(side)), dtype=f32)
+        return int(np.ceil(f32(f32(side) * beta) / f32(align))) * align
+    return s
 #: Projector types whose tokens are the patches themselves (clip_n_output_tokens: "do nothing").
 _PLAIN = frozenset({"mlp", "mlp_norm", "janus_pro", "phi4"})
 
@@ -65,7 +84,8 @@ def tokens_per_image(projector_type: str | None, image_size: Any, patch_size: An
     tools/mtmd/clip.cpp ``clip_n_output_tokens`` computes them; None for projector types not covered here.
 
     Pixtral (and Mistral 3, the same projector type with a spatial merge) adds one ``[IMG_BREAK]`` token after
-    every row of patches but the last when the file has ``v.token_embd.img_break``.
+    every row of patches but the last when the file has ``v.token_embd.img_break``. Pixtral and Qwen-VL images
+    are first resized to their token budget (Pixtral at most 1024 tokens, Qwen-VL 8 to 4096).
     """
     if not projector_type or not image_size or not patch_size:
         return None
@@ -76,11 +96,14 @@ def tokens_per_image(projector_type: str | None, image_size: Any, patch_size: An
     if projector_type in _SCALED:
         merge = int(scale_factor) if scale_factor else _SCALED[projector_type]
         return n_patches // (merge * merge)
+    if projector_type in _TOKEN_LIMITS:
+        # The image is first resized to the type's token budget; then one token per merged patch.
+        merge = 2 if projector_type in _DOUBLE_PATCH else int(spatial_merge_size or 1)
+        align = int(patch_size) * merge
+        per_side = _resized_side(int(image_size), align, *_TOKEN_LIMITS[projector_type]) // align
+        return per_side * per_side + (per_side - 1 if img_break else 0)
     if projector_type in _DOUBLE_PATCH:
         return (int(image_size) // (int(patch_size) * 2)) ** 2
-    if projector_type == "pixtral":
-        per_side = side // (int(spatial_merge_size) if spatial_merge_size else 1)
-        return per_side * per_side + (per_side - 1 if img_break else 0)
     return None
 
 

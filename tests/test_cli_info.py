@@ -119,7 +119,8 @@ def test_float_specials_are_valid_json(tmp_path: Path) -> None:
 
 # -- projector files (mmproj) ------------------------------------------------------------------------------------
 VLM_CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration", "LlavaForConditionalGeneration",
-               "Mistral3ForConditionalGeneration"]
+               "Mistral3ForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+               "Qwen3VLForConditionalGeneration"]
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +180,12 @@ def test_tokens_per_image_follows_clip_cpp_per_projector_type() -> None:
     # Qwen2.5-VL / Qwen3-VL: 2x2 patches merged -> (image / (2 * patch))^2
     assert tokens_per_image("qwen2.5vl_merger", 560, 14) == 400
     assert tokens_per_image("qwen3vl_merger", 768, 16, spatial_merge_size=2) == 576
-    # Pixtral 12B 1024/16 = 64 per side, no merge, 63 [IMG_BREAK]s; Mistral Small 3.1 1540/14 = 110, merged 2x2
-    assert tokens_per_image("pixtral", 1024, 16, img_break=True) == 64 * 64 + 63
-    assert tokens_per_image("pixtral", 1540, 14, spatial_merge_size=2, img_break=True) == 55 * 55 + 54
-    assert tokens_per_image("pixtral", 1024, 16) == 64 * 64
+    # Pixtral's budget is 1024 tokens (mtmd-image.cpp calc_size_preserved_ratio): Pixtral 12B's 1024 px image
+    # (64 x 64 patches) is shrunk to 512 px, 32 x 32 patches and 31 [IMG_BREAK]s; Mistral Small 3.1's 1540 px
+    # (55 x 55 merged 2x2 patches of 14 px) to 896 px, 32 x 32 merged patches
+    assert tokens_per_image("pixtral", 1024, 16, img_break=True) == 32 * 32 + 31
+    assert tokens_per_image("pixtral", 1540, 14, spatial_merge_size=2, img_break=True) == 32 * 32 + 31
+    assert tokens_per_image("pixtral", 1024, 16) == 32 * 32
+    # Qwen-VL's lower budget (8 tokens) grows a 64 px image to 96 px: 3 x 3 merged patches
+    assert tokens_per_image("qwen3vl_merger", 64, 16) == 9
     assert tokens_per_image("some_future_type", 1024, 16) is None
