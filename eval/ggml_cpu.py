@@ -31,6 +31,8 @@ import torch
 from gguf import GGMLQuantizationType
 
 Q = GGMLQuantizationType
+#: ggml-cpu/common.h ``GGML_FA_TILE_Q``: batches of at least this many tokens take the tiled flash attention.
+FA_TILE_TOKENS = 64
 
 #: ggml-cpu.c ``type_traits_cpu[type].vec_dot_type`` for every weight type the evaluator reads (F32: none).
 VEC_DOT_TYPE: dict[GGMLQuantizationType, GGMLQuantizationType] = {
