@@ -238,9 +238,10 @@ def collect_imatrix(model_path: str | os.PathLike[str], *, text: str | None = No
         output_frequency: every N chunks rewrite ``output`` with what is collected so far (0: only at the end).
         batch: chunks per forward pass (default: 2048 tokens' worth, llama-imatrix's ``n_batch``).
         device: ``auto``, ``cpu`` or ``cuda``.
-        ggml_rounding: round the input of F16/BF16 matmuls to F16/BF16 as llama.cpp's plain CPU kernels do
+        ggml_rounding: round the input of every weight matmul through the weight's ``vec_dot_type`` (F16/BF16,
+            or 8-bit blocks for quantized weights) as llama.cpp's plain CPU kernels do
             (:func:`ggufkit.eval.model.load_model`). Off: float32 inputs, as llama.cpp's AMX kernels (an
-            Intel Xeon with AMX) multiply them; on an F16 model the two differ by ~4e-4 relative.
+            Intel Xeon with AMX) multiply F16 weights; on an F16 model the two differ by ~4e-4 relative.
         progress, on_chunk: per-chunk progress and callback (chunk number, running PPL).
 
     Returns:

@@ -31,6 +31,7 @@ from gguf import GGMLQuantizationType
 from ggufkit.errors import DeviceUnavailableError, EvaluationError
 from ggufkit.eval.arch import SUPPORTED_ARCHS, HParams, expected_shapes, read_hparams
 from ggufkit.eval.dequant import can_dequantize, dequantize
+from ggufkit.eval.ggml_cpu import VEC_DOT_TYPE, q8_1_sum_correction, round_activations, round_f16
 from ggufkit.format.reader import GGUFModel, TensorInfo, open_gguf
 
 __all__ = ["DTYPES", "SUPPORTED_ARCHS", "GGUFCausalLM", "HParams", "QTensor", "load_model", "read_hparams",
@@ -41,12 +42,7 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 #: Output-projection rows dequantized at a time, so a 150k vocabulary never needs a whole float copy.
 _VOCAB_CHUNK = 32768
 _EMB_OPT_POS_OFFSET = 2  # OPT's learned position table starts at row 2 (HF OPTLearnedPositionalEmbedding)
-#: ggml's CPU backend converts a matmul's float32 input to the weight's ``vec_dot_type`` before the dot
-#: products (ggml-cpu.c ``type_traits_cpu``; ``ggml_compute_forward_mul_mat`` converts src1 with
-#: ``from_float``, and llamafile's tinyBLAS takes F16 x F16 on x86), accumulating in float32. For float
-#: weights that is a plain rounding of the activations, reproduced with ``ggml_rounding``. (CPUs with AMX
-#: take F16 weights through ggml-cpu/amx instead, which multiplies the float32 input unrounded.)
-_GGML_SRC1_DTYPE = {GGMLQuantizationType.F16: torch.float16, GGMLQuantizationType.BF16: torch.bfloat16}
+
 
 
 class ActivationObserver(Protocol):
@@ -87,6 +83,13 @@ class QTensor:
     def permute_rows(self, order: torch.Tensor) -> None:
         """Reorder the rows in place (quantization blocks never span rows, so raw rows move intact)."""
         self.raw = self.raw[order.to(self.raw.device)].contiguous()
+
+    def block_mins(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Q4_1/Q5_1: each 32-block's minimum ``m`` (the F16 after ``d``) of rows ``start:stop``,
+        float32 ``[rows, n/32]``."""
+        raw = self.raw[start:stop]
+        blocks = raw.reshape(raw.shape[0], -1, raw.shape[1] * 32 // self.shape[-1])
+        return blocks[:, :, 2:4].contiguous().view(torch.float16).squeeze(-1).to(torch.float32)
 
     def rows(self, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows ``index`` (any shape) of a 2-D tensor, dequantized: ``[*index.shape, shape[-1]]``."""
@@ -135,8 +138,10 @@ class GGUFCausalLM:
         self.model_sha256 = model_sha256
         self.file = file  # kept open: CPU tensors are zero-copy views of its mmap
         self._rope_cache: dict[tuple[int, float, float], tuple[torch.Tensor, torch.Tensor]] = {}
-        #: Round each F16/BF16 matmul's input as ggml's CPU backend does (:func:`load_model`'s ``ggml_rounding``).
+        #: Round each matmul's input as ggml's CPU backend does (:func:`load_model`'s ``ggml_rounding``).
         self.ggml_rounding = False
+        #: Round K and V to F16 as llama.cpp's default K/V cache does (:func:`load_model`'s ``kv_f16``).
+        self.kv_f16 = False
         #: Sees the input of every weight matmul (ggufkit.eval.imatrix collects importance matrices with
         #: it); None: no cost.
         self.observer: ActivationObserver | None = None
@@ -168,14 +173,17 @@ class GGUFCausalLM:
         # Norm weights and biases stay float32 (they are added in the float32 residual stream).
         if len(t.shape) == 1:
             return t.float(torch.float32)
-        return self.tag_src1(t.float(self.dtype), t.qtype)
+        return self.tag_src1(t.float(self.dtype), t)
 
-    def tag_src1(self, w: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
-        """Mark dequantized weight ``w`` so that :meth:`_linear` rounds its input to the type ggml's CPU
-        backend converts it to (with ``ggml_rounding`` and an F16/BF16 weight; else ``w`` as it is)."""
-        src1 = _GGML_SRC1_DTYPE.get(qtype) if self.ggml_rounding else None
-        if src1 is not None:
-            w.ggml_src1 = src1  # type: ignore[attr-defined]
+    def tag_src1(self, w: torch.Tensor, t: QTensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Mark ``w``, rows ``start:stop`` of ``t`` dequantized, so that :meth:`_linear` rounds its input
+        through the type ggml's CPU backend converts it to (:data:`ggufkit.eval.ggml_cpu.VEC_DOT_TYPE`;
+        only with ``ggml_rounding``, else ``w`` as it is)."""
+        vec_dot = VEC_DOT_TYPE.get(t.qtype) if self.ggml_rounding else None
+        if vec_dot is not None:
+            w.ggml_src1 = vec_dot  # type: ignore[attr-defined]
+            if t.qtype in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_1):
+                w.ggml_mins = t.block_mins(start, stop)  # type: ignore[attr-defined]
         return w
 
     def _r(self, name: str) -> torch.Tensor:
@@ -192,10 +200,14 @@ class GGUFCausalLM:
         return _rms_norm(x, w, hp.eps)
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        src1 = getattr(w, "ggml_src1", None)
-        if src1 is not None:
-            x = x.to(src1).to(torch.float32)
-        y = _mm(x.to(w.dtype), w).to(torch.float32)
+        vec_dot = getattr(w, "ggml_src1", None)
+        if vec_dot is None:
+            y = _mm(x.to(w.dtype), w).to(torch.float32)
+        else:
+            y = _mm(round_activations(x, vec_dot).to(w.dtype), w).to(torch.float32)
+            mins = getattr(w, "ggml_mins", None)
+            if mins is not None:  # Q4_1/Q5_1 x Q8_1: the minimum's term uses Q8_1's F16 block sum
+                y = y + _mm(q8_1_sum_correction(x), mins)
         return y if b is None else y + b
 
     def _observe(self, x: torch.Tensor, *names: str) -> None:
@@ -267,6 +279,8 @@ class GGUFCausalLM:
         swa = hp.is_swa(int(p.split(".")[1]))
         base, rscale = (hp.rope_base_swa, hp.rope_scale_swa) if swa else (hp.rope_base, hp.rope_scale)
         q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
+        if self.kv_f16:  # llama.cpp's F16 K/V cache, read by its flash attention in float32
+            k, v = round_f16(k), round_f16(v)
         q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, H, T, hd]
         gqa = hp.n_head_kv != hp.n_head
         scale = hp.attn_scale or 1.0 / math.sqrt(hd)
@@ -361,7 +375,8 @@ class GGUFCausalLM:
         self._observe(x, head.name)
         parts = []
         for a in range(0, hp.n_vocab, _VOCAB_CHUNK):
-            w = self.tag_src1(head.row_range(a, min(a + _VOCAB_CHUNK, hp.n_vocab), self.dtype), head.qtype)
+            stop = min(a + _VOCAB_CHUNK, hp.n_vocab)
+            w = self.tag_src1(head.row_range(a, stop, self.dtype), head, a, stop)
             parts.append(self._linear(x, w))
             del w
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
@@ -499,17 +514,20 @@ def _load_tensor(model: GGUFModel, info: TensorInfo, device: torch.device, hashe
 
 
 def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str = "auto",
-               ggml_rounding: bool = False) -> GGUFCausalLM:
+               ggml_rounding: bool = False, kv_f16: bool = False) -> GGUFCausalLM:
     """Open a GGUF model for scoring.
 
     Args:
         path: a GGUF or PowerInfer (PWRI) file, or any shard of a gguf-split set.
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
         dtype: ``auto``/``f32`` (float32 everywhere), or ``f16``/``bf16`` matmuls on a GPU.
-        ggml_rounding: round the input of every matmul with an F16 (BF16) weight to F16 (BF16) first, as
-            llama.cpp's plain CPU kernels do (``--no-repack``, or a CPU without AMX). Its AMX buffer type
-            (ggml-cpu/amx/mmq.cpp, ``ggml_backend_amx_mul_mat``: F16 weights times float32 inputs in
-            AVX-512) rounds nothing, like the default here.
+        ggml_rounding: round the input of every weight matmul through the weight type's ``vec_dot_type``
+            first (F16, BF16, or 8-bit Q8_0/Q8_1/Q8_K blocks; :mod:`ggufkit.eval.ggml_cpu`), as llama.cpp's
+            plain CPU kernels do (``--no-repack``, or a CPU without AMX). Off: float32 inputs times the
+            exactly dequantized weights, as transformers computes.
+        kv_f16: round K and V to F16 before attention, as llama.cpp's default F16 K/V cache read by its
+            flash attention (``-fa on`` or ``auto`` on a CPU, with at least 64 tokens per batch). Off: as
+            ``-fa off -ctk f32 -ctv f32``.
 
     Returns:
         The model; its weights stay in their GGUF types on ``device``.
@@ -561,6 +579,7 @@ def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str
             _to_rotate_half(tensors, hp)
         lm = GGUFCausalLM(Path(path), hp, tensors, dev, torch_dtype, hasher.hexdigest(), model)
         lm.ggml_rounding = ggml_rounding
+        lm.kv_f16 = kv_f16
         return lm
     except BaseException:
         model.close()

@@ -71,4 +71,4 @@ def _expert(model: GGUFCausalLM, t: object, e: int) -> torch.Tensor:
 
     assert isinstance(t, QTensor)
     rows = t.shape[1]
-    return model.tag_src1(t.row_range(e * rows, (e + 1) * rows, model.dtype), t.qtype)
+    return model.tag_src1(t.row_range(e * rows, (e + 1) * rows, model.dtype), t, e * rows, (e + 1) * rows)

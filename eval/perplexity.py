@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ggufkit.errors import EvaluationError, TokenizerError, UsageError
+from ggufkit.eval.ggml_cpu import FA_TILE_TOKENS
 from ggufkit.eval.kld_store import DEFAULT_TOP_K
 from ggufkit.format.reader import open_gguf
 from ggufkit.format.writer import NullProgress, Progress
@@ -255,7 +256,8 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
                dtype: str = "auto", baseline: str | os.PathLike[str] | None = None,
                progress: Progress | None = None, on_chunk: ChunkCallback | None = None, kld_mode: str = "auto",
                kld_top_k: int = DEFAULT_TOP_K, kld_tmp_dir: str | os.PathLike[str] | None = None,
-               on_warning: Callable[[str], None] | None = None) -> PerplexityResult:
+               on_warning: Callable[[str], None] | None = None, ggml_rounding: bool = False,
+               kv_cache: str = "f16") -> PerplexityResult:
     """Measure a GGUF model's perplexity as llama-perplexity does; with ``baseline``, also the KL divergence.
 
     Args:
@@ -277,6 +279,11 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
         kld_top_k: K, the baseline tokens kept exactly per position in ``stored`` mode (8K+32 bytes each).
         kld_tmp_dir: directory of the ``stored`` mode's temporary file (default: the system's).
         on_warning: called with each warning as soon as it is known (they are also in ``result.warnings``).
+        ggml_rounding: compute as llama.cpp's CPU backend rounds (:mod:`ggufkit.eval.ggml_cpu`): every matmul
+            input rounded through the weight's ``vec_dot_type`` (8-bit blocks for quantized weights) and,
+            with ``kv_cache="f16"``, K and V rounded to F16; off: float32 throughout, as transformers.
+        kv_cache: with ``ggml_rounding``, the llama.cpp K/V cache followed: ``f16`` (its default, read by
+            flash attention) or ``f32`` (``-fa off -ctk f32 -ctv f32``).
 
     Returns:
         The :class:`PerplexityResult`.
@@ -296,6 +303,9 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
         raise UsageError("give either a text or tokens, not both")
     if batch is not None and batch < 1:
         raise UsageError(f"--batch {batch} must be at least 1")
+    if kv_cache not in ("f16", "f32"):
+        raise UsageError(f"unknown --kv-cache {kv_cache!r} (expected f16 or f32)")
+    numerics = {"ggml_rounding": ggml_rounding, "kv_f16": ggml_rounding and kv_cache == "f16"}
     progress = progress or NullProgress()
     t_load = time.perf_counter()
     mode = _resolve_kld_mode(kld_mode, model_path, baseline, device, ctx, batch)
@@ -310,18 +320,22 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
                 ids, add_bos, bos_id, text_sha = _tokens(f, text, tokens)
                 n_vocab = read_hparams(f).n_vocab
                 ctx_warning = trained_context_warning(f, ctx)
-            base = load_model(baseline, device=device, dtype=dtype)
+            base = load_model(baseline, device=device, dtype=dtype, **numerics)
             _check_vocab(base.n_vocab, n_vocab)
         else:
-            model = load_model(model_path, device=device, dtype=dtype)
+            model = load_model(model_path, device=device, dtype=dtype, **numerics)
             if baseline is not None:
-                base = load_model(baseline, device=device, dtype=dtype)
+                base = load_model(baseline, device=device, dtype=dtype, **numerics)
                 _check_vocab(base.n_vocab, model.n_vocab)
             ids, add_bos, bos_id, text_sha = _tokens(model.file, text, tokens)
             ctx_warning = trained_context_warning(model.file, ctx)
         warnings = [ctx_warning] if ctx_warning else []
-        if ctx_warning and on_warning is not None:
-            on_warning(ctx_warning)
+        if numerics["kv_f16"] and ctx < FA_TILE_TOKENS:
+            warnings.append(f"--ctx {ctx} is under {FA_TILE_TOKENS}: llama.cpp's flash attention then also rounds Q "
+                            "and its sums to F16, which --ggml-rounding does not reproduce")
+        if on_warning is not None:
+            for w in warnings:
+                on_warning(w)
         n_chunk = check_chunking(len(ids), ctx, chunks)
         batch = batch or max(1, DEFAULT_BATCH_TOKENS // ctx)
         load_seconds = time.perf_counter() - t_load
@@ -346,7 +360,7 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # give the baseline's blocks back before the model loads
             t1 = time.perf_counter()
-            model = load_model(model_path, device=device, dtype=dtype)
+            model = load_model(model_path, device=device, dtype=dtype, **numerics)
             load_seconds += time.perf_counter() - t1
             store.rewind()
 

@@ -66,8 +66,9 @@ def _render_statistics(d: Mapping[str, Any]) -> str:
 @click.option("--batch", "-b", type=click.IntRange(min=1), default=None,
               help="Chunks per forward pass (default: 2048 tokens' worth).")
 @click.option("--ggml-rounding", is_flag=True,
-              help="Round the input of F16/BF16 matmuls to F16/BF16 first, as llama.cpp's plain CPU kernels do "
-                   "(its AMX build multiplies float32 inputs, like the default).")
+              help="Round the input of every matmul to the weight's vec_dot_type first (F16/BF16, or 8-bit "
+                   "blocks for quantized weights), as llama.cpp's plain CPU kernels do (its AMX build "
+                   "multiplies F16 weights by float32 inputs, like the default).")
 @device_option
 @common_options
 def imatrix(model: str | None, text_file: str | None, output: str, output_format: str, ctx: int,

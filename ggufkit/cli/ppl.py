@@ -101,10 +101,18 @@ def _chunk_printer(out: Output, baseline: bool) -> Any:
 @click.option("--max-delta-ppl", type=float, default=None,
               help="Gate: exit 1 if PPL/PPL(baseline) - 1 exceeds this (0.01 = 1%); needs --baseline.")
 @click.option("--max-kld", type=float, default=None, help="Gate: exit 1 if the mean KLD exceeds this; needs --baseline.")
+@click.option("--ggml-rounding", is_flag=True,
+              help="Compute as llama.cpp's CPU backend rounds, to reproduce llama-perplexity's numbers: matmul "
+                   "inputs rounded to the weight's vec_dot_type (8-bit blocks for quantized weights, F16/BF16) "
+                   "and, with --kv-cache f16, K and V rounded to F16. Default: float32, as transformers.")
+@click.option("--kv-cache", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
+              help="With --ggml-rounding: f16 follows llama.cpp's default (F16 K/V cache, flash attention), "
+                   "f32 its -fa off -ctk f32 -ctv f32.")
 @common_options
 def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, chunks: int | None,
         batch: int | None, device: str, dtype: str, baseline: str | None, max_ppl: float | None,
-        kld_mode: str, kld_top_k: int, max_delta_ppl: float | None, max_kld: float | None, out: Output) -> None:
+        kld_mode: str, kld_top_k: int, max_delta_ppl: float | None, max_kld: float | None, ggml_rounding: bool,
+        kv_cache: str, out: Output) -> None:
     """Measure MODEL's perplexity by llama-perplexity's method (same chunks, same scored tokens, same
     error formula), on a GPU when available; with --baseline also the KL divergence statistics.
     The quality gates exit 1 with a one-line reason when exceeded.
@@ -129,7 +137,8 @@ def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, ch
     result = perplexity(model, text=text, tokens=tokens, ctx=ctx, chunks=chunks, batch=batch, device=device,
                         dtype=dtype, baseline=baseline, kld_mode=kld_mode, kld_top_k=kld_top_k,
                         progress=out.progress(), on_warning=out.warn,
-                        on_chunk=_chunk_printer(out, baseline is not None))
+                        on_chunk=_chunk_printer(out, baseline is not None), ggml_rounding=ggml_rounding,
+                        kv_cache=kv_cache)
     out.end_stream()
     data = result.to_dict()
     failures = check_gates(result, max_ppl=max_ppl, max_delta_ppl=max_delta_ppl, max_kld=max_kld)
