@@ -316,9 +316,10 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
                     for e in quantizable}
         allowed = {e.name: _allowed(e.name, e.shape[-1], cands, im_entry[e.name]) for e in quantizable}
         allowed = {n: a for n, a in allowed.items() if a}
-        # the nearest preset (or --target-like's) is measured too, to compare estimated errors
+        # the presets' types are measured too (every target on these inputs then finds them in the cache),
+        # to compare the mix's estimated error with the nearest preset's (or --target-like's)
         ref_plans = {}
-        for name in ([preset_for_like.name] if preset_for_like else REFERENCE_PRESETS):
+        for name in dict.fromkeys([*([preset_for_like.name] if preset_for_like else []), *REFERENCE_PRESETS]):
             if has_im or not PRESETS[name].needs_imatrix:
                 ref_plans[name] = plan_quantization(model.tensors, name, arch=model.architecture or "",
                                                     metadata=model.kv, options=QuantOptions(imatrix_sizes=sizes))

@@ -1,0 +1,129 @@
+"""``ggufkit quantize --target-size`` mixes vs llama-quantize presets at equal size, KLD by llama-perplexity.
+
+The model: SmolLM2-135M-Instruct (``tests/real_models.py``: ``smollm2-135m-instruct-q4_1``), dequantized to
+F16 by ``quantize_file(..., "f16", allow_requantize=True)``. One importance matrix, made by llama-imatrix on
+the first half of the bundled sample (``CTX`` x ``IMATRIX_CHUNKS`` tokens), is given to both tools. For each
+preset in ``PRESETS``, llama-quantize writes the preset with that imatrix; ggufkit then writes the best mix
+of the same file size (``--target-size`` = the preset's bytes). Every file is scored by ``llama-perplexity
+--kl-divergence -nr`` against the F16 logits (``--kl-divergence-base``) on ``KLD_CHUNKS`` chunks taken from
+the end of the second half of the sample (a text used neither for the imatrix nor for the search; the
+search itself reads only weights and the imatrix).
+
+Printed: per size, for preset and mix, file bytes, bpw, mean and p99 KLD, PPL(Q) - PPL(base), same top
+token %, the mix/preset KLD ratio and the search time; then the CPU. Targets (issue #16): mix KLD <= 0.30x,
+0.35x, 0.75x the preset's at the Q2_K, Q3_K_M, Q4_K_M sizes.
+
+Run: ``python tests/llama_cpp_sources.py`` (fetches the model and builds the tools), then
+``python benchmarks/bench_quantize_target.py [PROXY ...]`` (default proxy ``relative``; not part of CI).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+CTX = 512
+IMATRIX_CHUNKS = 16
+KLD_CHUNKS = 16
+THREADS = 2
+PRESETS = ("q2_k", "q3_k_m", "q4_k_m")
+TARGET_RATIO = {"q2_k": 0.30, "q3_k_m": 0.35, "q4_k_m": 0.75}
+
+
+def _run(cmd: list[str]) -> str:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{Path(cmd[0]).name} failed:\n{r.stderr[-3000:]}")
+    return r.stdout + r.stderr
+
+
+def _num(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    if m is None:
+        raise RuntimeError(f"no {pattern!r} in llama-perplexity's output:\n{text[-3000:]}")
+    return float(m.group(1))
+
+
+def score(path: Path, evalt: Path, base: Path) -> dict[str, float]:
+    """llama-perplexity's KLD statistics of ``path`` against the stored base logits."""
+    from llama_cpp_sources import tool_path
+
+    out = _run([str(tool_path("llama-perplexity")), "-m", str(path), "-f", str(evalt), "-c", str(CTX), "--chunks",
+                str(KLD_CHUNKS), "-t", str(THREADS), "-nr", "--kl-divergence-base", str(base), "--kl-divergence"])
+    return {"mean_kld": _num(r"Mean\s+KLD:\s*([-0-9.e+]+)", out), "p99_kld": _num(r"99\.0%\s+KLD:\s*([-0-9.e+]+)", out),
+            "ppl_q": _num(r"Mean\s+PPL\(Q\)\s*:\s*([-0-9.e+]+)", out),
+            "ppl_base": _num(r"Mean\s+PPL\(base\)\s*:\s*([-0-9.e+]+)", out),
+            "same_top": _num(r"Same top p:\s*([-0-9.e+]+)", out)}
+
+
+def main(work: Path, proxies: tuple[str, ...] = ("relative",)) -> dict:
+    from bench_imatrix import cpu_description
+    from llama_cpp_sources import tool_path
+    from real_models import real_model_path
+
+    from ggufkit.quant.pipeline import quantize_file
+    from ggufkit.quant.target import quantize_to_target
+
+    text = (Path(__file__).resolve().parents[1] / "eval" / "data" / "sample.txt").read_text()
+    half = len(text) // 2
+    calib, evalt = work / "calib.txt", work / "eval.txt"
+    calib.write_text(text[:half])
+    evalt.write_text(text[half:])
+    f16 = work / "smollm2-f16.gguf"
+    quantize_file(real_model_path("smollm2-135m-instruct-q4_1"), f16, "f16", allow_requantize=True)
+    im = work / "imatrix.gguf"
+    _run([str(tool_path("llama-imatrix")), "-m", str(f16), "-f", str(calib), "-c", str(CTX), "--chunks",
+          str(IMATRIX_CHUNKS), "-t", str(THREADS), "-o", str(im), "--no-ppl", "-nr"])
+    base = work / "base.kld"
+    _run([str(tool_path("llama-perplexity")), "-m", str(f16), "-f", str(evalt), "-c", str(CTX), "--chunks",
+          str(KLD_CHUNKS), "-t", str(THREADS), "-nr", "--kl-divergence-base", str(base)])
+    n_weights = None
+    rows: dict = {}
+    cache = work / "cache"
+    for preset in PRESETS:
+        ref = work / f"{preset}.gguf"
+        t = time.perf_counter()
+        _run([str(tool_path("llama-quantize")), "--imatrix", str(im), str(f16), str(ref), preset.upper(), str(THREADS)])
+        t_preset = time.perf_counter() - t
+        size = ref.stat().st_size
+        row: dict = {"size": size, "preset": {"bytes": size, "seconds": t_preset, **score(ref, evalt, base)}}
+        for proxy in proxies:
+            mix = work / f"{preset}-mix-{proxy}.gguf"
+            t = time.perf_counter()
+            rep = quantize_to_target(f16, mix, target_size=size, imatrix=im, cache_dir=cache, proxy=proxy,
+                                     mix_out=work / f"{preset}-mix-{proxy}.txt", device="cpu", threads=THREADS)
+            t_mix = time.perf_counter() - t
+            n_weights = rep.plan.n_elements
+            row[f"mix-{proxy}"] = {"bytes": mix.stat().st_size, "seconds": t_mix, "measured": rep.measured,
+                                   "cached": rep.cached, "types": rep.plan.type_counts(), **score(mix, evalt, base)}
+        rows[preset] = row
+        print(json.dumps({preset: row}), flush=True)
+    out = {"cpu": cpu_description(), "ctx": CTX, "kld_chunks": KLD_CHUNKS, "imatrix_chunks": IMATRIX_CHUNKS,
+           "rows": rows}
+    print(f"\n{out['cpu']}")
+    print(f"{'size of':8} {'file':6} {'bytes':>10} {'bpw':>6} {'mean KLD':>9} {'p99 KLD':>8} {'dPPL':>7} "
+          f"{'same top':>8} {'KLD ratio':>9} {'target':>6}")
+    for preset, row in rows.items():
+        for tag, r in row.items():
+            if not isinstance(r, dict):
+                continue
+            bpw = r["bytes"] * 8 / n_weights if n_weights else float("nan")
+            ratio = r["mean_kld"] / row["preset"]["mean_kld"]
+            print(f"{preset:8} {tag:6} {r['bytes']:>10} {bpw:6.3f} {r['mean_kld']:9.5f} {r['p99_kld']:8.4f} "
+                  f"{r['ppl_q'] - r['ppl_base']:+7.3f} {r['same_top']:7.2f}% {ratio:9.3f} "
+                  f"{'' if tag == 'preset' else TARGET_RATIO[preset]:>6}")
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    proxies = tuple(sys.argv[1:]) or ("relative",)
+    main(Path(tempfile.mkdtemp(prefix="bench_quantize_target_")), proxies)
