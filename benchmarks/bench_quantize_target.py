@@ -14,7 +14,8 @@ token %, the mix/preset KLD ratio and the search time; then the CPU. Targets (is
 0.35x, 0.75x the preset's at the Q2_K, Q3_K_M, Q4_K_M sizes.
 
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model and builds the tools), then
-``python benchmarks/bench_quantize_target.py [PROXY ...]`` (default proxy ``relative``; not part of CI).
+``python benchmarks/bench_quantize_target.py [--work DIR] [--proxy relative|absolute] [--preset q2_k ...]``
+(default: proxy ``absolute``, all three presets; not part of CI).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def score(path: Path, evalt: Path, base: Path) -> dict[str, float]:
             "same_top": _num(r"Same top p:\s*([-0-9.e+]+)", out)}
 
 
-def main(work: Path, proxies: tuple[str, ...] = ("relative",)) -> dict:
+def main(work: Path, proxies: tuple[str, ...] = ("absolute",), presets: tuple[str, ...] = PRESETS) -> dict:
     from bench_imatrix import cpu_description
     from llama_cpp_sources import tool_path
     from real_models import real_model_path
@@ -77,18 +78,22 @@ def main(work: Path, proxies: tuple[str, ...] = ("relative",)) -> dict:
     calib, evalt = work / "calib.txt", work / "eval.txt"
     calib.write_text(text[:half])
     evalt.write_text(text[half:])
+    # a WORKDIR of an earlier run keeps its F16, imatrix and base logits (same text, same settings)
     f16 = work / "smollm2-f16.gguf"
-    quantize_file(real_model_path("smollm2-135m-instruct-q4_1"), f16, "f16", allow_requantize=True)
+    if not f16.exists():
+        quantize_file(real_model_path("smollm2-135m-instruct-q4_1"), f16, "f16", allow_requantize=True)
     im = work / "imatrix.gguf"
-    _run([str(tool_path("llama-imatrix")), "-m", str(f16), "-f", str(calib), "-c", str(CTX), "--chunks",
-          str(IMATRIX_CHUNKS), "-t", str(THREADS), "-o", str(im), "--no-ppl", "-nr"])
+    if not im.exists():
+        _run([str(tool_path("llama-imatrix")), "-m", str(f16), "-f", str(calib), "-c", str(CTX), "--chunks",
+              str(IMATRIX_CHUNKS), "-t", str(THREADS), "-o", str(im), "--no-ppl", "-nr"])
     base = work / "base.kld"
-    _run([str(tool_path("llama-perplexity")), "-m", str(f16), "-f", str(evalt), "-c", str(CTX), "--chunks",
-          str(KLD_CHUNKS), "-t", str(THREADS), "-nr", "--kl-divergence-base", str(base)])
+    if not base.exists():
+        _run([str(tool_path("llama-perplexity")), "-m", str(f16), "-f", str(evalt), "-c", str(CTX), "--chunks",
+              str(KLD_CHUNKS), "-t", str(THREADS), "-nr", "--kl-divergence-base", str(base)])
     n_weights = None
     rows: dict = {}
     cache = work / "cache"
-    for preset in PRESETS:
+    for preset in presets:
         ref = work / f"{preset}.gguf"
         t = time.perf_counter()
         _run([str(tool_path("llama-quantize")), "--imatrix", str(im), str(f16), str(ref), preset.upper(), str(THREADS)])
@@ -125,5 +130,13 @@ def main(work: Path, proxies: tuple[str, ...] = ("relative",)) -> dict:
 
 
 if __name__ == "__main__":
-    proxies = tuple(sys.argv[1:]) or ("relative",)
-    main(Path(tempfile.mkdtemp(prefix="bench_quantize_target_")), proxies)
+    import argparse
+
+    ap = argparse.ArgumentParser(description="mix vs preset at equal size (see the module docstring)")
+    ap.add_argument("--work", type=Path, help="work directory (reused: F16, imatrix, base logits, cache)")
+    ap.add_argument("--proxy", action="append", choices=["relative", "absolute"])
+    ap.add_argument("--preset", action="append", choices=PRESETS)
+    a = ap.parse_args()
+    work = a.work or Path(tempfile.mkdtemp(prefix="bench_quantize_target_"))
+    work.mkdir(parents=True, exist_ok=True)
+    main(work, tuple(a.proxy or ("absolute",)), tuple(a.preset or PRESETS))
