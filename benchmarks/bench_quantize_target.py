@@ -15,7 +15,7 @@ token %, the mix/preset KLD ratio and the search time; then the CPU. Targets (is
 
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model and builds the tools), then
 ``python benchmarks/bench_quantize_target.py [--work DIR] [--proxy relative|absolute] [--preset q2_k ...]``
-(default: proxy ``absolute``, all three presets; not part of CI).
+(default: proxy ``relative``, all three presets; not part of CI).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def score(path: Path, evalt: Path, base: Path) -> dict[str, float]:
             "same_top": _num(r"Same top p:\s*([-0-9.e+]+)", out)}
 
 
-def main(work: Path, proxies: tuple[str, ...] = ("absolute",), presets: tuple[str, ...] = PRESETS) -> dict:
+def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[str, ...] = PRESETS) -> dict:
     from bench_imatrix import cpu_description
     from llama_cpp_sources import tool_path
     from real_models import real_model_path
@@ -139,4 +139,4 @@ if __name__ == "__main__":
     a = ap.parse_args()
     work = a.work or Path(tempfile.mkdtemp(prefix="bench_quantize_target_"))
     work.mkdir(parents=True, exist_ok=True)
-    main(work, tuple(a.proxy or ("absolute",)), tuple(a.preset or PRESETS))
+    main(work, tuple(a.proxy or ("relative",)), tuple(a.preset or PRESETS))

@@ -246,7 +246,7 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
                        imatrix: str | Path | Imatrix | None = None,
                        types: Sequence[str | GGMLQuantizationType] | None = None, dry_run: bool = False,
                        mix_out: str | Path | None = None, cache_dir: str | Path | None = None,
-                       sample_rows: int = DEFAULT_SAMPLE_ROWS, proxy: str = "absolute",
+                       sample_rows: int = DEFAULT_SAMPLE_ROWS, proxy: str = "relative",
                        sensitivity: Mapping[str, float] | None = None, threads: int | None = None,
                        device: str = "auto", progress: Progress | None = None) -> TargetReport:
     """Quantize ``input`` to the least estimated error within a size budget.
@@ -263,9 +263,11 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
         mix_out: also write the rules as a llama-quantize ``--tensor-type-file``.
         cache_dir: measurement cache (default ``~/.cache/ggufkit/target``).
         sample_rows: rows measured per tensor (per expert).
-        proxy: ``absolute`` (imatrix-weighted squared error, the default) or ``relative`` (that error over the
-            tensor's weighted energy). On SmolLM2-135M at Q2_K's size, llama-perplexity's mean KLD was 0.0170
-            with ``absolute`` and 0.0230 with ``relative`` (preset 0.2597; benchmarks/bench_quantize_target.py).
+        proxy: ``relative`` (imatrix-weighted squared error over the tensor's weighted energy, the default) or
+            ``absolute`` (the weighted squared error). llama-perplexity's mean KLD on SmolLM2-135M
+            (benchmarks/bench_quantize_target.py): at Q2_K's size 0.0230 relative, 0.0170 absolute (preset
+            0.2597); at Q3_K_M's 0.0146 relative, 0.0327 absolute (preset 0.0765: absolute spends 9 MB on
+            token_embd at Q8_0).
         sensitivity: optional tensor name -> factor multiplying its error (e.g. from a KLD measurement).
         threads, device, progress: as :func:`ggufkit.quant.pipeline.quantize_file`.
 
