@@ -217,6 +217,25 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
                        im.path if im is not None else None, tuple(outputs))
 
 
+def predict_file_size(model: GGUFModel, plan: QuantPlan, im: Imatrix | None) -> int:
+    """Exact size in bytes of the single file :func:`quantize_file` writes for ``plan`` (header, KV pairs
+    with ggufkit's provenance keys and slack, tensor infos, alignment padding and tensor data).
+
+    ``im`` is the imatrix as :func:`quantize_file` passes it on (None when the plan has no imatrix sizes).
+    """
+    from ggufkit.constants import DEFAULT_SLACK_BYTES
+    from ggufkit.format.reader import align_up
+    from ggufkit.format.writer import alignment_of, encode_header, tensor_offsets, with_slack
+
+    meta = with_slack(_output_metadata(model, plan, im if plan.options.imatrix_sizes is not None else None,
+                                       plan.options), DEFAULT_SLACK_BYTES)
+    specs = [TensorSpec(e.name, e.dst_type, e.shape) for e in plan.entries]
+    alignment = alignment_of(meta)
+    offsets = tensor_offsets(specs, alignment)
+    header = encode_header(model.magic, meta, specs, offsets)
+    return align_up(len(header), alignment) + sum(align_up(s.nbytes, alignment) for s in specs)
+
+
 def _device_or_none(device: str, dry_run: bool) -> str | None:
     from ggufkit.quant import resolve_device
 

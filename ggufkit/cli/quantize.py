@@ -61,12 +61,41 @@ def _render(d: Mapping[str, Any]) -> str:
     return "\n".join([f"wrote {written} in {d['seconds']:.1f} s: {summary}", d["fallback_summary"], *notes])
 
 
+def _render_target(d: Mapping[str, Any]) -> str:
+    rows = [(t["name"], t["type"], t["bytes"], f"{t['error']:.3g}", f"{t['error_share']:.1%}") for t in d["tensors"]]
+    types = ", ".join(f"{n} {k}" for k, n in d["types"].items())
+    ref = d["reference"]
+    ratio = f"{ref['ratio']:.3f}" if ref["ratio"] is not None else "-"
+    lines = [f"budget {d['budget']} bytes ({d['budget_kind']}; reachable {d['feasible'][0]}..{d['feasible'][1]}): "
+             f"{d['predicted_size']} bytes, {d['bits_per_weight']:.4f} bits/weight, base {d['base_preset'].upper()} "
+             f"[{types}]",
+             f"estimated error ({d['proxy']} proxy) {d['estimated_error']:.4g}; {ref['preset'].upper()} "
+             f"({ref['size']} bytes) {ref['estimated_error']:.4g}: ratio {ratio}",
+             f"measurements: {d['measured']} new, {d['cached']} from the cache; {d['seconds']:.1f} s"]
+    if d["mix_out"]:
+        lines.append(f"mix written to {d['mix_out']} (llama-quantize --tensor-type-file)")
+    lines.append("dry run: nothing written" if d["dry_run"] else f"wrote {d['output']}")
+    return "\n".join([table(rows, ["tensor", "type", "bytes", "error", "share"], align="llrrr"), "", *lines])
+
+
 @click.command("quantize", epilog=_EPILOG)
 @click.argument("input_file", metavar="IN.gguf", type=click.Path(dir_okay=False, path_type=str))
 @click.argument("output_file", metavar="OUT.gguf", required=False, type=click.Path(dir_okay=False, path_type=str))
-@click.option("--type", "target", required=True, type=_TargetType(),
+@click.option("--type", "target", type=_TargetType(),
               help=f"Preset or type as llama-quantize names them, or its numeric id ({len(TYPE_CHOICES)} names, "
-                   "listed below; q4_k = q4_k_m).")
+                   "listed below; q4_k = q4_k_m). Or one of --target-size/--target-bpw/--target-like.")
+@click.option("--target-size", metavar="SIZE",
+              help="Best mix whose whole file is at most SIZE bytes (K/M/G decimal, KiB/MiB/GiB binary).")
+@click.option("--target-bpw", type=float, metavar="X", help="Best mix of at most X bits per weight (tensor data).")
+@click.option("--target-like", type=_TargetType(), metavar="PRESET",
+              help="Best mix of the size llama-quantize's PRESET would have (with the same --imatrix).")
+@click.option("--types", "cand_types", metavar="LIST",
+              help="Candidate tensor types of a target search, comma-separated (default: k-quants, legacy, "
+                   "IQ4, F16; with --imatrix also IQ2/IQ3).")
+@click.option("--mix-out", type=click.Path(dir_okay=False, path_type=str),
+              help="Write the chosen mix as a llama-quantize --tensor-type-file.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=str),
+              help="Where a target search caches its measurements (default ~/.cache/ggufkit/target).")
 @click.option("--pure", is_flag=True, help="No k-quant mixture: every quantizable tensor gets the default type.")
 @click.option("--imatrix", "imatrix", type=click.Path(dir_okay=False, exists=True, path_type=str),
               help="Importance matrix from llama-imatrix (GGUF or legacy .dat).")
@@ -92,7 +121,9 @@ def _render(d: Mapping[str, Any]) -> str:
 @device_option
 @dry_run_option
 @common_options
-def quantize(input_file: str, output_file: str | None, target: str, pure: bool, imatrix: str | None,
+def quantize(input_file: str, output_file: str | None, target: str | None, target_size: str | None,
+             target_bpw: float | None, target_like: str | None, cand_types: str | None, mix_out: str | None,
+             cache_dir: str | None, pure: bool, imatrix: str | None,
              tensor_types: tuple[str, ...], output_tensor_type: str | None, token_embedding_type: str | None,
              tensor_type_file: str | None, include_weights: tuple[str, ...], exclude_weights: tuple[str, ...],
              prune_layers: str | None, keep_split: bool, override_kv: tuple[str, ...],
@@ -109,10 +140,35 @@ def quantize(input_file: str, output_file: str | None, target: str, pure: bool, 
       ggufkit quantize model-f16.gguf --type q4_k_m --dry-run --json | jq '.totals'
       ggufkit quantize model-f16.gguf out.gguf --type q4_0 --pure --imatrix imatrix.gguf
     """
+    from ggufkit.errors import UsageError
     from ggufkit.quant.pipeline import quantize_file
 
     if output_file is None and not dry_run:
         raise click.UsageError("OUT.gguf is required unless --dry-run is given")
+    searching = target_size is not None or target_bpw is not None or target_like is not None
+    if (target is None) == (not searching):
+        raise UsageError("give --type, or one of --target-size, --target-bpw, --target-like")
+    if searching:
+        others = {"--pure": pure, "--tensor-type": tensor_types, "--tensor-type-file": tensor_type_file,
+                  "--output-tensor-type": output_tensor_type, "--token-embedding-type": token_embedding_type,
+                  "--include-weights": include_weights, "--exclude-weights": exclude_weights,
+                  "--prune-layers": prune_layers, "--keep-split": keep_split, "--override-kv": override_kv,
+                  "--leave-output-tensor": leave_output_tensor, "--no-fallback": no_fallback}
+        used = [k for k, v in others.items() if v]
+        if used:
+            raise UsageError(f"{', '.join(used)} cannot be combined with a target search")
+        from ggufkit.quant.target import quantize_to_target
+
+        target_report = quantize_to_target(
+            input_file, output_file, target_size=target_size, target_bpw=target_bpw, target_like=target_like,
+            imatrix=imatrix, types=[t for t in cand_types.split(",") if t.strip()] if cand_types else None,
+            dry_run=dry_run, mix_out=mix_out, cache_dir=cache_dir, threads=threads, device=device,
+            progress=out.progress())
+        out.result(target_report.to_dict(), _render_target)
+        return
+    if cand_types or mix_out or cache_dir:
+        raise UsageError("--types, --mix-out and --cache-dir belong to a target search (--target-size ...)")
+    assert target is not None
     report = quantize_file(
         input_file, output_file, target, pure=pure, imatrix=imatrix, tensor_types=tensor_types,
         output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
