@@ -34,6 +34,10 @@ MAX_HEADER_BYTES = 100_000_000
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+#: sha256 of weight files already hashed by this process, by (real path, inode, size, mtime_ns).
+_SHA256_SEEN: dict[tuple[str, int, int, int], str] = {}
+
+
 @dataclass(frozen=True)
 class SourceTensor:
     """A tensor in a checkpoint, known from its file's header.
@@ -290,14 +294,22 @@ class Checkpoint:
         self._torch_cache = None
 
     def sha256(self, only: set[Path] | None = None) -> list[tuple[str, str]]:
-        """(file name, sha256 hex) of every weight file (or of those in ``only``), hashed in 4 MiB chunks."""
+        """(file name, sha256 hex) of every weight file (or of those in ``only``), hashed in 4 MiB chunks.
+
+        Remembered per file identity (path, inode, size, mtime) for the life of the process, so that
+        ``convert --with-mmproj`` (text model, then projector) hashes each weight file once.
+        """
         out = []
         for file in self.files:
             if only is not None and file not in only:
                 continue
-            h = hashlib.sha256()
-            with open(file, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-            out.append((os.path.relpath(file, self.model_dir), h.hexdigest()))
+            st = os.stat(file)
+            key = (os.path.realpath(file), st.st_ino, st.st_size, st.st_mtime_ns)
+            if key not in _SHA256_SEEN:
+                h = hashlib.sha256()
+                with open(file, "rb") as f:
+                    while chunk := f.read(1 << 22):
+                        h.update(chunk)
+                _SHA256_SEEN[key] = h.hexdigest()
+            out.append((os.path.relpath(file, self.model_dir), _SHA256_SEEN[key]))
         return out
