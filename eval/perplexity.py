@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from ggufkit.errors import EvaluationError, TokenizerError, UsageError
-from ggufkit.eval.ggml_cpu import FA_TILE_TOKENS
 from ggufkit.eval.kld_store import DEFAULT_TOP_K
 from ggufkit.format.reader import open_gguf
 from ggufkit.format.writer import NullProgress, Progress
@@ -330,6 +329,8 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
             ids, add_bos, bos_id, text_sha = _tokens(model.file, text, tokens)
             ctx_warning = trained_context_warning(model.file, ctx)
         warnings = [ctx_warning] if ctx_warning else []
+        from ggufkit.eval.ggml_cpu import FA_TILE_TOKENS  # imports torch: not at module level
+
         if numerics["kv_f16"] and ctx < FA_TILE_TOKENS:
             warnings.append(f"--ctx {ctx} is under {FA_TILE_TOKENS}: llama.cpp's flash attention then also rounds Q "
                             "and its sums to F16, which --ggml-rounding does not reproduce")
