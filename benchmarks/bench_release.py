@@ -14,7 +14,8 @@ master on the evaluation part (ctx 512, CHUNKS chunks each):
   ``--no-repack`` where they accept it: on the development machine ggml's AMX repacking dies with SIGILL.
 
 Each command runs in its own process (import costs included); Numba's kernels are compiled (and cached on
-disk) once before timing. Run once: ``python benchmarks/bench_release.py [WORKDIR]``; prints the wall times
+disk) once before timing. Run once: ``python benchmarks/bench_release.py [WORKDIR] [--no-steps]`` (``--no-steps``:
+release and llama.cpp only); prints the wall times
 and ratios as one JSON object.
 """
 
@@ -80,7 +81,7 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> float:
     return time.perf_counter() - t
 
 
-def main(work: Path) -> dict[str, object]:
+def main(work: Path, steps: bool = True) -> dict[str, object]:
     from ggufkit.release.plan import TextInput
 
     ck = work / "ck"
@@ -104,21 +105,22 @@ def main(work: Path) -> dict[str, object]:
                                       "--device", "cpu", "-q"])}
 
     # 2. the same steps as separate ggufkit commands
-    d = work / "steps"
-    d.mkdir()
-    master = d / "master-f16.gguf"
-    t: dict[str, float] = {}
-    t["convert"] = run([*gk, "convert", str(ck), "-o", str(master), "--outtype", "f16", "--no-check", "-q"])
-    t["imatrix"] = run([*gk, "imatrix", str(master), "-f", str(calib), "-o", str(d / "im.gguf"), "--ctx", str(CTX),
-                        "--chunks", str(CHUNKS), "--no-ppl", "--device", "cpu", "-q"])
-    for q in TYPES:
-        t[f"quantize {q}"] = run([*gk, "quantize", str(master), str(d / f"{q}.gguf"), "--type", q, "--imatrix",
-                                  str(d / "im.gguf"), "--device", "cpu", "-q"])
-    for q in TYPES:
-        t[f"ppl {q}"] = run([*gk, "ppl", str(d / f"{q}.gguf"), "--baseline", str(master), "-f", str(evalt), "--ctx",
-                             str(CTX), "--chunks", str(CHUNKS), "--device", "cpu", "-q"])
-    t["total"] = sum(t.values())
-    times["ggufkit steps"] = t
+    if steps:
+        d = work / "steps"
+        d.mkdir()
+        master = d / "master-f16.gguf"
+        t: dict[str, float] = {}
+        t["convert"] = run([*gk, "convert", str(ck), "-o", str(master), "--outtype", "f16", "--no-check", "-q"])
+        t["imatrix"] = run([*gk, "imatrix", str(master), "-f", str(calib), "-o", str(d / "im.gguf"), "--ctx", str(CTX),
+                            "--chunks", str(CHUNKS), "--no-ppl", "--device", "cpu", "-q"])
+        for q in TYPES:
+            t[f"quantize {q}"] = run([*gk, "quantize", str(master), str(d / f"{q}.gguf"), "--type", q, "--imatrix",
+                                      str(d / "im.gguf"), "--device", "cpu", "-q"])
+        for q in TYPES:
+            t[f"ppl {q}"] = run([*gk, "ppl", str(d / f"{q}.gguf"), "--baseline", str(master), "-f", str(evalt), "--ctx",
+                                 str(CTX), "--chunks", str(CHUNKS), "--device", "cpu", "-q"])
+        t["total"] = sum(t.values())
+        times["ggufkit steps"] = t
 
     # 3. llama.cpp's tools
     d = work / "llama"
@@ -150,15 +152,17 @@ def main(work: Path) -> dict[str, object]:
     r = times["release"]["total"]
     return {"parameters": n_params, "types": list(TYPES), "ctx": CTX, "chunks": CHUNKS, "threads": THREADS,
             "cpu": cpu, "avx2": " avx2" in flags, "avx512f": " avx512f" in flags, "seconds": times,
-            "ratios": {"release / ggufkit steps": r / times["ggufkit steps"]["total"],
+            "ratios": {**({"release / ggufkit steps": r / times["ggufkit steps"]["total"]} if steps else {}),
                        "release / llama.cpp": r / times["llama.cpp"]["total"]}}
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        base = Path(sys.argv[1])
+    args = [a for a in sys.argv[1:] if a != "--no-steps"]
+    with_steps = "--no-steps" not in sys.argv[1:]
+    if args:
+        base = Path(args[0])
         base.mkdir(parents=True, exist_ok=True)
-        print(json.dumps(main(base), indent=2))
+        print(json.dumps(main(base, with_steps), indent=2))
     else:
         with tempfile.TemporaryDirectory(prefix="bench-release-") as tmp:
-            print(json.dumps(main(Path(tmp)), indent=2))
+            print(json.dumps(main(Path(tmp), with_steps), indent=2))
