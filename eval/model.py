@@ -44,7 +44,6 @@ _VOCAB_CHUNK = 32768
 _EMB_OPT_POS_OFFSET = 2  # OPT's learned position table starts at row 2 (HF OPTLearnedPositionalEmbedding)
 
 
-
 class ActivationObserver(Protocol):
     """What :attr:`GGUFCausalLM.observer` is called with during a forward pass."""
 
@@ -199,16 +198,27 @@ class GGUFCausalLM:
             return F.layer_norm(x, (x.shape[-1],), w, b, hp.eps)
         return _rms_norm(x, w, hp.eps)
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+                src1: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+        """``x @ w.T (+ b)``; with ``ggml_rounding``, ``x`` as ggml's CPU backend converts it (``src1``: that
+        conversion already made by :meth:`_src1` for the same ``x`` and weight tensor)."""
         vec_dot = getattr(w, "ggml_src1", None)
         if vec_dot is None:
             y = _mm(x.to(w.dtype), w).to(torch.float32)
         else:
-            y = _mm(round_activations(x, vec_dot).to(w.dtype), w).to(torch.float32)
+            rounded, correction = src1 if src1 is not None else self._src1(x, w)
+            y = _mm(rounded.to(w.dtype), w).to(torch.float32)
             mins = getattr(w, "ggml_mins", None)
-            if mins is not None:  # Q4_1/Q5_1 x Q8_1: the minimum's term uses Q8_1's F16 block sum
-                y = y + _mm(q8_1_sum_correction(x), mins)
+            if mins is not None and correction is not None:
+                y = y + _mm(correction, mins)  # Q4_1/Q5_1 x Q8_1: the minimum's term uses Q8_1's F16 block sum
         return y if b is None else y + b
+
+    @staticmethod
+    def _src1(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` rounded through tagged weight ``w``'s vec_dot_type, and Q8_1's block-sum correction where
+        ``w`` is Q4_1/Q5_1."""
+        rounded = round_activations(x, w.ggml_src1)  # type: ignore[attr-defined]
+        return rounded, q8_1_sum_correction(x) if getattr(w, "ggml_mins", None) is not None else None
 
     def _observe(self, x: torch.Tensor, *names: str) -> None:
         """Report ``x`` (float32 ``[B, T, n]``), the input of the matmuls with the weights ``names``."""
@@ -374,10 +384,13 @@ class GGUFCausalLM:
             head = self.tensors["token_embd.weight"]
         self._observe(x, head.name)
         parts = []
+        src1 = None  # every chunk is a slice of one tensor: round the input once
         for a in range(0, hp.n_vocab, _VOCAB_CHUNK):
             stop = min(a + _VOCAB_CHUNK, hp.n_vocab)
             w = self.tag_src1(head.row_range(a, stop, self.dtype), head, a, stop)
-            parts.append(self._linear(x, w))
+            if src1 is None and getattr(w, "ggml_src1", None) is not None:
+                src1 = self._src1(x, w)
+            parts.append(self._linear(x, w, src1=src1))
             del w
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         if hp.final_softcap:
