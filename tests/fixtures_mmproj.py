@@ -16,8 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import fixtures_models
+import numpy as np
+import pytest
+from cli_helpers import invoke
 from fixtures_models import make_checkpoint
 from llama_cpp_sources import llama_cpp_dir
+
+from ggufkit.converters import convert_mmproj
+from ggufkit.format import open_gguf
 
 # Vision-language classes fixtures_models does not build itself: config, classes and tokenizer kind.
 _TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -210,3 +216,49 @@ def llama_cpp_mmproj(model: Path, out: Path, outtype: str) -> subprocess.Complet
     env = {**os.environ, "PYTHONPATH": str(root / "gguf-py")}
     return subprocess.run([sys.executable, str(root / "convert_hf_to_gguf.py"), str(model), "--mmproj",
                            "--outfile", str(out), "--outtype", outtype], capture_output=True, text=True, env=env)
+
+
+#: Keys that name the file rather than describe the projector (left out of every comparison).
+NAMING_KEYS = {"general.name"}
+
+
+def layout_checkpoints(tmp_path_factory: pytest.TempPathFactory, classes: list[str]) -> dict[str, dict[str, Path]]:
+    """Per class: each layout's checkpoint directory (same weights)."""
+    out: dict[str, dict[str, Path]] = {}
+    for hf_class in classes:
+        root = tmp_path_factory.mktemp(hf_class)
+        base = make_vlm(root / "base", hf_class)
+        out[hf_class] = {layout: copy_layout(base, root / layout, hf_class, layout) for layout in LAYOUTS[hf_class]}
+    return out
+
+
+def projector_tensors(path: Path) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
+    """name -> (type, shape, bytes) of every tensor of a GGUF file."""
+    with open_gguf(path) as g:
+        return {t.name: (int(t.ggml_type), tuple(t.ne), bytes(g.raw(t))) for t in g.tensors}
+
+
+def projector_keys(path: Path) -> dict[str, object]:
+    """key -> (type, value) of a GGUF file, naming and ggufkit's provenance keys aside."""
+    with open_gguf(path) as g:
+        return {k: (g.kv[k].type, np.asarray(g.get(k)).tolist()) for k in g.kv
+                if not k.startswith("ggufkit.") and k not in NAMING_KEYS}
+
+
+def layout_projectors(layouts: dict[str, Path], tmp_path: Path) -> dict[str, tuple[dict, dict]]:
+    """layout -> (tensors, keys) of the f16 projector ggufkit writes from that layout's checkpoint."""
+    out = {}
+    for layout, model in layouts.items():
+        path = convert_mmproj(model, tmp_path / f"{layout}.gguf", outtype="f16").outputs[0]
+        out[layout] = (projector_tensors(path), projector_keys(path))
+    return out
+
+
+def assert_refused(model: Path, tmp_path: Path, needle: str) -> None:
+    """``convert --mmproj`` of ``model``: exit 2, one line holding ``needle``, nothing written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    res = invoke("convert", str(model), "--mmproj", "-o", str(out))
+    assert res.exit_code == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and needle in res.stderr, res.stderr
+    assert list(out.iterdir()) == []

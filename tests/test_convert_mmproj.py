@@ -16,7 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import invoke
-from fixtures_mmproj import LAYOUTS, ORACLE_LAYOUT, SAVED_LAYOUT, copy_layout, llama_cpp_mmproj, make_vlm
+from fixtures_mmproj import (
+    ORACLE_LAYOUT,
+    SAVED_LAYOUT,
+    assert_refused,
+    copy_layout,
+    layout_checkpoints,
+    layout_projectors,
+    llama_cpp_mmproj,
+    make_vlm,
+    projector_keys,
+    projector_tensors,
+)
 from fixtures_models import make_checkpoint
 
 from ggufkit.converters import convert, convert_mmproj
@@ -26,30 +37,12 @@ from ggufkit.format import open_gguf
 CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration", "LlavaForConditionalGeneration",
            "Mistral3ForConditionalGeneration"]
 PIXTRAL = {"LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration"}
-#: Keys that name the file rather than describe the projector, and ggufkit's provenance keys.
-NAMING_KEYS = {"general.name"}
 
 
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
     """Per class: each layout's checkpoint directory (same weights)."""
-    out: dict[str, dict[str, Path]] = {}
-    for hf_class in CLASSES:
-        root = tmp_path_factory.mktemp(hf_class)
-        base = make_vlm(root / "base", hf_class)
-        out[hf_class] = {layout: copy_layout(base, root / layout, hf_class, layout) for layout in LAYOUTS[hf_class]}
-    return out
-
-
-def _tensors(path: Path) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
-    with open_gguf(path) as g:
-        return {t.name: (int(t.ggml_type), tuple(t.ne), bytes(g.raw(t))) for t in g.tensors}
-
-
-def _keys(path: Path) -> dict[str, object]:
-    with open_gguf(path) as g:
-        return {k: (g.kv[k].type, np.asarray(g.get(k)).tolist()) for k in g.kv
-                if not k.startswith("ggufkit.") and k not in NAMING_KEYS}
+    return layout_checkpoints(tmp_path_factory, CLASSES)
 
 
 @pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
@@ -61,11 +54,11 @@ def test_projector_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], h
     run = llama_cpp_mmproj(model, theirs, outtype)
     assert run.returncode == 0, run.stderr[-2000:]
     ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype=outtype).outputs[0]
-    a, b = _tensors(theirs), _tensors(ours)
+    a, b = projector_tensors(theirs), projector_tensors(ours)
     assert list(a) and sorted(a) == sorted(b)
     for name in a:
         assert a[name] == b[name], name
-    assert _keys(theirs) == _keys(ours)
+    assert projector_keys(theirs) == projector_keys(ours)
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +81,16 @@ def test_bf16_checkpoint_projector_equals_llama_cpp_converter(vlm_bf16: dict[str
     run = llama_cpp_mmproj(model, tmp_path / "theirs.gguf", outtype)
     assert run.returncode == 0, run.stderr[-2000:]
     ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype=outtype).outputs[0]
-    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
-    assert _keys(tmp_path / "theirs.gguf") == _keys(ours)
+    assert projector_tensors(tmp_path / "theirs.gguf") == projector_tensors(ours)
+    assert projector_keys(tmp_path / "theirs.gguf") == projector_keys(ours)
 
 
 @pytest.mark.parametrize("hf_class", CLASSES)
 def test_every_layout_gives_the_same_projector(vlm: dict[str, dict[str, Path]], hf_class: str,
                                                tmp_path: Path) -> None:
-    want = None
-    for layout, model in vlm[hf_class].items():
-        out = convert_mmproj(model, tmp_path / f"{layout}.gguf", outtype="f16").outputs[0]
-        got = (_tensors(out), _keys(out))
-        if want is None:
-            want = got
+    projectors = layout_projectors(vlm[hf_class], tmp_path)
+    want = next(iter(projectors.values()))
+    for layout, got in projectors.items():
         assert got == want, layout
 
 
@@ -222,20 +212,11 @@ def test_cli_with_mmproj_writes_both(vlm: dict[str, dict[str, Path]], tmp_path: 
 
 
 # -- bad input: one line, exit 2, nothing written ---------------------------------------------------------------
-def _refused(model: Path, tmp_path: Path, needle: str) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    res = invoke("convert", str(model), "--mmproj", "-o", str(out))
-    assert res.exit_code == 2, res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1 and needle in res.stderr, res.stderr
-    assert list(out.iterdir()) == []
-
-
-def test_text_only_checkpoint_is_refused(tmp_path: Path) -> None:
+def test_text_only_checkpoint_isassert_refused(tmp_path: Path) -> None:
     model = make_checkpoint(tmp_path / "llama", "LlamaForCausalLM")
     with pytest.raises(UsageError, match="text-only"):
         convert_mmproj(model, tmp_path / "x.gguf")
-    _refused(model, tmp_path, "text-only")
+    assert_refused(model, tmp_path, "text-only")
 
 
 def test_unsupported_vision_class_names_the_supported_ones(vlm: dict[str, dict[str, Path]], tmp_path: Path) -> None:
@@ -247,13 +228,13 @@ def test_unsupported_vision_class_names_the_supported_ones(vlm: dict[str, dict[s
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedArchitectureError, match="Gemma3ForConditionalGeneration"):
         convert_mmproj(model, tmp_path / "x.gguf")
-    _refused(model, tmp_path, "supported: Gemma3ForConditionalGeneration")
+    assert_refused(model, tmp_path, "supported: Gemma3ForConditionalGeneration")
 
 
 @pytest.mark.parametrize(("field", "value", "needle"), [("hidden_size", 48, "has shape"),
                                                         ("num_hidden_layers", 2, "missing vision tensors"),
                                                         ("patch_size", 4, "has shape")])
-def test_tensors_not_matching_config_are_refused(vlm: dict[str, dict[str, Path]], tmp_path: Path, field: str,
+def test_tensors_not_matching_config_areassert_refused(vlm: dict[str, dict[str, Path]], tmp_path: Path, field: str,
                                                  value: int, needle: str) -> None:
     import shutil
 
@@ -263,7 +244,7 @@ def test_tensors_not_matching_config_are_refused(vlm: dict[str, dict[str, Path]]
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(TensorMappingError, match=needle):
         convert_mmproj(model, tmp_path / "x.gguf")
-    _refused(model, tmp_path, needle)
+    assert_refused(model, tmp_path, needle)
 
 
 @pytest.mark.parametrize("hf_class", sorted(PIXTRAL))
@@ -273,7 +254,7 @@ def test_llama_cpp_converter_drops_img_break_in_the_released_pixtral_layout(vlm:
     model = vlm[hf_class]["released"]
     assert llama_cpp_mmproj(model, tmp_path / "theirs.gguf", "f16").returncode == 0
     ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype="f16").outputs[0]
-    theirs_names, ours_names = set(_tensors(tmp_path / "theirs.gguf")), set(_tensors(ours))
+    theirs_names, ours_names = set(projector_tensors(tmp_path / "theirs.gguf")), set(projector_tensors(ours))
     assert ours_names - theirs_names == {"v.token_embd.img_break"}
 
 
@@ -285,7 +266,7 @@ def test_llama_cpp_converter_drops_img_break_in_the_released_pixtral_layout(vlm:
     ("    types: {V_MM_INP_PROJ: f16,", "    types: {V_MM_INP_PROJ: q4,", "types: 'V_MM_INP_PROJ'"),
     ("      token: \"[IMG_BREAK]\"\n", "      token: 3\n", "'token' must be the token's text"),
 ])
-def test_broken_projector_section_is_refused(old: str, new: str, message: str) -> None:
+def test_broken_projector_section_isassert_refused(old: str, new: str, message: str) -> None:
     from ggufkit.converters.registry import DEFAULT_REGISTRY, parse_registry
     from ggufkit.errors import RegistryError
 
@@ -312,7 +293,7 @@ def test_text_model_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], 
                          env={**os.environ, "PYTHONPATH": str(root / "gguf-py")})
     assert run.returncode == 0, run.stderr[-2000:]
     ours = convert(model, tmp_path / "ours.gguf", outtype="f16").outputs[0]
-    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
+    assert projector_tensors(tmp_path / "theirs.gguf") == projector_tensors(ours)
     with open_gguf(tmp_path / "theirs.gguf") as a, open_gguf(ours) as b:
         arch = a.get("general.architecture")
         assert b.get("general.architecture") == arch
@@ -321,7 +302,7 @@ def test_text_model_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], 
                 assert np.array_equal(np.asarray(a.get(key)), np.asarray(b.get(key))), key
 
 
-def test_outtype_llama_cpp_does_not_write_projectors_in_is_refused(vlm: dict[str, dict[str, Path]],
+def test_outtype_llama_cpp_does_not_write_projectors_in_isassert_refused(vlm: dict[str, dict[str, Path]],
                                                                    tmp_path: Path) -> None:
     model = vlm["Gemma3ForConditionalGeneration"]["released"]
     with pytest.raises(UsageError, match="q4_k_m"):

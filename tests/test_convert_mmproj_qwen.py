@@ -16,8 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures_mmproj import LAYOUTS, ORACLE_LAYOUT, SAVED_LAYOUT, copy_layout, llama_cpp_mmproj, make_vlm
-from test_convert_mmproj import _keys, _refused, _tensors
+from fixtures_mmproj import (
+    ORACLE_LAYOUT,
+    SAVED_LAYOUT,
+    assert_refused,
+    layout_checkpoints,
+    layout_projectors,
+    llama_cpp_mmproj,
+    make_vlm,
+    projector_keys,
+    projector_tensors,
+)
 
 from ggufkit.converters import convert, convert_mmproj
 from ggufkit.errors import TensorMappingError, UnsupportedArchitectureError
@@ -34,12 +43,7 @@ IMAGES = [("Qwen2_5_VLForConditionalGeneration", 112), ("Qwen2_5_VLForConditiona
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
     """Per class: each layout's checkpoint directory (same weights)."""
-    out: dict[str, dict[str, Path]] = {}
-    for hf_class in QWEN_CLASSES:
-        root = tmp_path_factory.mktemp(hf_class)
-        base = make_vlm(root / "base", hf_class)
-        out[hf_class] = {layout: copy_layout(base, root / layout, hf_class, layout) for layout in LAYOUTS[hf_class]}
-    return out
+    return layout_checkpoints(tmp_path_factory, QWEN_CLASSES)
 
 
 @pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
@@ -53,15 +57,15 @@ def test_projector_equals_llama_cpp_converter(qwen: dict[str, dict[str, Path]], 
     run = llama_cpp_mmproj(model, theirs, outtype)
     assert run.returncode == 0, run.stderr[-2000:]
     ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype=outtype).outputs[0]
-    a, b = _tensors(theirs), _tensors(ours)
+    a, b = projector_tensors(theirs), projector_tensors(ours)
     assert "v.patch_embd.weight.1" in a and sorted(a) == sorted(b)
     for name in a:
         assert a[name] == b[name], name
-    assert _keys(theirs) == _keys(ours)
+    assert projector_keys(theirs) == projector_keys(ours)
     if hf_class == "Qwen3VLForConditionalGeneration":
         assert {"v.deepstack.0.fc1.weight", "v.deepstack.2.fc1.weight"} <= set(a)
     else:
-        assert _keys(ours)["clip.vision.n_wa_pattern"][1] == 2
+        assert projector_keys(ours)["clip.vision.n_wa_pattern"][1] == 2
 
 
 @pytest.mark.parametrize("hf_class", QWEN_CLASSES)
@@ -70,8 +74,8 @@ def test_bf16_checkpoint_projector_equals_llama_cpp_converter(hf_class: str, tmp
     run = llama_cpp_mmproj(model, tmp_path / "theirs.gguf", "auto")
     assert run.returncode == 0, run.stderr[-2000:]
     ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype="auto").outputs[0]
-    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
-    assert _keys(tmp_path / "theirs.gguf") == _keys(ours)
+    assert projector_tensors(tmp_path / "theirs.gguf") == projector_tensors(ours)
+    assert projector_keys(tmp_path / "theirs.gguf") == projector_keys(ours)
 
 
 def test_qwen25_released_config_style_equals_llama_cpp_converter(qwen: dict[str, dict[str, Path]],
@@ -86,19 +90,16 @@ def test_qwen25_released_config_style_equals_llama_cpp_converter(qwen: dict[str,
     run = llama_cpp_mmproj(model, tmp_path / "theirs.gguf", "f16")
     assert run.returncode == 0, run.stderr[-2000:]
     ours = convert_mmproj(model, tmp_path / "ours.gguf", outtype="f16").outputs[0]
-    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
-    assert _keys(tmp_path / "theirs.gguf") == _keys(ours)
+    assert projector_tensors(tmp_path / "theirs.gguf") == projector_tensors(ours)
+    assert projector_keys(tmp_path / "theirs.gguf") == projector_keys(ours)
 
 
 @pytest.mark.parametrize("hf_class", QWEN_CLASSES)
 def test_every_layout_gives_the_same_projector(qwen: dict[str, dict[str, Path]], hf_class: str,
                                                tmp_path: Path) -> None:
-    want = None
-    for layout, model in qwen[hf_class].items():
-        out = convert_mmproj(model, tmp_path / f"{layout}.gguf", outtype="f16").outputs[0]
-        got = (_tensors(out), _keys(out))
-        if want is None:
-            want = got
+    projectors = layout_projectors(qwen[hf_class], tmp_path)
+    want = next(iter(projectors.values()))
+    for layout, got in projectors.items():
         assert got == want, layout
 
 
@@ -108,7 +109,7 @@ def test_llama_cpp_converter_writes_no_tower_from_the_prefixed_qwen25_layout(qwe
     # model.visual.* it writes a projector without a single tensor and reports success; ggufkit writes the same
     # projector as from the released files (test_every_layout_gives_the_same_projector).
     run = llama_cpp_mmproj(qwen["Qwen2_5_VLForConditionalGeneration"]["prefixed"], tmp_path / "x.gguf", "f16")
-    assert run.returncode == 0 and _tensors(tmp_path / "x.gguf") == {}
+    assert run.returncode == 0 and projector_tensors(tmp_path / "x.gguf") == {}
 
 
 @pytest.mark.parametrize("hf_class", QWEN_CLASSES)
@@ -124,7 +125,7 @@ def test_text_model_equals_llama_cpp_converter(qwen: dict[str, dict[str, Path]],
                          env={**os.environ, "PYTHONPATH": str(root / "gguf-py")})
     assert run.returncode == 0, run.stderr[-2000:]
     ours = convert(model, tmp_path / "ours.gguf", outtype="f16").outputs[0]
-    assert _tensors(tmp_path / "theirs.gguf") == _tensors(ours)
+    assert projector_tensors(tmp_path / "theirs.gguf") == projector_tensors(ours)
     with open_gguf(tmp_path / "theirs.gguf") as a, open_gguf(ours) as b:
         arch = a.get("general.architecture")
         assert b.get("general.architecture") == arch
@@ -140,7 +141,7 @@ def test_every_layout_gives_the_same_text_model(qwen: dict[str, dict[str, Path]]
                                                 tmp_path: Path) -> None:
     want = None
     for layout, model in qwen[hf_class].items():
-        got = _tensors(convert(model, tmp_path / f"{layout}.gguf", outtype="f16").outputs[0])
+        got = projector_tensors(convert(model, tmp_path / f"{layout}.gguf", outtype="f16").outputs[0])
         if want is None:
             want = got
         assert got == want, layout
@@ -232,28 +233,28 @@ def _edited(src: Path, dst: Path, **vision: object) -> Path:
 @pytest.mark.parametrize(("field", "value", "needle"), [("hidden_size", 48, "has shape"),
                                                         ("depth", 2, "block 2 >= clip.vision.block_count"),
                                                         ("patch_size", 8, "has shape")])
-def test_tensors_not_matching_config_are_refused(qwen: dict[str, dict[str, Path]], hf_class: str, field: str,
+def test_tensors_not_matching_config_areassert_refused(qwen: dict[str, dict[str, Path]], hf_class: str, field: str,
                                                  value: int, needle: str, tmp_path: Path) -> None:
     model = _edited(qwen[hf_class]["released"], tmp_path / "bad", **{field: value})
     with pytest.raises(TensorMappingError, match=needle):
         convert_mmproj(model, tmp_path / "x.gguf")
-    _refused(model, tmp_path, needle)
+    assert_refused(model, tmp_path, needle)
 
 
 @pytest.mark.parametrize(("vision", "needle"), [({"fullatt_block_indexes": [1, 2]}, "not evenly spaced"),
                                                 ({"window_size": 224}, "window_size 224"),
                                                 ({"fullatt_block_indexes": None}, "fullatt_block_indexes")])
-def test_qwen25_window_settings_libmtmd_cannot_run_are_refused(qwen: dict[str, dict[str, Path]], vision: dict,
+def test_qwen25_window_settings_libmtmd_cannot_run_areassert_refused(qwen: dict[str, dict[str, Path]], vision: dict,
                                                                needle: str, tmp_path: Path) -> None:
     model = _edited(qwen["Qwen2_5_VLForConditionalGeneration"]["released"], tmp_path / "bad", **vision)
     with pytest.raises(UnsupportedArchitectureError, match=needle):
         convert_mmproj(model, tmp_path / "x.gguf")
-    _refused(model, tmp_path, needle)
+    assert_refused(model, tmp_path, needle)
 
 
-def test_deepstack_index_beyond_depth_is_refused(qwen: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+def test_deepstack_index_beyond_depth_isassert_refused(qwen: dict[str, dict[str, Path]], tmp_path: Path) -> None:
     model = _edited(qwen["Qwen3VLForConditionalGeneration"]["released"], tmp_path / "bad",
                     deepstack_visual_indexes=[0, 5])
     with pytest.raises(TensorMappingError, match="deepstack_visual_indexes"):
         convert_mmproj(model, tmp_path / "x.gguf")
-    _refused(model, tmp_path, "deepstack_visual_indexes")
+    assert_refused(model, tmp_path, "deepstack_visual_indexes")
