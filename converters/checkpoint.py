@@ -14,7 +14,9 @@ import json
 import os
 import re
 import struct
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ggufkit.errors import CheckpointError
+from ggufkit.format.values import PendingString
 
 #: safetensors dtype -> numpy dtype of the bytes as stored (BF16 as raw bits).
 SAFETENSORS_DTYPES: dict[str, np.dtype[Any]] = {
@@ -34,8 +37,32 @@ MAX_HEADER_BYTES = 100_000_000
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-#: sha256 of weight files already hashed by this process, by (real path, inode, size, mtime_ns).
-_SHA256_SEEN: dict[tuple[str, int, int, int], str] = {}
+#: sha256 of weight files hashed (or being hashed) by this process, by (real path, inode, size, mtime_ns).
+_SHA256_SEEN: dict[tuple[str, int, int, int], Future[str]] = {}
+_SHA256_LOCK = threading.Lock()
+
+
+def _hash_file(file: Path, result: Future[str]) -> None:
+    try:
+        h = hashlib.sha256()
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)  # releases the GIL: conversion goes on beside it
+        result.set_result(h.hexdigest())
+    except BaseException as exc:  # handed to whoever reads the result
+        result.set_exception(exc)
+
+
+def _file_sha256(file: Path) -> Future[str]:
+    """The file's sha256, hashed once per process in a daemon thread (a failed run does not wait for it)."""
+    st = os.stat(file)
+    key = (os.path.realpath(file), st.st_ino, st.st_size, st.st_mtime_ns)
+    with _SHA256_LOCK:
+        result = _SHA256_SEEN.get(key)
+        if result is None:
+            result = _SHA256_SEEN[key] = Future()
+            threading.Thread(target=_hash_file, args=(file, result), daemon=True, name="sha256").start()
+    return result
 
 
 @dataclass(frozen=True)
@@ -299,17 +326,33 @@ class Checkpoint:
         Remembered per file identity (path, inode, size, mtime) for the life of the process, so that
         ``convert --with-mmproj`` (text model, then projector) hashes each weight file once.
         """
-        out = []
-        for file in self.files:
-            if only is not None and file not in only:
-                continue
-            st = os.stat(file)
-            key = (os.path.realpath(file), st.st_ino, st.st_size, st.st_mtime_ns)
-            if key not in _SHA256_SEEN:
-                h = hashlib.sha256()
-                with open(file, "rb") as f:
-                    while chunk := f.read(1 << 22):
-                        h.update(chunk)
-                _SHA256_SEEN[key] = h.hexdigest()
-            out.append((os.path.relpath(file, self.model_dir), _SHA256_SEEN[key]))
-        return out
+        return [(name, result.result()) for name, result in self._hashing(only)]
+
+    def sha256_value(self, only: set[Path] | None = None) -> PendingString:
+        """The ``ggufkit.source.sha256`` value (``HASH  NAME`` lines), hashed in the background meanwhile.
+
+        The files are hashed in threads started now; the writer rewrites its header once they finish, so
+        hashing overlaps the conversion (0.7 s of a 0.66 GB projector's 3.6 s) instead of preceding it.
+        """
+        hashing = self._hashing(only)
+        placeholder = "\n".join(f"{'0' * 64}  {name}" for name, _ in hashing)
+        done: Future[str] = Future()
+        lock = threading.Lock()  # callbacks run in the hashing threads: one of them completes ``done``
+
+        def on_done(_: object) -> None:
+            with lock:
+                if done.done() or not all(r.done() for _, r in hashing):
+                    return
+                try:
+                    done.set_result("\n".join(f"{r.result()}  {name}" for name, r in hashing))
+                except BaseException as exc:  # read by the writer
+                    done.set_exception(exc)
+
+        for _, r in hashing:
+            r.add_done_callback(on_done)
+        on_done(None)
+        return PendingString(placeholder, done)
+
+    def _hashing(self, only: set[Path] | None) -> list[tuple[str, Future[str]]]:
+        return [(os.path.relpath(file, self.model_dir), _file_sha256(file)) for file in self.files
+                if only is None or file in only]

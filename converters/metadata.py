@@ -129,7 +129,7 @@ def build_metadata(src: Source, hp: Mapping[str, tuple[VT, Any]], entries: list[
         meta.put(key, value)
     meta.set(KEY_TOOL_VERSION, VT.STRING, __version__)
     if src.checkpoint is not None:
-        meta.set(KEY_SOURCE_SHA256, VT.STRING, "\n".join(f"{h}  {n}" for n, h in src.checkpoint.sha256()))
+        meta.put(KEY_SOURCE_SHA256, src.checkpoint.sha256_value())
     if src.repo:
         meta.set(KEY_SOURCE_REPO, VT.STRING, src.repo)
     if src.revision:

@@ -321,7 +321,7 @@ def build_mmproj_plan(model_dir: Path, repo: str | None, config: dict[str, Any],
     # shards would cost more to hash than the projector costs to convert).
     files = {ckpt.tensors[hf].file for hf, _, _, _ in mapped}
     files |= {ckpt.tensors[e.source.split("[")[0]].file for e in entries if e.kind.startswith("V_TOK_EMBD")}
-    meta.set(KEY_SOURCE_SHA256, VT.STRING, "\n".join(f"{h}  {n}" for n, h in ckpt.sha256(files)))
+    meta.put(KEY_SOURCE_SHA256, ckpt.sha256_value(files))
     ftype = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     out = mmproj_output_path(output, model_dir, repo, name, ftype)
     return ConvertPlan(entry.hf_class, ARCH, resolved, file_type, GGUF_MAGIC, meta, entries, ignored, out, loaders)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,12 +50,12 @@ def bf16_to_f16(bits: np.ndarray) -> np.ndarray:
     test over all 65536 patterns keeps them equal.
     """
     bits = np.ascontiguousarray(bits, dtype=np.uint16)
-    magnitude = bits & np.uint16(0x7FFF)
-    out = magnitude - np.uint16(0x3800)  # exponent bias 127 -> 15
+    out = bits & np.uint16(0x7FFF)
+    # Exponents 113..142 are f16 normals: magnitude bits 0x3880..0x477F (one unsigned compare, wrapping).
+    odd = np.flatnonzero((out - np.uint16(0x3880)) >= np.uint16(0x0F00))
+    out -= np.uint16(0x3800)  # exponent bias 127 -> 15
     out <<= np.uint16(3)  # 7 -> 10 mantissa bits
     out |= bits & np.uint16(0x8000)
-    # Exponents 113..142 are f16 normals: magnitude bits 0x3880..0x477F.
-    odd = np.flatnonzero((magnitude < 0x3880) | (magnitude >= 0x4780))
     if odd.size:
         with np.errstate(over="ignore"):
             out.reshape(-1)[odd] = to_float32(bits.reshape(-1)[odd], "BF16").astype(np.float16).view(np.uint16)
@@ -129,18 +131,39 @@ def encode(arr: np.ndarray, src_dtype: str, ggml_type: GGMLQuantizationType) -> 
         if release is not None:
             release(rows)
         return whole.reshape(*arr.shape[:-1], -1)
-    out: np.ndarray | None = None
-    for start in range(0, rows.shape[0], step):
+    first = _encode_rows(rows[:step], src_dtype, ggml_type)
+    out = np.empty((rows.shape[0], first.shape[1]), dtype=first.dtype)
+    out[:step] = first
+    del first
+    if release is not None:
+        release(rows[:step])
+
+    def convert(start: int) -> None:
         part = rows[start:start + step]
-        encoded = _encode_rows(part, src_dtype, ggml_type)
-        if out is None:
-            out = np.empty((rows.shape[0], encoded.shape[1]), dtype=encoded.dtype)
-        out[start:start + step] = encoded
-        del encoded
+        out[start:start + step] = _encode_rows(part, src_dtype, ggml_type)
         if release is not None:
             release(part)
-    assert out is not None
+
+    starts = range(step, rows.shape[0], step)
+    if ggml_type in (Q.F16, Q.BF16, Q.F32) and len(starts) > 1:
+        # NumPy releases the GIL in these loops: chunks convert on every core (each into its own rows, so
+        # the bytes do not depend on the scheduling). Quantizers are parallel inside already.
+        list(_pool().map(convert, starts))
+    else:
+        for start in starts:
+            convert(start)
     return out.reshape(*arr.shape[:-1], -1)
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        _POOL = ThreadPoolExecutor(max(1, min(cores, 8)), thread_name_prefix="encode")
+    return _POOL
 
 
 

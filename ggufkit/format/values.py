@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,6 +98,36 @@ class TypedValue:
             assert self.item_type is not None
             return encode_array(self.item_type, self.value)
         return encode_scalar(self.type, self.value)
+
+
+class PendingString:
+    """A string value still being computed (the weight files' sha256, hashed while the tensors are written).
+
+    Its byte length is known up front (``placeholder``): the writer writes the header with the placeholder
+    when the value is not ready yet and rewrites it in place once :attr:`value` is known, so hashing a
+    checkpoint overlaps converting it instead of preceding it. Reading :attr:`value` waits for the result.
+    """
+
+    type = VT.STRING
+    item_type = None
+
+    def __init__(self, placeholder: str, result: Future[str]) -> None:
+        self.placeholder = placeholder
+        self._result = result
+
+    @property
+    def ready(self) -> bool:
+        return self._result.done()
+
+    @property
+    def value(self) -> str:
+        text = self._result.result()
+        if len(text.encode("utf-8")) != len(self.placeholder.encode("utf-8")):
+            raise MetadataValueError(f"computed value {text[:40]!r}... does not have its placeholder's length")
+        return text
+
+    def encode_payload(self) -> bytes:
+        return encode_string(self.value if self.ready else self.placeholder)
 
 
 def encode_string(text: str) -> bytes:

@@ -25,13 +25,14 @@ from ggufkit.constants import (
     MAX_TENSOR_NAME_BYTES,
 )
 from ggufkit.errors import GGUFKitError, UsageError
-from ggufkit.format.atomic import atomic_write
+from ggufkit.format.atomic import EarlyWriteback, atomic_write
 from ggufkit.format.reader import MAX_ALIGNMENT, align_up, tensor_nbytes
 from ggufkit.format.shards import SPLIT_COUNT, SPLIT_KEYS, SPLIT_NO, SPLIT_TENSORS_COUNT, shard_path
 from ggufkit.format.values import (
     VT,
     EncodableValue,
     Metadata,
+    PendingString,
     TypedValue,
     encode_kv,
     encode_string,
@@ -185,6 +186,22 @@ def _as_bytes(chunk: Any, spec: TensorSpec) -> memoryview:
     return view
 
 
+def _complete_headers(files: Sequence[Any], headers: Sequence[tuple[Metadata, list[TensorSpec]]],
+                      written: Sequence[bytes], magic: bytes, alignment: int) -> None:
+    """Rewrite in place the headers written with a :class:`PendingString`'s placeholder, now that it is known."""
+    for f, (shard_meta, shard_tensors), old in zip(files, headers, written):
+        if not any(isinstance(v, PendingString) for v in shard_meta.values()):
+            continue
+        header = encode_header(magic, shard_meta, shard_tensors, tensor_offsets(shard_tensors, alignment))
+        if header == old:
+            continue
+        if len(header) != len(old):  # PendingString.value checks the length; this cannot happen
+            raise GGUFKitError("a computed metadata value changed the header's length")
+        f.seek(0)
+        f.write(header)
+        f.seek(0, 2)
+
+
 def write_gguf(path: str | Path, metadata: Mapping[str, EncodableValue], tensors: Sequence[TensorSpec],
                data: Iterable[Any], *, magic: bytes = GGUF_MAGIC, split_max_size: int | None = None,
                split_max_tensors: int | None = None, slack_bytes: int = DEFAULT_SLACK_BYTES,
@@ -242,22 +259,27 @@ def write_gguf(path: str | Path, metadata: Mapping[str, EncodableValue], tensors
     progress.begin(sum(t.nbytes for t in tensors), "B", f"writing {path.name}")
     data_iter = iter(data)
     with atomic_write(*outputs) as files:
+        written: list[bytes] = []
         for f, (shard_meta, shard_tensors) in zip(files, headers):
             offsets = tensor_offsets(shard_tensors, alignment)
             header = encode_header(magic, shard_meta, shard_tensors, offsets)
+            written.append(header)
             f.write(header)
             f.write(b"\0" * (align_up(len(header), alignment) - len(header)))
-            for spec in shard_tensors:
-                try:
-                    chunk = next(data_iter)
-                except StopIteration:
-                    raise GGUFKitError(f"data ended before tensor {spec.name!r}") from None
-                view = _as_bytes(chunk, spec)
-                f.write(view)
-                f.write(b"\0" * (align_up(spec.nbytes, alignment) - spec.nbytes))
-                del chunk, view
-                progress.advance(spec.nbytes)
+            with EarlyWriteback(f) as writeback:
+                for spec in shard_tensors:
+                    try:
+                        chunk = next(data_iter)
+                    except StopIteration:
+                        raise GGUFKitError(f"data ended before tensor {spec.name!r}") from None
+                    view = _as_bytes(chunk, spec)
+                    f.write(view)
+                    f.write(b"\0" * (align_up(spec.nbytes, alignment) - spec.nbytes))
+                    del chunk, view
+                    progress.advance(spec.nbytes)
+                    writeback.wrote(spec.nbytes)
         if next(data_iter, None) is not None:
             raise GGUFKitError("more tensor data than tensors")
+        _complete_headers(files, headers, written, magic, alignment)
     progress.end()
     return outputs
