@@ -128,9 +128,10 @@ class ArchEntry:
     mmproj: Any = None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last), checked before ``<<`` merges
-    so an explicit key may still override a merged one."""
+    so an explicit key may still override a merged one. libyaml's parser when PyYAML has it: every
+    conversion loads the registry, and the pure-Python parser takes 0.17 s of it, libyaml 0.02 s."""
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:

@@ -266,7 +266,7 @@ def test_llama_cpp_converter_drops_img_break_in_the_released_pixtral_layout(vlm:
     ("    types: {V_MM_INP_PROJ: f16,", "    types: {V_MM_INP_PROJ: q4,", "types: 'V_MM_INP_PROJ'"),
     ("      token: \"[IMG_BREAK]\"\n", "      token: 3\n", "'token' must be the token's text"),
 ])
-def test_broken_projector_section_isassert_refused(old: str, new: str, message: str) -> None:
+def test_broken_projector_section_is_refused(old: str, new: str, message: str) -> None:
     from ggufkit.converters.registry import DEFAULT_REGISTRY, parse_registry
     from ggufkit.errors import RegistryError
 
