@@ -23,6 +23,7 @@ from fixtures_quantize import assert_same_quantized
 from ggufkit.errors import UsageError
 from ggufkit.format import open_gguf
 from ggufkit.release.mix import parse_mix
+from ggufkit.release.plan import parse_max_kld
 
 TYPES = "Q4_K_M,mix@q4_k,MIX@3.5BPW"
 ARGS = ["--ctx", "64", "--chunks", "4", "--imatrix-chunks", "4", "--device", "cpu"]
@@ -56,6 +57,7 @@ def test_parse_mix_syntax() -> None:
     assert (parse_mix("mix@90mib").name, parse_mix("mix@90MiB").size) == ("MIX@90MiB", 90 * 2**20)
     assert (parse_mix("MIX@4.50BPW").name, parse_mix("mix@4.5bpw").bpw) == ("MIX@4.5bpw", 4.5)
     assert parse_mix("MIX@Q3_K_M").label == "MIX-Q3_K_M"
+    assert parse_max_kld(["mix@q4_k=0.1", "Mix@2.5g=0.2"]) == {"MIX@Q4_K_M": 0.1, "MIX@2.5G": 0.2}
     for bad, needle in (("MIX@3", "give a unit"), ("MIX@q9_9", "q9_9"), ("MIX@3parsecs", "unknown unit"),
                         ("MIX@0bpw", "positive"), ("MIX@0G", "positive"), ("MIX@", "expected"),
                         ("MIX@f16", "not a quantized preset"), ("MIX@-1G", "neither")):
