@@ -30,7 +30,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggufkit.errors import UsageError
 from ggufkit.format.reader import align_up
-from ggufkit.format.writer import Progress
+from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.quant.imatrix import Imatrix
 from ggufkit.quant.plan import QuantOptions, QuantPlan, plan_quantization
 from ggufkit.quant.presets import ALIASES, PRESETS, get_preset, parse_type
@@ -56,6 +56,9 @@ IMATRIX_TYPES: tuple[GGMLQuantizationType, ...] = (QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2
 #: Presets a mix is compared with (the one nearest in size).
 REFERENCE_PRESETS = ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "q8_0")
 _NEVER_REQUIRE = ("token_embd.weight", "per_layer_token_embd.weight", "output.weight")
+#: ggml.c ggml_quantize_requires_imatrix: no quantizer at all without importance weights, on any tensor (an
+#: imatrix from llama-imatrix has no token_embd entry)
+_NO_QUANTIZER_WITHOUT = (QT.IQ2_XXS, QT.IQ2_XS, QT.IQ1_S)
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KB": 10**3, "MB": 10**6, "GB": 10**9,
           "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -152,7 +155,7 @@ def _allowed(name: str, ne0: int, cands: Sequence[GGMLQuantizationType], has_im_
     for t in cands:
         if ne0 % GGML_QUANT_SIZES[t][0]:
             continue
-        if t in REQUIRES_IMATRIX and name not in _NEVER_REQUIRE and not has_im_entry:
+        if t in REQUIRES_IMATRIX and not has_im_entry and (name not in _NEVER_REQUIRE or t in _NO_QUANTIZER_WITHOUT):
             continue
         out.append(t)
     return out
@@ -241,6 +244,22 @@ def _write_rules(path: Path, rules: Sequence[tuple[str, GGMLQuantizationType]]) 
         raise
 
 
+class _Renamed:
+    """A progress bar whose phase is named ``quantizing`` (the writer's bar says ``writing NAME``)."""
+
+    def __init__(self, inner: Progress, name: str) -> None:
+        self.inner, self.name = inner, name
+
+    def begin(self, total: int, unit: str, desc: str) -> None:
+        self.inner.begin(total, unit, f"{self.name} ({desc})")
+
+    def advance(self, n: int) -> None:
+        self.inner.advance(n)
+
+    def end(self) -> None:
+        self.inner.end()
+
+
 def quantize_to_target(input: str | Path, output: str | Path | None, *, target_size: int | str | None = None,
                        target_bpw: float | None = None, target_like: str | None = None,
                        imatrix: str | Path | Imatrix | None = None,
@@ -269,7 +288,8 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
             0.2597); at Q3_K_M's 0.0146 relative, 0.0327 absolute (preset 0.0765: absolute spends 9 MB on
             token_embd at Q8_0).
         sensitivity: optional tensor name -> factor multiplying its error (e.g. from a KLD measurement).
-        threads, device, progress: as :func:`ggufkit.quant.pipeline.quantize_file`.
+        threads, device: as :func:`ggufkit.quant.pipeline.quantize_file`.
+        progress: one bar per phase: ``planning presets``, ``measuring``, ``allocating``, ``quantizing``.
 
     Returns:
         A :class:`TargetReport`.
@@ -284,6 +304,7 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
 
     start = time.perf_counter()
     input = Path(input)
+    phase = progress or NullProgress()
     if sum(x is not None for x in (target_size, target_bpw, target_like)) != 1:
         raise UsageError("give exactly one of --target-size, --target-bpw, --target-like")
     if proxy not in ("relative", "absolute"):
@@ -306,6 +327,8 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
     else:
         cands = DEFAULT_TYPES + (IMATRIX_TYPES if has_im else ())
     preset_for_like = get_preset(target_like) if target_like is not None else None
+    if preset_for_like is not None and preset_for_like.needs_imatrix and not has_im:
+        raise UsageError(f"--target-like {preset_for_like.name.upper()} needs an importance matrix: pass --imatrix")
     sizes = im.sizes() if im is not None and has_im else None
 
     def make_plan(model: Any, base: str, rules: Sequence[tuple[str, GGMLQuantizationType]]) -> QuantPlan:
@@ -323,11 +346,15 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
         # the presets' types are measured too (every target on these inputs then finds them in the cache),
         # to compare the mix's estimated error with the nearest preset's (or --target-like's)
         ref_plans = {}
-        for name in dict.fromkeys([*([preset_for_like.name] if preset_for_like else []), *REFERENCE_PRESETS]):
-            if has_im or not PRESETS[name].needs_imatrix:
-                ref_plans[name] = plan_quantization(model.tensors, name, arch=model.architecture or "",
-                                                    metadata=model.kv, options=QuantOptions(imatrix_sizes=sizes))
+        ref_names = [n for n in dict.fromkeys([*([preset_for_like.name] if preset_for_like else []),
+                                               *REFERENCE_PRESETS]) if has_im or not PRESETS[n].needs_imatrix]
+        phase.begin(len(ref_names), "preset", "planning presets")
+        for name in ref_names:
+            ref_plans[name] = plan_quantization(model.tensors, name, arch=model.architecture or "",
+                                                metadata=model.kv, options=QuantOptions(imatrix_sizes=sizes))
+            phase.advance(1)
         ref_sizes = {n: predict_file_size(model, p, im) for n, p in ref_plans.items()}
+        phase.end()
         n_total = scan.n_elements
         if target_like is not None:
             budget, kind = ref_sizes[next(iter(ref_plans))], "file"
@@ -378,8 +405,10 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
             rules = [(f"^{re.escape(n)}$", t) for n, t in chosen.items()]
             plan = make_plan(model, _base_preset(weight, has_im), rules)
             size = predict_file_size(model, plan, im) if kind == "file" else plan.nbytes
+            phase.advance(1)
             return plan, rules, size
 
+        phase.begin(3, "plan", "allocating")  # the two bounds and (nearly always) one allocation
         _, _, lo = build(dict.fromkeys(points, 0))
         _, _, hi = build({n: len(_hull(p)) - 1 for n, p in points.items()})
         what = "target size" if kind == "file" else "tensor data of the bpw target"
@@ -396,6 +425,7 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
             room -= size - budget
         else:  # pragma: no cover - each pass lowers the room by the overshoot
             raise UsageError(f"could not fit {what} {budget} bytes")
+        phase.end()
         by_name = {e.name: e for e in plan.entries}
         choices = tuple(Choice(n, by_name[n].dst_type, by_name[n].nbytes, err(n, meas[n][by_name[n].dst_type]))
                         for n in (e.name for e in plan.entries) if n in points)
@@ -410,7 +440,7 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
     written = None
     if not dry_run and out_path is not None:
         quantize_file(input, out_path, plan.target, imatrix=im if has_im else None, tensor_types=rules,
-                      threads=threads, device=device, progress=progress)
+                      threads=threads, device=device, progress=_Renamed(phase, "quantizing"))
         actual = out_path.stat().st_size
         if actual != file_size or (kind == "file" and actual > budget):  # never leave a file over budget
             out_path.unlink()

@@ -264,3 +264,19 @@ def llama_quantize(inp: Path, out: Path, target: str, *, pure: bool = False, nth
     rc = llama_cpp.llama_model_quantize(str(inp).encode(), str(out).encode(), ctypes.byref(params))
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize failed with {rc} for {inp} -> {target}")
+
+
+def assert_same_quantized(ref: Path, ours: Path) -> None:
+    """llama-quantize's ``ref`` and ggufkit's ``ours`` hold the same tensors (order, names, types, bytes) and the
+    same metadata in the same order, ``ggufkit.*`` keys aside on both sides (ggufkit's converter writes them into
+    the input, llama-quantize copies them, ggufkit's quantizer writes its own)."""
+    with open_gguf(ref) as a, open_gguf(ours) as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        for ta, tb in zip(a.tensors, b.tensors):
+            assert bytes(a.raw(ta)) == bytes(b.raw(tb)), f"bytes differ in {ta.name} ({ta.ggml_type.name})"
+        keys = [k for k in a.kv if not k.startswith("ggufkit.")]
+        assert keys == [k for k in b.kv if not k.startswith("ggufkit.")]
+        for key in keys:
+            assert a.kv[key].type == b.kv[key].type, key
+            if not key.startswith("tokenizer."):
+                assert a.get(key) == b.get(key), key

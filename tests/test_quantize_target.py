@@ -175,3 +175,34 @@ def test_mix_loads_in_llama_cpp_python(model, tmp_path):
     assert np.isfinite(logits[1]).all()
     rel = np.linalg.norm(logits[1] - logits[0]) / np.linalg.norm(logits[0])
     assert rel < 0.2, rel
+
+
+class _Phases:
+    """A :class:`ggufkit.format.writer.Progress` that records each bar: its name, total and how far it went."""
+
+    def __init__(self) -> None:
+        self.bars: list[list] = []
+
+    def begin(self, total: int, unit: str, desc: str) -> None:
+        self.bars.append([desc, total, 0])
+
+    def advance(self, n: int) -> None:
+        self.bars[-1][2] += n
+
+    def end(self) -> None:
+        pass
+
+
+def test_progress_bar_per_phase_and_none_off_a_terminal(model, tmp_path):
+    phases = _Phases()
+    out = tmp_path / "p.gguf"
+    quantize_to_target(model["src"], out, target_like="q4_k_m", imatrix=model["im"], types=TYPES,
+                       cache_dir=model["cache"], progress=phases)
+    assert [b[0] for b in phases.bars] == ["planning presets", "measuring", "allocating", "quantizing (writing p.gguf)"]
+    planning, measuring, allocating, writing = phases.bars
+    assert planning[2] == planning[1] >= 10 and measuring[2] == measuring[1] > 0 and allocating[2] >= 3
+    assert writing[2] == writing[1] > 0  # bytes of tensor data written
+    # the CLI shows bars only on a terminal: under CliRunner (no terminal) stderr stays empty
+    res = invoke("quantize", str(model["src"]), str(tmp_path / "q.gguf"), "--target-like", "q4_k_m", "--imatrix",
+                 str(model["im"]), "--types", ",".join(TYPES), "--cache-dir", str(model["cache"]))
+    assert res.exit_code == 0 and res.stderr == "", res.stderr

@@ -48,7 +48,13 @@ def _render(d: Mapping[str, Any]) -> str:
               help="The release directory (created; a rerun resumes it).")
 @click.option("--types", default=None, metavar="LIST",
               help="Comma-separated llama-quantize types (default: Q2_K,Q3_K_M,Q4_K_M,Q5_K_M,Q6_K,Q8_0 and, with "
-                   "an importance matrix, IQ2_M,IQ3_M,IQ4_XS).")
+                   "an importance matrix, IQ2_M,IQ3_M,IQ4_XS), and size-budget entries, case-insensitive: "
+                   "MIX@PRESET (the size llama-quantize's PRESET file has for this model and imatrix, e.g. "
+                   "MIX@Q3_K_M), MIX@SIZE (a whole-file size with a unit: K/M/G/T decimal, KiB/MiB/GiB/TiB, B; "
+                   "e.g. MIX@2.5G, MIX@90MiB) or MIX@Xbpw (bits per weight, e.g. MIX@4.5bpw). Each is the best "
+                   "per-tensor mix at that size (types chosen by measured error), written as "
+                   "BASENAME-MIX-Q3_K_M.gguf with its llama-quantize --tensor-type-file recipe "
+                   "BASENAME-MIX-Q3_K_M.tensor-types.txt.")
 @click.option("--master", type=click.Choice(["auto", "bf16", "f16", "f32"]), default="auto", show_default=True,
               help="Type of the converted master every type is quantized from (auto: as the checkpoint).")
 @click.option("--imatrix-text", type=click.Path(dir_okay=False, exists=True, path_type=str), default=None,
@@ -99,6 +105,7 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
     \b
     Example:
       ggufkit release ./my-model -o my-model-GGUF --types q4_k_m,q8_0 --max-kld all=0.1
+      ggufkit release ./my-model -o my-model-GGUF --types q3_k_m,mix@q3_k_m,mix@2.5G,mix@4.5bpw
       ggufkit release ./my-model -o my-model-GGUF --dry-run
       ggufkit release ./my-model -o out --only q4_k_m      # one type per machine, then --card-only
       ggufkit release ./my-model -o my-model-GGUF --push me/my-model-GGUF

@@ -41,6 +41,9 @@ class ReleaseResult:
     push: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     projector: dict[str, Any] | None = None
+    #: MIX entries searched in this run: ``{"measured": n, "cached": n}`` (measurements made now and reused
+    #: from the release's cache; a second entry on the same master and imatrix measures nothing)
+    searches: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +70,9 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
         model: checkpoint directory or cached hub repo id (as :func:`ggufkit.converters.convert`).
         outdir: the release directory (created; a rerun resumes it).
         types: llama-quantize type names (default: :data:`~ggufkit.release.plan.DEFAULT_TYPES`, plus the
-            IQ types with an importance matrix).
+            IQ types with an importance matrix), and size-budget entries ``MIX@Q3_K_M`` (the size of that
+            preset's file), ``MIX@2.5G``/``MIX@90MiB`` (a file size), ``MIX@4.5bpw`` (bits per weight): the best
+            per-tensor mix at that size (:mod:`ggufkit.release.mix`), with its llama-quantize recipe.
         master: the master's type: ``auto`` (as the checkpoint: bf16 or f16), ``bf16``, ``f16``, ``f32``.
         imatrix_text, imatrix, no_imatrix: calibration text, a ready importance matrix, or none (default:
             collected on the bundled sample's calibration part).
@@ -134,7 +139,8 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
     state.save_cache()
     if options.only:
         files = sorted({n for r in sc.records.values() for n in r["outputs"]})
-        return ReleaseResult(str(plan.outdir), False, [], files, ran=sc.ran, skipped=sc.skipped, notes=notes)
+        return ReleaseResult(str(plan.outdir), False, [], files, ran=sc.ran, skipped=sc.skipped, notes=notes,
+                             searches=sc.searches)
     return _assemble(plan, sc, notes)
 
 
@@ -158,6 +164,7 @@ def _load_records(ctx: Any) -> None:
 
 def _rows(plan: ReleasePlan, ctx: Any) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, list[str]]]:
     from ggufkit.release.evaluate import card_numbers
+    from ggufkit.release.mix import is_mix, manifest_entry
 
     rec = ctx.records
     master_scores = rec["eval-master"]["results"]
@@ -167,11 +174,13 @@ def _rows(plan: ReleasePlan, ctx: Any) -> tuple[dict[str, Any], list[dict[str, A
     master["bpw"] = _bpw(plan.outdir / files["master"][0])
     rows = []
     for t in plan.types:
-        files[t] = sorted(rec[f"quantize-{t}"]["outputs"])
-        size = sum(h["size"] for h in rec[f"quantize-{t}"]["outputs"].values())
+        outputs = {n: h for n, h in rec[f"quantize-{t}"]["outputs"].items() if n.endswith(".gguf")}
+        files[t] = sorted(outputs)
+        size = sum(h["size"] for h in outputs.values())
         rows.append({"type": t, "file": files[t][0], "size": size,
                      "bpw": rec[f"quantize-{t}"]["results"]["bits_per_weight"],
-                     **card_numbers(master_scores, rec[f"eval-{t}"]["results"])})
+                     **card_numbers(master_scores, rec[f"eval-{t}"]["results"]),
+                     **({"mix": manifest_entry(rec[f"quantize-{t}"])} if is_mix(t) else {})})
     return master, rows, files
 
 
@@ -223,7 +232,7 @@ def _assemble(plan: ReleasePlan, ctx: Any, notes: list[str]) -> ReleaseResult:
     files_all = sorted([*artifacts, MANIFEST])
     failures = _gates(plan, rows)
     result = ReleaseResult(str(plan.outdir), False, [], files_all, rows, master, failures, ctx.ran, ctx.skipped,
-                           notes=notes, projector=projector)
+                           notes=notes, projector=projector, searches=ctx.searches)
     if plan.options.push is not None and not failures:
         ctx.stage(f"uploading {len(files_all)} files to {plan.options.push}")
         result.push = push(plan.outdir, plan.options.push, files_all, private=plan.options.private,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ggufkit.release.mix import card_lines
 from ggufkit.release.plan import PLOT, source_card_front_matter
 
 #: Mean-KLD bands of the recommendation column (nats per token against the master).
@@ -106,10 +107,14 @@ def render_card(plan: Any, master: dict[str, Any], rows: Sequence[dict[str, Any]
               f"KLD: KL divergence of each type's next-token distribution from the master's (mean and 99th "
               f"percentile; {kld_note}). Same top: share of positions whose most likely token is the master's. "
               "Note: the master's logits are scored once and every type is compared with them.", "",
-              f"![size against quality]({PLOT})", "",
+              f"![size against quality]({PLOT})", "", *card_lines(plan, list(rows), files),
               "## How to run", ""]
-    first_type = rows[0]["type"] if rows else plan.master_type
-    first_file = files[rows[0]["type"]][0] if rows else files["master"][0]
+    # the hub names a file by its llama-quantize type (`-hf REPO:Q4_K_M`): the mixes are run by file name
+    presets = [r for r in rows if not r.get("mix")]
+    first_type = presets[0]["type"] if presets else plan.master_type
+    first_file = files[presets[0]["type"]][0] if presets else files["master"][0]
+    # a glob *Q3_K_M.gguf would also match a mix's *-MIX-Q3_K_M.gguf: with mixes, the exact file name
+    pattern = first_file if len(presets) < len(rows) else f"*{first_type}.gguf"
     if pj:
         lines += ["llama.cpp, text and images (`-hf` fetches the projector with the model):", "", "```sh",
                   f"llama-mtmd-cli -hf {repo}:{first_type} --image image.jpg -p \"Describe this image.\"",
@@ -120,10 +125,10 @@ def render_card(plan: Any, master: dict[str, Any], rows: Sequence[dict[str, Any]
               f"llama-cli -hf {repo}:{first_type} -p \"Hello\"",
               f"llama-cli -m {first_file} -p \"Hello\"",
               "```", "", "llama-cpp-python:", "", "```python", "from llama_cpp import Llama", "",
-              f"llm = Llama.from_pretrained(repo_id=\"{repo}\", filename=\"*{first_type}.gguf\")",
+              f"llm = Llama.from_pretrained(repo_id=\"{repo}\", filename=\"{pattern}\")",
               "print(llm(\"Hello\", max_tokens=32)[\"choices\"][0][\"text\"])", "```", "",
               "ollama" + (" (the projector is fetched with the model)" if pj else "") + ":", "", "```sh"]
-    lines += [f"ollama run hf.co/{repo}:{r['type']}" for r in rows] + ["```", ""]
+    lines += [f"ollama run hf.co/{repo}:{r['type']}" for r in presets] + ["```", ""]
     it = plan.imatrix_text
     im = ("none" if not plan.use_imatrix else
           f"`{plan.imatrix_file}`, given" if o.imatrix is not None else

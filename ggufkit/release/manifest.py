@@ -108,6 +108,14 @@ def build_manifest(plan: Any, records: dict[str, dict[str, Any]], files: list[st
                   for name, rec in sorted(records.items())},
         "files": {name: state.hash(name) for name in sorted(files) if name != MANIFEST},
     }
+    mixes = {name.removeprefix("quantize-"): rec for name, rec in records.items()
+             if name.startswith("quantize-") and "recipe" in rec.get("results", {})}
+    if mixes:
+        from ggufkit.release.mix import manifest_entry
+
+        # size-budget entries: target, budget, base preset, candidates and the search's estimate (the recipe's
+        # sha256 is in "files")
+        manifest["mixes"] = {name: manifest_entry(rec) for name, rec in sorted(mixes.items())}
     if plan.mmproj_file is not None and "mmproj" in records:
         # a vision-language model's projector, loaded beside every quant (text-only manifests are unchanged)
         manifest["parameters"]["mmproj_type"] = plan.mmproj_outtype

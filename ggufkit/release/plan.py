@@ -126,7 +126,8 @@ class ReleasePlan:
         return f"{self.prefix}-{self.master_type}.gguf"
 
     def type_file(self, qtype: str) -> str:
-        return f"{self.prefix}-{qtype}.gguf"
+        """``{basename}-Q4_K_M.gguf``; a size-budget entry ``MIX@Q3_K_M``: ``{basename}-MIX-Q3_K_M.gguf``."""
+        return f"{self.prefix}-{qtype.replace('@', '-')}.gguf"
 
     @property
     def source_id(self) -> str:
@@ -135,13 +136,17 @@ class ReleasePlan:
 
 
 def canonical_type(name: str) -> str:
-    """``q4_k`` -> ``Q4_K_M`` (llama-quantize's names and aliases); refuses what a release cannot make.
+    """``q4_k`` -> ``Q4_K_M`` (llama-quantize's names and aliases), ``mix@q3_k_m`` -> ``MIX@Q3_K_M`` (a
+    size-budget entry, :mod:`ggufkit.release.mix`); refuses what a release cannot make.
 
     Raises:
-        UsageError: unknown, a float or copy target, or a type this build has no kernel for.
+        UsageError: unknown, a float or copy target, a type this build has no kernel for, a bad MIX entry.
     """
     from ggufkit.quant.presets import get_preset, has_kernel
+    from ggufkit.release.mix import is_mix, parse_mix
 
+    if is_mix(name):
+        return parse_mix(name).name
     preset = get_preset(name)
     if preset.only_copy or not preset.is_quantized:
         raise UsageError(f"--types {name}: a release's types are quantized types; the float master is --master")
@@ -151,8 +156,13 @@ def canonical_type(name: str) -> str:
 
 
 def needs_imatrix(qtype: str) -> bool:
+    """The type (or the preset a ``MIX@PRESET`` entry takes its size from) needs an importance matrix."""
     from ggufkit.quant.presets import get_preset
+    from ggufkit.release.mix import is_mix, parse_mix
 
+    if is_mix(qtype):
+        preset = parse_mix(qtype).preset
+        return preset is not None and get_preset(preset).needs_imatrix
     return get_preset(qtype).needs_imatrix
 
 
@@ -265,6 +275,7 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
         list(DEFAULT_TYPES + (DEFAULT_IMATRIX_TYPES if use_imatrix else ()))
     if len(set(types)) != len(types):
         raise UsageError(f"--types lists a type twice: {', '.join(types)}")
+    mixes = _mix_targets(types)
     if not use_imatrix:
         bad = [t for t in types if needs_imatrix(t)]
         if bad:
@@ -296,6 +307,10 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
 
     dry = convert(o.model, None, outtype=o.master, dry_run=True)
     assert dry.plan.output is not None
+    if mixes:
+        from ggufkit.release.mix import check_feasible
+
+        check_feasible(mixes, dry.plan.entries, use_imatrix)
     master_type = dry.plan.output.name.removesuffix(".gguf").rsplit("-", 1)[1]
     prefix = dry.plan.output.name.removesuffix(f"-{master_type}.gguf")
     model_name = repo or model_dir.resolve().name
@@ -317,6 +332,20 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
     if not o.card_only:
         _check_texts(plan)
     return plan
+
+
+def _mix_targets(types: Sequence[str]) -> list[Any]:
+    """The MIX entries of ``types``; two with the same budget (``MIX@2.5G``, ``MIX@2500M``) are refused."""
+    from ggufkit.release.mix import is_mix, parse_mix
+
+    mixes = [parse_mix(t) for t in types if is_mix(t)]
+    seen: dict[tuple[Any, ...], str] = {}
+    for m in mixes:
+        key = (m.kind, m.preset, m.size, m.bpw)
+        if key in seen:
+            raise UsageError(f"--types {seen[key]} and {m.name} are the same budget")
+        seen[key] = m.name
+    return mixes
 
 
 def _plan_projector(plan: ReleasePlan, model_dir: Path) -> None:

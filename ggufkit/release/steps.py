@@ -39,6 +39,8 @@ class StepContext:
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    #: MIX steps that ran: measurements made now and taken from the release's cache
+    searches: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def _hashes(rec: dict[str, Any]) -> dict[str, str]:
@@ -102,7 +104,9 @@ def mmproj_step(ctx: StepContext) -> dict[str, Any] | None:
 
 
 def first_output(rec: dict[str, Any], outdir: Path) -> Path:
-    return outdir / sorted(rec["outputs"])[0]
+    """The step's (first) GGUF; a MIX step also records its recipe beside it."""
+    names = sorted(rec["outputs"])
+    return outdir / next((n for n in names if n.endswith(".gguf")), names[0])
 
 
 def imatrix_params(plan: ReleasePlan, records: dict[str, dict[str, Any]]
@@ -156,25 +160,33 @@ def quant_inputs(plan: ReleasePlan, records: dict[str, dict[str, Any]], qtype: s
     return inputs, {"type": qtype, "keep_split": len(records["master"]["outputs"]) > 1}
 
 
+def release_imatrix(ctx: StepContext) -> Any:
+    """The release's importance matrix (None without one), loaded for quantizing."""
+    plan = ctx.plan
+    if "imatrix" not in ctx.records or not plan.imatrix_file:
+        return None
+    import dataclasses
+
+    from ggufkit.quant.imatrix import load_imatrix
+
+    # quantize.imatrix.file names the file as it sits in the release, not this machine's path,
+    # so that every machine of a fan-out writes the same bytes.
+    return dataclasses.replace(load_imatrix(plan.outdir / plan.imatrix_file), path=Path(plan.imatrix_file))
+
+
 def quant_step(ctx: StepContext, qtype: str) -> dict[str, Any]:
     from ggufkit.quant import quantize_file
+    from ggufkit.release.mix import is_mix, mix_step
 
+    if is_mix(qtype):
+        return mix_step(ctx, qtype)
     plan = ctx.plan
     inputs, params = quant_inputs(plan, ctx.records, qtype)
     step = f"quantize-{qtype}"
     rec = ctx.state.done(step, inputs, params)
     if rec is None:
         ctx.stage(f"quantizing to {qtype}")
-        imatrix = None
-        if "imatrix" in ctx.records and plan.imatrix_file:
-            import dataclasses
-
-            from ggufkit.quant.imatrix import load_imatrix
-
-            # quantize.imatrix.file names the file as it sits in the release, not this machine's path,
-            # so that every machine of a fan-out writes the same bytes.
-            imatrix = dataclasses.replace(load_imatrix(plan.outdir / plan.imatrix_file),
-                                          path=Path(plan.imatrix_file))
+        imatrix = release_imatrix(ctx)
         if imatrix is None and needs_imatrix(qtype):
             raise UsageError(f"{qtype} needs an importance matrix")
         report = quantize_file(first_output(ctx.records["master"], plan.outdir), plan.outdir / plan.type_file(qtype),
@@ -239,6 +251,7 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
     """What a run would do (``--dry-run``): each step, run or skip, its files and estimated sizes."""
     from ggufkit.quant.presets import get_preset
     from ggufkit.quant.registry import bits_per_weight
+    from ggufkit.release.mix import is_mix, mix_inputs, parse_mix, recipe_file
 
     o = plan.options
     out: list[StepStatus] = []
@@ -269,12 +282,19 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
         out.append(StepStatus("imatrix", action, [plan.imatrix_file], None,
                               "given file" if o.imatrix else f"collect on {plan.imatrix_text.name if plan.imatrix_text else ''}"))
     for qtype in plan.work_types:
-        bpw = bits_per_weight(get_preset(qtype).default_type)
-        est = int(plan.n_params * bpw / 8)
+        mix = parse_mix(qtype) if is_mix(qtype) else None
         action = "run"
         if known and (not plan.use_imatrix or "imatrix" in records):
-            q_in, q_par = quant_inputs(plan, records, qtype)
+            q_in, q_par = mix_inputs(plan, records, qtype) if mix else quant_inputs(plan, records, qtype)
             action = check(f"quantize-{qtype}", q_in, q_par)
+        if mix is not None:
+            bpw = mix.bpw or bits_per_weight(get_preset(mix.preset or "q8_0").default_type)
+            est = mix.size or int(plan.n_params * bpw / 8)
+            out.append(StepStatus(f"quantize-{qtype}", action, [plan.type_file(qtype), recipe_file(plan, qtype)],
+                                  est, f"best mix at {mix.describe()} (per-tensor types by measured error)"))
+            continue
+        bpw = bits_per_weight(get_preset(qtype).default_type)
+        est = int(plan.n_params * bpw / 8)
         out.append(StepStatus(f"quantize-{qtype}", action, [plan.type_file(qtype)], est,
                               f"~{bpw:.2f} bits per weight (default tensor type; mixtures differ)"))
     for name in [None, *plan.work_types]:
