@@ -191,7 +191,7 @@ def make_qx_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: 
         if ax > amax:
             amax = ax
             mx = x[r, off + i]
-    if amax < _GROUP_MAX_EPS or not amax < np.float32(np.inf):
+    if amax < _GROUP_MAX_EPS or not amax < np.float32(np.inf) or n % 4:
         return make_qx_quants(x, r, off, n, nmax, w, True, L)
     fnmax = np.float32(nmax)
     lo = np.float32(-nmax)
@@ -201,15 +201,35 @@ def make_qx_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: 
         isc[k] = np.float32(-fadd(fnmax, fmul(np.float32(0.1), np.float32(step))) / mx)
         slx[k] = np.float32(0.0)
         sl2[k] = np.float32(0.0)
-    for i in range(n):
-        xi = x[r, off + i]
-        wi = w[i]
-        wx = np.float32(wi * xi)
+    # Four elements per pass over the lanes: each lane's sums still add them one by one in ggml's order, but
+    # load and store the running sum once per four elements (the store-to-load latency otherwise dominates).
+    for i in range(0, n, 4):
+        x0 = x[r, off + i]
+        x1 = x[r, off + i + 1]
+        x2 = x[r, off + i + 2]
+        x3 = x[r, off + i + 3]
+        w0 = w[i]
+        w1 = w[i + 1]
+        w2 = w[i + 2]
+        w3 = w[i + 3]
+        wx0 = np.float32(w0 * x0)
+        wx1 = np.float32(w1 * x1)
+        wx2 = np.float32(w2 * x2)
+        wx3 = np.float32(w3 * x3)
         for k in range(_NL):
-            fl = fsub(fadd(fmul(isc[k], xi), _MAGIC), _MAGIC)
-            fl = min(max(fl, lo), hi)
-            slx[k] = fadd(slx[k], fmul(wx, fl))
-            sl2[k] = fadd(sl2[k], fmul(np.float32(wi * fl), fl))
+            s = isc[k]
+            f0 = min(max(fsub(fadd(fmul(s, x0), _MAGIC), _MAGIC), lo), hi)
+            f1 = min(max(fsub(fadd(fmul(s, x1), _MAGIC), _MAGIC), lo), hi)
+            f2 = min(max(fsub(fadd(fmul(s, x2), _MAGIC), _MAGIC), lo), hi)
+            f3 = min(max(fsub(fadd(fmul(s, x3), _MAGIC), _MAGIC), lo), hi)
+            a = fadd(slx[k], fmul(wx0, f0))
+            a = fadd(a, fmul(wx1, f1))
+            a = fadd(a, fmul(wx2, f2))
+            slx[k] = fadd(a, fmul(wx3, f3))
+            b = fadd(sl2[k], fmul(np.float32(w0 * f0), f0))
+            b = fadd(b, fmul(np.float32(w1 * f1), f1))
+            b = fadd(b, fmul(np.float32(w2 * f2), f2))
+            sl2[k] = fadd(b, fmul(np.float32(w3 * f3), f3))
     sumlx = slx[9]
     suml2 = sl2[9]
     scale = np.float32(sumlx / suml2) if suml2 != np.float32(0.0) else np.float32(0.0)
@@ -261,7 +281,7 @@ def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w
         sum_x = fadd(sum_x, fmul(w[i], xi))
     if mn > np.float32(0.0):
         mn = np.float32(0.0)
-    if mx <= mn:
+    if mx <= mn or n % 4:
         return make_qkx3_quants(x, r, off, n, nmax, w, L, Laux, rmin, rdelta, nstep)
     xlo = mn  # at most the smallest element
     fnmax = np.float32(nmax)
@@ -300,17 +320,38 @@ def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w
             s_l2[j] = zero
             s_xl[j] = zero
             mad[j] = zero
-        for i in range(n):
-            xi = x[r, off + i]
-            wi = w[i]
-            d = fsub(xi, mn)
+        for i in range(0, n, 4):  # four elements per pass over the lanes, added in order (see above)
+            x0 = x[r, off + i]
+            x1 = x[r, off + i + 1]
+            x2 = x[r, off + i + 2]
+            x3 = x[r, off + i + 3]
+            w0 = w[i]
+            w1 = w[i + 1]
+            w2 = w[i + 2]
+            w3 = w[i + 3]
+            d0 = fsub(x0, mn)
+            d1 = fsub(x1, mn)
+            d2 = fsub(x2, mn)
+            d3 = fsub(x3, mn)
             for j in range(_NL3):
-                fl = fsub(fadd(fmul(isc[j], d), _MAGIC), _MAGIC)
-                fl = min(max(fl, zero), hi)
-                wl = np.float32(wi * fl)
-                s_l[j] = fadd(s_l[j], wl)
-                s_l2[j] = fadd(s_l2[j], fmul(wl, fl))
-                s_xl[j] = fadd(s_xl[j], fmul(wl, xi))
+                s = isc[j]
+                f0 = min(max(fsub(fadd(fmul(s, d0), _MAGIC), _MAGIC), zero), hi)
+                f1 = min(max(fsub(fadd(fmul(s, d1), _MAGIC), _MAGIC), zero), hi)
+                f2 = min(max(fsub(fadd(fmul(s, d2), _MAGIC), _MAGIC), zero), hi)
+                f3 = min(max(fsub(fadd(fmul(s, d3), _MAGIC), _MAGIC), zero), hi)
+                wl0 = np.float32(w0 * f0)
+                wl1 = np.float32(w1 * f1)
+                wl2 = np.float32(w2 * f2)
+                wl3 = np.float32(w3 * f3)
+                s_l[j] = fadd(fadd(fadd(fadd(s_l[j], wl0), wl1), wl2), wl3)
+                a = fadd(s_l2[j], fmul(wl0, f0))
+                a = fadd(a, fmul(wl1, f1))
+                a = fadd(a, fmul(wl2, f2))
+                s_l2[j] = fadd(a, fmul(wl3, f3))
+                b = fadd(s_xl[j], fmul(wl0, x0))
+                b = fadd(b, fmul(wl1, x1))
+                b = fadd(b, fmul(wl2, x2))
+                s_xl[j] = fadd(b, fmul(wl3, x3))
         for j in range(_NL3):
             den = fsub(fmul(sum_w, s_l2[j]), fmul(s_l[j], s_l[j]))
             this_scale = np.float32(fsub(fmul(sum_w, s_xl[j]), fmul(sum_x, s_l[j])) / den)
@@ -320,15 +361,31 @@ def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w
                 this_scale = np.float32(s_xl[j] / s_l2[j])
             t_sc[j] = this_scale
             t_mn[j] = this_min if den > zero else np.float32(np.nan)  # NaN: ggml skips the trial
-        for i in range(n):
-            xi = x[r, off + i]
-            wi = w[i]
-            d = fsub(xi, mn)
+        for i in range(0, n, 4):
+            x0 = x[r, off + i]
+            x1 = x[r, off + i + 1]
+            x2 = x[r, off + i + 2]
+            x3 = x[r, off + i + 3]
+            w0 = w[i]
+            w1 = w[i + 1]
+            w2 = w[i + 2]
+            w3 = w[i + 3]
+            d0 = fsub(x0, mn)
+            d1 = fsub(x1, mn)
+            d2 = fsub(x2, mn)
+            d3 = fsub(x3, mn)
             for j in range(_NL3):
-                fl = fsub(fadd(fmul(isc[j], d), _MAGIC), _MAGIC)
-                fl = min(max(fl, zero), hi)
-                diff = fsub(fadd(fmul(t_sc[j], fl), t_mn[j]), xi)
-                mad[j] = fadd(mad[j], fmul(wi, np.float32(diff * diff)))
+                s = isc[j]
+                sc = t_sc[j]
+                m = t_mn[j]
+                e0 = fsub(fadd(fmul(sc, min(max(fsub(fadd(fmul(s, d0), _MAGIC), _MAGIC), zero), hi)), m), x0)
+                e1 = fsub(fadd(fmul(sc, min(max(fsub(fadd(fmul(s, d1), _MAGIC), _MAGIC), zero), hi)), m), x1)
+                e2 = fsub(fadd(fmul(sc, min(max(fsub(fadd(fmul(s, d2), _MAGIC), _MAGIC), zero), hi)), m), x2)
+                e3 = fsub(fadd(fmul(sc, min(max(fsub(fadd(fmul(s, d3), _MAGIC), _MAGIC), zero), hi)), m), x3)
+                a = fadd(mad[j], fmul(w0, np.float32(e0 * e0)))
+                a = fadd(a, fmul(w1, np.float32(e1 * e1)))
+                a = fadd(a, fmul(w2, np.float32(e2 * e2)))
+                mad[j] = fadd(a, fmul(w3, np.float32(e3 * e3)))
         nxt = start + _NL3
         for j in range(min(_NL3, nstep + 1 - start)):
             if t_mn[j] != t_mn[j]:  # D <= 0 (or a NaN fit, which cannot win either)
