@@ -11,6 +11,33 @@ Each timing is the best of ``--rounds``; the bytes of both sides are compared. R
 ggml's time (lower is better; the issue's target is <= 0.5). Run::
 
     python benchmarks/bench_quant_lowbit.py [--rows 4096] [--threads N] [--rounds 2] [--types Q2_K,Q3_K]
+
+``--types`` takes any type of ``ggufkit.quant.KERNELS`` (the legacy types too; the grid types only with
+their imatrix, since ggml has no reference quantizer for them).
+
+Measured 2026-11-27 on a shared 2-core "Intel(R) Xeon(R) Processor" (AVX2, AVX-512 F/BW/CD/DQ/VL/IFMA/VBMI/
+VNNI/BF16/FP16), with the load average at 9-14 throughout (other jobs on both cores), so single timings
+vary by up to 2x between runs; 1 thread each side, from the same F16 array (``ggufkit.quant.quantize`` on
+the F16 array vs ``ggml_quantize_chunk`` on its f32 widening, widening inside the timing), imatrix
+uniform in [0.01, 2.01), ratio = ggufkit time / ggml time, bytes equal in every run:
+
+=======  =======  ==================  ====================================
+type     path     before (8M weights)  after (4M, median of 5 paired runs)
+=======  =======  ==================  ====================================
+Q4_0     imatrix  1.81                0.42
+Q4_1     imatrix  1.03                0.50
+Q5_0     imatrix  1.93                0.40
+Q5_1     imatrix  1.42                0.43
+=======  =======  ==================  ====================================
+
+At 2 threads after the change: Q4_0 0.38-0.39, Q4_1 0.37-0.47, Q5_0 0.39-0.81 (one disturbed run),
+Q5_1 0.44-0.47. The change: ggml's make_qx_quants / make_qkx3_quants try 19 / 37 trial scales one after
+another; ggufkit.quant.legacy_fit evaluates them as vector lanes (same float32 operations per trial,
+same order of decisions). The legacy reference paths and Q8_0 (which ignores the imatrix) were not
+changed (Q4_0-Q5_1 reference 0.6-1.0, Q8_0 0.33-0.69 in these runs: memory and load bound), nor were the K-quant, IQ and low-bit kernels (before, same conditions: Q2_K 0.29-0.32,
+Q3_K 0.71 ref / 0.20 imatrix, Q4_K-Q6_K 0.21-0.41, IQ4_NL/IQ4_XS 0.30-0.37, TQ1_0/TQ2_0 0.41-0.54,
+MXFP4 0.60-0.66, Q1_0 0.15-0.21, IQ2_XXS 0.31, IQ2_XS 0.28, IQ2_S 0.07, IQ1_S 0.02, IQ3_XXS 0.85-1.0,
+IQ3_S 0.7-1.6, IQ1_M 0.90).
 """
 
 from __future__ import annotations

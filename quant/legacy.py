@@ -36,8 +36,16 @@ from ggufkit.quant.fp import (
     fp32_to_fp16,
     fp32_to_fp16_x86,
     fsub,
-    nearest_int,
+    nearest_int,  # noqa: F401  (a global of make_qx_quants, which cuda_legacy retargets in this namespace)
     roundf,
+)
+from ggufkit.quant.legacy_fit import (
+    _NL,
+    _NL3,
+    make_qkx3_quants,
+    make_qkx3_quants_lanes,
+    make_qx_quants,
+    make_qx_quants_lanes,
 )
 
 QK = 32  # elements per block for every type in this module
@@ -102,147 +110,7 @@ def load_f16(blocks: np.ndarray, r: int, off: int) -> np.float32:
     return fp16_to_fp32(int(blocks[r, off]) | (int(blocks[r, off + 1]) << 8))
 
 
-# --- shared fitting routines (ggml-quants.c make_qx_quants / make_qkx3_quants) ----------------------------
 
-
-@_jit
-def make_qx_quants(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: np.ndarray, use_w: bool,
-                   L: np.ndarray) -> np.float32:
-    """Symmetric fit ``x ~ scale * (L - nmax)`` of ``x[r, off:off+n]`` (``make_qx_quants``, rmse_type 1).
-
-    Args:
-        x: float32 [rows, n_per_row] source.
-        r: row; off: first column; n: element count.
-        nmax: L - nmax lies in [-nmax, nmax-1].
-        w: float32 weights (only ``w[0:n]`` read) when ``use_w``; otherwise the weights are ``x*x``.
-        L: int32 scratch of at least n, receives the quants (0 .. 2*nmax-1).
-
-    Returns:
-        The float32 scale (sign opposite to the element of largest magnitude), 0 for an all-zero group.
-    """
-    amax = np.float32(0.0)
-    mx = np.float32(0.0)
-    for i in range(n):
-        ax = abs(x[r, off + i])
-        if ax > amax:
-            amax = ax
-            mx = x[r, off + i]
-    if amax < _GROUP_MAX_EPS:
-        for i in range(n):
-            L[i] = 0
-        return np.float32(0.0)
-    fnmax = np.float32(nmax)
-    iscale = np.float32(-fnmax / mx)
-    sumlx = np.float32(0.0)
-    suml2 = np.float32(0.0)
-    for i in range(n):
-        xi = x[r, off + i]
-        li = min(max(nearest_int(fmul(iscale, xi)), -nmax), nmax - 1)
-        L[i] = li + nmax
-        wi = w[i] if use_w else np.float32(xi * xi)
-        fl = np.float32(li)
-        sumlx = fadd(sumlx, fmul(np.float32(wi * xi), fl))
-        suml2 = fadd(suml2, fmul(np.float32(wi * fl), fl))
-    scale = np.float32(sumlx / suml2) if suml2 != np.float32(0.0) else np.float32(0.0)
-    best = np.float32(scale * sumlx)
-    for step in range(-9, 10):
-        if step == 0:
-            continue
-        iscale = np.float32(-fadd(fnmax, fmul(np.float32(0.1), np.float32(step))) / mx)
-        sumlx = np.float32(0.0)
-        suml2 = np.float32(0.0)
-        for i in range(n):
-            xi = x[r, off + i]
-            li = min(max(nearest_int(fmul(iscale, xi)), -nmax), nmax - 1)
-            wi = w[i] if use_w else np.float32(xi * xi)
-            fl = np.float32(li)
-            sumlx = fadd(sumlx, fmul(np.float32(wi * xi), fl))
-            suml2 = fadd(suml2, fmul(np.float32(wi * fl), fl))
-        if suml2 > np.float32(0.0) and np.float32(sumlx * sumlx) > np.float32(best * suml2):
-            for i in range(n):
-                li = min(max(nearest_int(fmul(iscale, x[r, off + i])), -nmax), nmax - 1)
-                L[i] = li + nmax
-            scale = np.float32(sumlx / suml2)
-            best = np.float32(scale * sumlx)
-    return scale
-
-
-@_jit
-def make_qkx3_quants(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: np.ndarray, L: np.ndarray,
-                     Laux: np.ndarray, rmin: np.float32, rdelta: np.float32, nstep: int) -> tuple:
-    """Weighted asymmetric fit ``x ~ scale * L + min`` (``make_qkx3_quants`` with weights, no MAD).
-
-    Args:
-        x: float32 [rows, n_per_row]; r, off, n: the group ``x[r, off:off+n]``.
-        nmax: L lies in [0, nmax].
-        w: float32 weights ``w[0:n]``.
-        L, Laux: int32 scratch of at least n; L receives the quants.
-        rmin, rdelta, nstep: the scale search grid (ggml passes -0.9f, 0.05f, 36 for legacy types).
-
-    Returns:
-        ``(scale, the_min)`` as float32, where ``the_min = -min >= 0`` (may be -0.0).
-    """
-    mn = x[r, off]
-    mx = x[r, off]
-    sum_w = w[0]
-    sum_x = np.float32(sum_w * x[r, off])
-    for i in range(1, n):
-        xi = x[r, off + i]
-        if xi < mn:
-            mn = xi
-        if xi > mx:
-            mx = xi
-        sum_w = fadd(sum_w, w[i])
-        sum_x = fadd(sum_x, fmul(w[i], xi))
-    if mn > np.float32(0.0):
-        mn = np.float32(0.0)
-    if mx <= mn:
-        for i in range(n):
-            L[i] = 0
-        return np.float32(0.0), np.float32(-mn)
-    fnmax = np.float32(nmax)
-    iscale = np.float32(fnmax / np.float32(mx - mn))
-    scale = np.float32(np.float32(1.0) / iscale)
-    best_mad = np.float32(0.0)
-    for i in range(n):
-        xi = x[r, off + i]
-        li = min(max(nearest_int(fmul(iscale, fsub(xi, mn))), 0), nmax)
-        L[i] = li
-        diff = fsub(fadd(fmul(scale, np.float32(li)), mn), xi)
-        best_mad = fadd(best_mad, fmul(w[i], np.float32(diff * diff)))
-    for step in range(nstep + 1):
-        # ggml updates `min` in place when a step improves the fit, so later steps see the new range
-        iscale = np.float32(fadd(fadd(rmin, fmul(rdelta, np.float32(step))), fnmax) / np.float32(mx - mn))
-        sum_l = np.float32(0.0)
-        sum_l2 = np.float32(0.0)
-        sum_xl = np.float32(0.0)
-        for i in range(n):
-            xi = x[r, off + i]
-            li = min(max(nearest_int(fmul(iscale, fsub(xi, mn))), 0), nmax)
-            Laux[i] = li
-            fl = np.float32(li)
-            wl = np.float32(w[i] * fl)
-            sum_l = fadd(sum_l, wl)
-            sum_l2 = fadd(sum_l2, fmul(wl, fl))
-            sum_xl = fadd(sum_xl, fmul(wl, xi))
-        D = fsub(fmul(sum_w, sum_l2), fmul(sum_l, sum_l))
-        if D > 0.0:
-            this_scale = np.float32(fsub(fmul(sum_w, sum_xl), fmul(sum_x, sum_l)) / D)
-            this_min = np.float32(fsub(fmul(sum_l2, sum_x), fmul(sum_l, sum_xl)) / D)
-            if this_min > np.float32(0.0):
-                this_min = np.float32(0.0)
-                this_scale = np.float32(sum_xl / sum_l2)
-            mad = np.float32(0.0)
-            for i in range(n):
-                diff = fsub(fadd(fmul(this_scale, np.float32(Laux[i])), this_min), x[r, off + i])
-                mad = fadd(mad, fmul(w[i], np.float32(diff * diff)))
-            if mad < best_mad:
-                for i in range(n):
-                    L[i] = Laux[i]
-                best_mad = mad
-                scale = this_scale
-                mn = this_min
-    return scale, np.float32(-mn)
 
 
 @_jit
@@ -307,6 +175,18 @@ def q4_0_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
 
 
 @_jit
+def q4_0_imat_block_cpu(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.float32, w: np.ndarray,
+                        L: np.ndarray, lanes: np.ndarray, out: np.ndarray) -> None:
+    """:func:`q4_0_imat_block` with the trial scales as lanes (``lanes``: float32 [3, _NL] scratch)."""
+    legacy_weights(x, r, b, qw, sigma2, w)
+    d = make_qx_quants_lanes(x, r, b * QK, QK, 8, w, L, lanes[0], lanes[1], lanes[2])
+    o = b * 18
+    store_f16(out, r, o, fp32_to_fp16_x86(d))
+    for j in range(16):
+        out[r, o + 2 + j] = (L[j] | (L[j + 16] << 4)) & 0xFF
+
+
+@_jit
 def q4_0_deq_block(blocks: np.ndarray, r: int, b: int, y: np.ndarray) -> None:
     """``dequantize_row_q4_0`` for one block: ``f32(q - 8) * d``."""
     o = b * 18
@@ -358,6 +238,20 @@ def q4_1_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
     """Block b of row r as ``quantize_row_q4_1_impl`` (``make_qkx3_quants(32, 15, -0.9, 0.05, 36)``)."""
     legacy_weights(x, r, b, qw, sigma2, w)
     d, the_min = make_qkx3_quants(x, r, b * QK, QK, 15, w, L, Laux, np.float32(-0.9), np.float32(0.05), 36)
+    o = b * 20
+    store_f16(out, r, o, int(fp32_to_fp16(d)))
+    store_f16(out, r, o + 2, int(fp32_to_fp16(np.float32(-the_min))))
+    for j in range(16):
+        out[r, o + 4 + j] = (L[j] | (L[j + 16] << 4)) & 0xFF
+
+
+@_jit
+def q4_1_imat_block_cpu(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.float32, w: np.ndarray,
+                        L: np.ndarray, Laux: np.ndarray, lanes: np.ndarray, out: np.ndarray) -> None:
+    """:func:`q4_1_imat_block` with the trial scales as lanes (``lanes``: float32 [7, _NL3] scratch)."""
+    legacy_weights(x, r, b, qw, sigma2, w)
+    d, the_min = make_qkx3_quants_lanes(x, r, b * QK, QK, 15, w, L, Laux, np.float32(-0.9), np.float32(0.05), 36,
+                                        lanes)
     o = b * 20
     store_f16(out, r, o, int(fp32_to_fp16(d)))
     store_f16(out, r, o + 2, int(fp32_to_fp16(np.float32(-the_min))))
@@ -444,6 +338,17 @@ def q5_0_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
 
 
 @_jit
+def q5_0_imat_block_cpu(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.float32, w: np.ndarray,
+                        L: np.ndarray, lanes: np.ndarray, out: np.ndarray) -> None:
+    """:func:`q5_0_imat_block` with the trial scales as lanes (``lanes``: float32 [3, _NL] scratch)."""
+    legacy_weights(x, r, b, qw, sigma2, w)
+    d = make_qx_quants_lanes(x, r, b * QK, QK, 16, w, L, lanes[0], lanes[1], lanes[2])
+    o = b * 22
+    store_f16(out, r, o, fp32_to_fp16_x86(d))
+    store_q5(out, r, o + 2, L)
+
+
+@_jit
 def load_qh(blocks: np.ndarray, r: int, o: int) -> int:
     """Read the little-endian u32 qh at ``blocks[r, o:o+4]``."""
     return (int(blocks[r, o]) | (int(blocks[r, o + 1]) << 8) | (int(blocks[r, o + 2]) << 16)
@@ -504,6 +409,19 @@ def q5_1_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
     """Block b of row r as ``quantize_row_q5_1_impl`` (``make_qkx3_quants(32, 31, -0.9, 0.05, 36)``)."""
     legacy_weights(x, r, b, qw, sigma2, w)
     d, the_min = make_qkx3_quants(x, r, b * QK, QK, 31, w, L, Laux, np.float32(-0.9), np.float32(0.05), 36)
+    o = b * 24
+    store_f16(out, r, o, int(fp32_to_fp16(d)))
+    store_f16(out, r, o + 2, int(fp32_to_fp16(np.float32(-the_min))))
+    store_q5(out, r, o + 4, L)
+
+
+@_jit
+def q5_1_imat_block_cpu(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.float32, w: np.ndarray,
+                        L: np.ndarray, Laux: np.ndarray, lanes: np.ndarray, out: np.ndarray) -> None:
+    """:func:`q5_1_imat_block` with the trial scales as lanes (``lanes``: float32 [7, _NL3] scratch)."""
+    legacy_weights(x, r, b, qw, sigma2, w)
+    d, the_min = make_qkx3_quants_lanes(x, r, b * QK, QK, 31, w, L, Laux, np.float32(-0.9), np.float32(0.05), 36,
+                                        lanes)
     o = b * 24
     store_f16(out, r, o, int(fp32_to_fp16(d)))
     store_f16(out, r, o + 2, int(fp32_to_fp16(np.float32(-the_min))))
@@ -590,9 +508,10 @@ def quantize_rows_q4_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         for r in prange(n_rows):
             w = np.empty(QK, np.float32)
             L = np.empty(QK, np.int32)
+            lanes = np.empty((3, _NL), np.float32)
             s2 = row_sigma2(x, r)
             for b in range(nb):
-                q4_0_imat_block(x, r, b, qw, s2, w, L, L, out)
+                q4_0_imat_block_cpu(x, r, b, qw, s2, w, L, lanes, out)
 
 
 @_jit_par
@@ -608,9 +527,10 @@ def quantize_rows_q4_1(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
             w = np.empty(QK, np.float32)
             L = np.empty(QK, np.int32)
             Laux = np.empty(QK, np.int32)
+            lanes = np.empty((7, _NL3), np.float32)
             s2 = row_sigma2(x, r)
             for b in range(nb):
-                q4_1_imat_block(x, r, b, qw, s2, w, L, Laux, out)
+                q4_1_imat_block_cpu(x, r, b, qw, s2, w, L, Laux, lanes, out)
 
 
 @_jit_par
@@ -625,9 +545,10 @@ def quantize_rows_q5_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         for r in prange(n_rows):
             w = np.empty(QK, np.float32)
             L = np.empty(QK, np.int32)
+            lanes = np.empty((3, _NL), np.float32)
             s2 = row_sigma2(x, r)
             for b in range(nb):
-                q5_0_imat_block(x, r, b, qw, s2, w, L, L, out)
+                q5_0_imat_block_cpu(x, r, b, qw, s2, w, L, lanes, out)
 
 
 @_jit_par
@@ -643,9 +564,10 @@ def quantize_rows_q5_1(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
             w = np.empty(QK, np.float32)
             L = np.empty(QK, np.int32)
             Laux = np.empty(QK, np.int32)
+            lanes = np.empty((7, _NL3), np.float32)
             s2 = row_sigma2(x, r)
             for b in range(nb):
-                q5_1_imat_block(x, r, b, qw, s2, w, L, Laux, out)
+                q5_1_imat_block_cpu(x, r, b, qw, s2, w, L, Laux, lanes, out)
 
 
 @_jit_par

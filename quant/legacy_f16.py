@@ -19,14 +19,16 @@ import numpy as np
 from numba import prange
 
 from ggufkit.quant.legacy import (
+    _NL,
+    _NL3,
     QK,
-    q4_0_imat_block,
+    q4_0_imat_block_cpu,
     q4_0_ref_block,
-    q4_1_imat_block,
+    q4_1_imat_block_cpu,
     q4_1_ref_block,
-    q5_0_imat_block,
+    q5_0_imat_block_cpu,
     q5_0_ref_block,
-    q5_1_imat_block,
+    q5_1_imat_block_cpu,
     q5_1_ref_block,
     q8_0_ref_block,
     row_sigma2,
@@ -81,17 +83,19 @@ def _f16_rows(code: int, h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: 
         w = np.empty(QK, np.float32)
         L = np.empty(QK, np.int32)
         Laux = np.empty(QK, np.int32)
+        lanes = np.empty((3, _NL), np.float32)
+        lanes3 = np.empty((7, _NL3), np.float32)
         s2 = row_sigma2(x, 0)
         for b in range(nb):
             # the _0 types pass L twice, as ggml's quantize_row_q4_0_impl has no auxiliary buffer
             if code == _Q4_0:
-                q4_0_imat_block(x, 0, b, qw, s2, w, L, L, o)
+                q4_0_imat_block_cpu(x, 0, b, qw, s2, w, L, lanes, o)
             elif code == _Q4_1:
-                q4_1_imat_block(x, 0, b, qw, s2, w, L, Laux, o)
+                q4_1_imat_block_cpu(x, 0, b, qw, s2, w, L, Laux, lanes3, o)
             elif code == _Q5_0:
-                q5_0_imat_block(x, 0, b, qw, s2, w, L, L, o)
+                q5_0_imat_block_cpu(x, 0, b, qw, s2, w, L, lanes, o)
             else:
-                q5_1_imat_block(x, 0, b, qw, s2, w, L, Laux, o)
+                q5_1_imat_block_cpu(x, 0, b, qw, s2, w, L, Laux, lanes3, o)
 
 
 # One cacheable entry point per type (the registry names them); the contract is in the module docstring.
