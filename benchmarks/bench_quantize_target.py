@@ -81,13 +81,14 @@ def score(path: Path, evalt: Path, base: Path) -> dict[str, float]:
             "same_top": _num(r"Same top p:\s*([-0-9.e+]+)", out)}
 
 
-def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[str, ...] = PRESETS) -> dict:
+def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[str, ...] = PRESETS,
+         sensitivities: tuple[str, ...] = ("off",)) -> dict:
     from bench_imatrix import cpu_description
     from llama_cpp_sources import tool_path
     from real_models import real_model_path
 
+    from ggufkit.eval.target_sensitivity import quantize_to_target_kld
     from ggufkit.quant.pipeline import quantize_file
-    from ggufkit.quant.target import quantize_to_target
 
     text = (Path(__file__).resolve().parents[1] / "eval" / "data" / "sample.txt").read_text()
     half = len(text) // 2
@@ -117,21 +118,30 @@ def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[st
         size = ref.stat().st_size
         row: dict = {"size": size, "preset": {"bytes": size, "seconds": t_preset, **score(ref, evalt, base)}}
         for proxy in proxies:
-            mix = work / f"{preset}-mix-{proxy}.gguf"
-            t = time.perf_counter()
-            rep = quantize_to_target(f16, mix, target_size=size, imatrix=im, cache_dir=cache, proxy=proxy,
-                                     mix_out=work / f"{preset}-mix-{proxy}.txt", device="cpu", threads=THREADS)
-            t_mix = time.perf_counter() - t
-            n_weights = rep.plan.n_elements
-            row[f"mix-{proxy}"] = {"bytes": mix.stat().st_size, "seconds": t_mix, "measured": rep.measured,
-                                   "cached": rep.cached, "types": rep.plan.type_counts(), **score(mix, evalt, base)}
+            for sens in sensitivities:
+                tag = f"mix-{proxy}" + ("" if sens == "off" else f"-{sens}")
+                mix = work / f"{preset}-{tag}.gguf"
+                t = time.perf_counter()
+                # the measured sensitivity runs on the imatrix's text (calib.txt), not on the scored text
+                rep, sres = quantize_to_target_kld(
+                    f16, mix, target_like=preset, imatrix=im, cache_dir=cache, proxy=proxy, sensitivity=sens,
+                    calibration_text=calib, mix_out=work / f"{preset}-{tag}.txt", device="cpu", threads=THREADS)
+                t_mix = time.perf_counter() - t
+                n_weights = rep.plan.n_elements
+                if rep.reference_estimated_kld is not None:
+                    row["preset"]["est_kld"] = rep.reference_estimated_kld
+                row[tag] = {"bytes": mix.stat().st_size, "seconds": t_mix, "measured": rep.measured,
+                            "cached": rep.cached, "types": rep.plan.type_counts(), "est_kld": rep.estimated_kld,
+                            "sens_seconds": sres.seconds if sres is not None else None,
+                            **score(mix, evalt, base)}
+                print(json.dumps({preset: {tag: row[tag]}}), flush=True)
         rows[preset] = row
         print(json.dumps({preset: row}), flush=True)
     out = {"cpu": cpu_description(), "ctx": CTX, "kld_chunks": KLD_CHUNKS, "imatrix_chunks": IMATRIX_CHUNKS,
            "rows": rows}
     print(f"\n{out['cpu']}")
     print(f"{'size of':8} {'file':6} {'bytes':>10} {'bpw':>6} {'mean KLD':>9} {'p99 KLD':>8} {'dPPL':>7} "
-          f"{'same top':>8} {'KLD ratio':>9} {'target':>6}")
+          f"{'same top':>8} {'KLD ratio':>9} {'target':>6} {'est KLD':>8}")
     for preset, row in rows.items():
         for tag, r in row.items():
             if not isinstance(r, dict):
@@ -140,7 +150,8 @@ def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[st
             ratio = r["mean_kld"] / row["preset"]["mean_kld"]
             print(f"{preset:8} {tag:6} {r['bytes']:>10} {bpw:6.3f} {r['mean_kld']:9.5f} {r['p99_kld']:8.4f} "
                   f"{r['ppl_q'] - r['ppl_base']:+7.3f} {r['same_top']:7.2f}% {ratio:9.3f} "
-                  f"{'' if tag == 'preset' else TARGET_RATIO[preset]:>6}")
+                  f"{'' if tag == 'preset' else TARGET_RATIO[preset]:>6} "
+                  f"{'-' if r.get('est_kld') is None else format(r['est_kld'], '.5f'):>8}")
     print(json.dumps(out))
     return out
 
@@ -152,7 +163,9 @@ if __name__ == "__main__":
     ap.add_argument("--work", type=Path, help="work directory (reused: F16, imatrix, base logits, cache)")
     ap.add_argument("--proxy", action="append", choices=["relative", "absolute"])
     ap.add_argument("--preset", action="append", choices=PRESETS)
+    ap.add_argument("--sensitivity", action="append", choices=["off", "estimate", "search"],
+                    help="measured KLD sensitivity: off, estimate (proxy search, estimated KLD), search")
     a = ap.parse_args()
     work = a.work or Path(tempfile.mkdtemp(prefix="bench_quantize_target_"))
     work.mkdir(parents=True, exist_ok=True)
-    main(work, tuple(a.proxy or ("relative",)), tuple(a.preset or PRESETS))
+    main(work, tuple(a.proxy or ("relative",)), tuple(a.preset or PRESETS), tuple(a.sensitivity or ("off",)))
