@@ -104,7 +104,7 @@ def test_dry_run_json_has_estimated_kld(model, tmp_path):
                  "--dry-run", "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
-    assert d["ok"] and d["sensitivity"] == "estimate"
+    assert d["ok"] and d["sensitivity"] == "search"
     assert d["estimated_kld"] > 0 and d["reference"]["estimated_kld"] > 0
     assert d["reference"]["kld_ratio"] == pytest.approx(d["estimated_kld"] / d["reference"]["estimated_kld"])
     assert sum(t["estimated_kld"] for t in d["tensors"]) == pytest.approx(d["estimated_kld"])

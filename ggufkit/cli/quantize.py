@@ -105,7 +105,7 @@ def _render_target(d: Mapping[str, Any]) -> str:
 @click.option("--sensitivity", type=click.Choice(["auto", "off", "estimate", "search"]), default="auto",
               show_default=True,
               help="Measured KLD sensitivity of a target search: for the estimated KLD of the report only "
-                   "(estimate), also to weigh the search (search), or not measured (off); auto = estimate "
+                   "(estimate), also to weigh the search (search), or not measured (off); auto = search "
                    "when PyTorch is installed, else off.")
 @click.option("--pure", is_flag=True, help="No k-quant mixture: every quantizable tensor gets the default type.")
 @click.option("--imatrix", "imatrix", type=click.Path(dir_okay=False, exists=True, path_type=str),
@@ -197,7 +197,7 @@ def _target(out: Output, input_file: str, output_file: str | None, sensitivity: 
     from ggufkit.errors import UsageError
 
     if sensitivity == "auto":
-        sensitivity = "estimate" if importlib.util.find_spec("torch") is not None else "off"
+        sensitivity = "search" if importlib.util.find_spec("torch") is not None else "off"
         if sensitivity == "off" and calibration_text is not None:
             raise UsageError("--calibration-text needs PyTorch (pip install 'ggufkit[torch]')")
     if sensitivity == "off":
