@@ -92,10 +92,11 @@ class Choice:
     type: GGMLQuantizationType
     nbytes: int
     error: float
+    kld: float | None = None
 
     def to_dict(self, total_error: float) -> dict[str, Any]:
         return {"name": self.name, "type": self.type.name, "bytes": self.nbytes, "error": self.error,
-                "error_share": self.error / total_error if total_error > 0 else 0.0}
+                "error_share": self.error / total_error if total_error > 0 else 0.0, "estimated_kld": self.kld}
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ class TargetReport:
         choices: per quantizable tensor, in output order.
         error: the mix's total estimated error; ``reference_*``: the same for the preset nearest in size.
         measured, cached: (tensor, type) measurements made now and taken from the cache.
+        estimated_kld, reference_estimated_kld: the mix's and the reference preset's estimated mean KLD
+            (sum of proxy errors times ``kld_sensitivity``), None without one; ``sensitivity_use``: where
+            the sensitivity went (``none``, ``estimate`` or ``search``).
     """
 
     input: Path
@@ -132,6 +136,9 @@ class TargetReport:
     dry_run: bool
     imatrix: Path | None = None
     mix_out: Path | None = None
+    estimated_kld: float | None = None
+    reference_estimated_kld: float | None = None
+    sensitivity_use: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         t = self.plan.to_dict()["totals"]
@@ -141,7 +148,11 @@ class TargetReport:
                 "bits_per_weight": t["bits_per_weight"], "base_preset": self.plan.target, "proxy": self.proxy,
                 "estimated_error": self.error, "reference": {
                     "preset": self.reference_preset, "size": self.reference_size, "estimated_error":
-                    self.reference_error, "ratio": self.error / self.reference_error if self.reference_error else None},
+                    self.reference_error, "ratio": self.error / self.reference_error if self.reference_error else None,
+                    "estimated_kld": self.reference_estimated_kld, "kld_ratio": self.estimated_kld
+                    / self.reference_estimated_kld if self.estimated_kld is not None and
+                    self.reference_estimated_kld else None},
+                "estimated_kld": self.estimated_kld, "sensitivity": self.sensitivity_use,
                 "measured": self.measured, "cached": self.cached, "seconds": round(self.seconds, 3),
                 "imatrix": str(self.imatrix) if self.imatrix else None,
                 "mix_out": str(self.mix_out) if self.mix_out else None, "types": t["types"],
@@ -266,7 +277,8 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
                        types: Sequence[str | GGMLQuantizationType] | None = None, dry_run: bool = False,
                        mix_out: str | Path | None = None, cache_dir: str | Path | None = None,
                        sample_rows: int = DEFAULT_SAMPLE_ROWS, proxy: str = "relative",
-                       sensitivity: Mapping[str, float] | None = None, threads: int | None = None,
+                       sensitivity: Mapping[str, float] | None = None,
+                       kld_sensitivity: Mapping[str, float] | None = None, threads: int | None = None,
                        device: str = "auto", progress: Progress | None = None) -> TargetReport:
     """Quantize ``input`` to the least estimated error within a size budget.
 
@@ -287,7 +299,10 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
             (benchmarks/bench_quantize_target.py): at Q2_K's size 0.0230 relative, 0.0170 absolute (preset
             0.2597); at Q3_K_M's 0.0146 relative, 0.0327 absolute (preset 0.0765: absolute spends 9 MB on
             token_embd at Q8_0).
-        sensitivity: optional tensor name -> factor multiplying its error (e.g. from a KLD measurement).
+        sensitivity: optional tensor name -> factor multiplying its error in the search (e.g. from a KLD
+            measurement, :func:`ggufkit.eval.target_sensitivity.measure_sensitivity`).
+        kld_sensitivity: tensor name -> mean KLD per proxy unit (same measurement): the report then
+            estimates the mix's and the reference preset's mean KLD (``estimated_kld``).
         threads, device: as :func:`ggufkit.quant.pipeline.quantize_file`.
         progress: one bar per phase: ``planning presets``, ``measuring``, ``allocating``, ``quantizing``.
 
@@ -380,9 +395,14 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
         if progress is not None:
             progress.end()
 
+        def raw(m: Measurement) -> float:
+            return m.relative if proxy == "relative" else m.sse
+
         def err(name: str, m: Measurement) -> float:
-            v = m.relative if proxy == "relative" else m.sse
-            return v * (sensitivity.get(name, 1.0) if sensitivity else 1.0)
+            return raw(m) * (sensitivity.get(name, 1.0) if sensitivity else 1.0)
+
+        def kld(name: str, m: Measurement) -> float | None:
+            return raw(m) * kld_sensitivity.get(name, 0.0) if kld_sensitivity is not None else None
 
         shape = {e.name: e.shape for e in scan.entries}
 
@@ -427,14 +447,20 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
             raise UsageError(f"could not fit {what} {budget} bytes")
         phase.end()
         by_name = {e.name: e for e in plan.entries}
-        choices = tuple(Choice(n, by_name[n].dst_type, by_name[n].nbytes, err(n, meas[n][by_name[n].dst_type]))
+        choices = tuple(Choice(n, by_name[n].dst_type, by_name[n].nbytes, err(n, meas[n][by_name[n].dst_type]),
+                               kld(n, meas[n][by_name[n].dst_type]))
                         for n in (e.name for e in plan.entries) if n in points)
         total = sum(c.error for c in choices)
         file_size = predict_file_size(model, plan, im)
         ref_name = preset_for_like.name if preset_for_like else min(
             ref_sizes, key=lambda n: abs(ref_sizes[n] - (file_size if kind == "file" else budget * 1.0)))
-        ref_err = sum(err(e.name, meas[e.name][e.dst_type]) for e in ref_plans[ref_name].entries
-                      if e.name in points and e.dst_type in meas[e.name])
+        ref_in = [(e.name, meas[e.name][e.dst_type]) for e in ref_plans[ref_name].entries
+                  if e.name in points and e.dst_type in meas[e.name]]
+        ref_err = sum(err(n, m) for n, m in ref_in)
+        est_kld = ref_kld = None
+        if kld_sensitivity is not None:
+            est_kld = sum(c.kld or 0.0 for c in choices)
+            ref_kld = sum(kld(n, m) or 0.0 for n, m in ref_in)
     if mix_out is not None:
         _write_rules(Path(mix_out), rules)
     written = None
@@ -449,4 +475,5 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
     return TargetReport(input, written, budget, kind, (lo, hi), plan, tuple(rules), file_size, choices, total,
                         ref_name, ref_sizes[ref_name], ref_err, proxy, n_measured, n_cached,
                         time.perf_counter() - start, dry_run, im.path if im is not None else None,
-                        Path(mix_out) if mix_out is not None else None)
+                        Path(mix_out) if mix_out is not None else None, est_kld, ref_kld,
+                        "search" if sensitivity else "estimate" if kld_sensitivity is not None else "none")

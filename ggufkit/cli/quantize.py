@@ -71,6 +71,10 @@ def _render_target(d: Mapping[str, Any]) -> str:
              f"[{types}]",
              f"estimated error ({d['proxy']} proxy) {d['estimated_error']:.4g}; {ref['preset'].upper()} "
              f"({ref['size']} bytes) {ref['estimated_error']:.4g}: ratio {ratio}",
+             *([f"estimated mean KLD {d['estimated_kld']:.4g}; {ref['preset'].upper()} {ref['estimated_kld']:.4g}: "
+                f"ratio {ref['kld_ratio']:.3f} (sensitivity measured on {d['calibration']['tokens']} tokens, "
+                f"used for the {d['sensitivity']}; {d['calibration']['seconds']:.1f} s)"]
+               if d.get("estimated_kld") is not None and ref.get("kld_ratio") is not None else []),
              f"measurements: {d['measured']} new, {d['cached']} from the cache; {d['seconds']:.1f} s"]
     if d["mix_out"]:
         lines.append(f"mix written to {d['mix_out']} (llama-quantize --tensor-type-file)")
@@ -96,6 +100,13 @@ def _render_target(d: Mapping[str, Any]) -> str:
               help="Write the chosen mix as a llama-quantize --tensor-type-file.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=str),
               help="Where a target search caches its measurements (default ~/.cache/ggufkit/target).")
+@click.option("--calibration-text", type=click.Path(dir_okay=False, exists=True, path_type=str),
+              help="Text the target search measures each tensor group's KLD on (default: the bundled sample).")
+@click.option("--sensitivity", type=click.Choice(["auto", "off", "estimate", "search"]), default="auto",
+              show_default=True,
+              help="Measured KLD sensitivity of a target search: for the estimated KLD of the report only "
+                   "(estimate), also to weigh the search (search), or not measured (off); auto = search "
+                   "when PyTorch is installed, else off.")
 @click.option("--pure", is_flag=True, help="No k-quant mixture: every quantizable tensor gets the default type.")
 @click.option("--imatrix", "imatrix", type=click.Path(dir_okay=False, exists=True, path_type=str),
               help="Importance matrix from llama-imatrix (GGUF or legacy .dat).")
@@ -123,7 +134,7 @@ def _render_target(d: Mapping[str, Any]) -> str:
 @common_options
 def quantize(input_file: str, output_file: str | None, target: str | None, target_size: str | None,
              target_bpw: float | None, target_like: str | None, cand_types: str | None, mix_out: str | None,
-             cache_dir: str | None, pure: bool, imatrix: str | None,
+             cache_dir: str | None, calibration_text: str | None, sensitivity: str, pure: bool, imatrix: str | None,
              tensor_types: tuple[str, ...], output_tensor_type: str | None, token_embedding_type: str | None,
              tensor_type_file: str | None, include_weights: tuple[str, ...], exclude_weights: tuple[str, ...],
              prune_layers: str | None, keep_split: bool, override_kv: tuple[str, ...],
@@ -157,17 +168,14 @@ def quantize(input_file: str, output_file: str | None, target: str | None, targe
         used = [k for k, v in others.items() if v]
         if used:
             raise UsageError(f"{', '.join(used)} cannot be combined with a target search")
-        from ggufkit.quant.target import quantize_to_target
-
-        target_report = quantize_to_target(
-            input_file, output_file, target_size=target_size, target_bpw=target_bpw, target_like=target_like,
-            imatrix=imatrix, types=[t for t in cand_types.split(",") if t.strip()] if cand_types else None,
-            dry_run=dry_run, mix_out=mix_out, cache_dir=cache_dir, threads=threads, device=device,
-            progress=out.progress())
-        out.result(target_report.to_dict(), _render_target)
+        _target(out, input_file, output_file, sensitivity, calibration_text, target_size=target_size,
+                target_bpw=target_bpw, target_like=target_like, imatrix=imatrix,
+                types=[t for t in cand_types.split(",") if t.strip()] if cand_types else None, dry_run=dry_run,
+                mix_out=mix_out, cache_dir=cache_dir, threads=threads, device=device)
         return
-    if cand_types or mix_out or cache_dir:
-        raise UsageError("--types, --mix-out and --cache-dir belong to a target search (--target-size ...)")
+    if cand_types or mix_out or cache_dir or calibration_text or sensitivity != "auto":
+        raise UsageError("--types, --mix-out, --cache-dir, --calibration-text and --sensitivity belong to a target "
+                         "search (--target-size ...)")
     assert target is not None
     report = quantize_file(
         input_file, output_file, target, pure=pure, imatrix=imatrix, tensor_types=tensor_types,
@@ -179,3 +187,32 @@ def quantize(input_file: str, output_file: str | None, target: str | None, targe
     for warning in report.warnings:
         out.warn(warning)
     out.result(report.to_dict(), _render)
+
+
+def _target(out: Output, input_file: str, output_file: str | None, sensitivity: str, calibration_text: str | None,
+            **kwargs: Any) -> None:
+    """A target search; with the KLD sensitivity through the evaluator unless ``off`` (or auto without torch)."""
+    import importlib.util
+
+    from ggufkit.errors import UsageError
+
+    if sensitivity == "auto":
+        sensitivity = "search" if importlib.util.find_spec("torch") is not None else "off"
+        if sensitivity == "off" and calibration_text is not None:
+            raise UsageError("--calibration-text needs PyTorch (pip install 'ggufkit[torch]')")
+    if sensitivity == "off":
+        if calibration_text is not None:
+            raise UsageError("--calibration-text is read only by the KLD sensitivity (not with --sensitivity off)")
+        from ggufkit.quant.target import quantize_to_target
+
+        out.result(quantize_to_target(input_file, output_file, progress=out.progress(), **kwargs).to_dict(),
+                   _render_target)
+        return
+    from ggufkit.eval.target_sensitivity import quantize_to_target_kld
+
+    report, sens = quantize_to_target_kld(input_file, output_file, calibration_text=calibration_text,
+                                          sensitivity=sensitivity, progress=out.progress(), **kwargs)
+    d = report.to_dict()
+    if sens is not None:
+        d["calibration"] = {k: v for k, v in sens.to_dict().items() if k != "sensitivity"}
+    out.result(d, _render_target)
