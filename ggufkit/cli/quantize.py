@@ -106,7 +106,8 @@ def _render_target(d: Mapping[str, Any]) -> str:
               show_default=True,
               help="Measured KLD sensitivity of a target search: for the estimated KLD of the report only "
                    "(estimate), also to weigh the search (search), or not measured (off); auto = search "
-                   "when PyTorch is installed, else off.")
+                   "when PyTorch is installed and the model has at most 4B weights (the measurement runs the "
+                   "model about 15 times on the CPU), else off.")
 @click.option("--pure", is_flag=True, help="No k-quant mixture: every quantizable tensor gets the default type.")
 @click.option("--imatrix", "imatrix", type=click.Path(dir_okay=False, exists=True, path_type=str),
               help="Importance matrix from llama-imatrix (GGUF or legacy .dat).")
@@ -189,6 +190,10 @@ def quantize(input_file: str, output_file: str | None, target: str | None, targe
     out.result(report.to_dict(), _render)
 
 
+#: ``--sensitivity auto`` measures the KLD sensitivity only up to this many weights.
+AUTO_SENSITIVITY_MAX_WEIGHTS = 4_000_000_000
+
+
 def _target(out: Output, input_file: str, output_file: str | None, sensitivity: str, calibration_text: str | None,
             **kwargs: Any) -> None:
     """A target search; with the KLD sensitivity through the evaluator unless ``off`` (or auto without torch)."""
@@ -197,9 +202,21 @@ def _target(out: Output, input_file: str, output_file: str | None, sensitivity: 
     from ggufkit.errors import UsageError
 
     if sensitivity == "auto":
-        sensitivity = "search" if importlib.util.find_spec("torch") is not None else "off"
-        if sensitivity == "off" and calibration_text is not None:
-            raise UsageError("--calibration-text needs PyTorch (pip install 'ggufkit[torch]')")
+        if importlib.util.find_spec("torch") is None:
+            if calibration_text is not None:
+                raise UsageError("--calibration-text needs PyTorch (pip install 'ggufkit[torch]')")
+            sensitivity = "off"
+        else:
+            from ggufkit.format import open_gguf
+
+            with open_gguf(input_file) as model:
+                n_weights = sum(t.n_elements for t in model.tensors)
+            # unattended runs stay bounded: a 70B model's evaluator passes would take hours on a CPU
+            small = n_weights <= AUTO_SENSITIVITY_MAX_WEIGHTS
+            sensitivity = "search" if small or calibration_text is not None else "off"
+            if sensitivity == "off":
+                out.warn(f"{n_weights / 1e9:.1f}B weights: the KLD sensitivity is not measured by default above "
+                         f"{AUTO_SENSITIVITY_MAX_WEIGHTS / 1e9:.0f}B (--sensitivity search measures it)")
     if sensitivity == "off":
         if calibration_text is not None:
             raise UsageError("--calibration-text is read only by the KLD sensitivity (not with --sensitivity off)")
