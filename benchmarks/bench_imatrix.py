@@ -83,10 +83,10 @@ def test_cpu_tokens_per_second_vs_llama_cpp(benchmark, files: dict[str, Path], t
     model, text, d = str(files["model"]), str(files["text"]), files["dir"]
     common = ["-f", text, "-c", str(CTX), "--chunks", str(CHUNKS)]
     if tool == "ppl":
-        theirs = [str(tool_path("llama-perplexity")), "-m", model, *common, "-t", str(THREADS)]
+        theirs = [str(tool_path("llama-perplexity")), "-m", model, *common, "-t", str(THREADS), "-nr"]
         ours = [sys.executable, "-m", "ggufkit", "ppl", model, *common, "--device", "cpu"]
     else:
-        theirs = [str(tool_path("llama-imatrix")), "-m", model, *common, "-t", str(THREADS), "-o",
+        theirs = [str(tool_path("llama-imatrix")), "-m", model, *common, "-t", str(THREADS), "-nr", "-o",
                   str(d / "ref.gguf")]
         ours = [sys.executable, "-m", "ggufkit", "imatrix", model, *common, "--device", "cpu", "-o",
                 str(d / "ours.gguf")]

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 CTX = 512
 CHUNKS = 4
-ROUNDS = 3
+ROUNDS = int(os.environ.get("GGUFKIT_BENCH_ROUNDS", 3))
 THREADS = int(os.environ.get("GGUFKIT_BENCH_THREADS", os.cpu_count() or 1))
 SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
              num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0)
