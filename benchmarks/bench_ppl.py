@@ -13,7 +13,9 @@ threads, the machine shared with other jobs, 1-min load average 6-14), with the 
 weights between passes: F16 ggufkit 79.8 / 81.4 tok/s vs llama.cpp 42.8 / 39.7 tok/s (ratio 1.86 / 2.05, two runs
 of 2 rounds), PPL +0.001 %; Q8_0 ggufkit 86.6 tok/s vs llama.cpp 50.0 tok/s (ratio 1.73, 1 round), PPL +0.034 %.
 Under load llama.cpp's spinning thread barriers lose time, which flatters the ratio (see bench_imatrix.py for a
-one-thread CPU-time comparison: about 1.35x fewer CPU seconds than llama-perplexity on F16).
+one-thread CPU-time comparison: about 1.35x fewer CPU seconds than llama-perplexity on F16). In a quieter moment
+(load 3-4) the whole-process wall times against llama-perplexity ``-t 2 -nr`` on the same files, 8 x 512 tokens:
+F16 ggufkit 10.10 s vs 10.52 s (ratio 1.04), Q8_0 9.34 s vs 11.56 s (1.24) and 11.03 s vs 13.24 s (1.20).
 
 Run: ``python -m pytest benchmarks/bench_ppl.py --benchmark-enable -s`` (not part of CI;
 ``GGUFKIT_BENCH_ROUNDS`` sets the rounds).
