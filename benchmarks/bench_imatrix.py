@@ -9,6 +9,22 @@ tokens/s by wall clock (best round) and by CPU time of the child (user+sys, best
 clock on a shared machine), their ratios ours/llama.cpp (target >= 0.8), the PPLs, and the CPU model and its
 SIMD flags.
 
+llama.cpp's tools run with ``-nr`` (no weight repacking: on CPUs that report AMX but cannot run it the
+repacked kernels die of SIGILL; F16 weights are not repacked anyway).
+
+Measured (2026-11-27, Intel(R) Xeon(R) Processor, 2 cores, avx2 fma f16c avx512f avx512_bf16 avx512_vnni, 2
+threads, 2 rounds, the machine shared with other jobs: 1-min load average 11-14), after the evaluator kept its
+dequantized weights between passes (commit "eval: CPU models keep dequantized weights ..."):
+
+* ppl vs llama-perplexity: ggufkit 72.5 tok/s, llama.cpp 42.7 tok/s, ratio 1.70 (CPU time 28.2 s vs 48.3 s);
+  PPL 77425.6689 vs 77430.7311.
+* imatrix vs llama-imatrix: ggufkit 100.5 tok/s, llama.cpp 38.9 tok/s, ratio 2.58 (CPU time 27.8 s vs 53.3 s).
+
+Under such load llama.cpp's threads lose time waiting at their spinning barriers, which flatters the ratio; the
+load-independent comparison on the same machine is one thread each (same model, text and 8 x 512 tokens, whole
+process): llama-perplexity ``-t 1 -nr`` 18.3-19.7 s user CPU, ``ggufkit ppl`` with ``OMP_NUM_THREADS=1``
+13.7-14.2 s (about 1.35x fewer CPU seconds: oneDNN's float32 GEMM against ggml's F16 dot products).
+
 Run: ``python -m pytest benchmarks/bench_imatrix.py --benchmark-enable -s`` (not part of CI).
 """
 
@@ -83,10 +99,10 @@ def test_cpu_tokens_per_second_vs_llama_cpp(benchmark, files: dict[str, Path], t
     model, text, d = str(files["model"]), str(files["text"]), files["dir"]
     common = ["-f", text, "-c", str(CTX), "--chunks", str(CHUNKS)]
     if tool == "ppl":
-        theirs = [str(tool_path("llama-perplexity")), "-m", model, *common, "-t", str(THREADS)]
+        theirs = [str(tool_path("llama-perplexity")), "-m", model, *common, "-t", str(THREADS), "-nr"]
         ours = [sys.executable, "-m", "ggufkit", "ppl", model, *common, "--device", "cpu"]
     else:
-        theirs = [str(tool_path("llama-imatrix")), "-m", model, *common, "-t", str(THREADS), "-o",
+        theirs = [str(tool_path("llama-imatrix")), "-m", model, *common, "-t", str(THREADS), "-nr", "-o",
                   str(d / "ref.gguf")]
         ours = [sys.executable, "-m", "ggufkit", "imatrix", model, *common, "--device", "cpu", "-o",
                 str(d / "ours.gguf")]

@@ -4,11 +4,21 @@ The model has SmolLM2-135M's shape (30 layers, d=576, 9/3 heads, FFN 1536, vocab
 weights (speed does not depend on them), written as F16 and Q8_0 GGUFs. Both tools run in a fresh process
 each, whole process included (imports, model load, evaluation): ``ggufkit ppl --tokens`` and a small
 llama-cpp-python script that evaluates llama-perplexity's chunks (BOS overwrite, all logits, second half
-scored), with the same thread count (all cores, or ``GGUFKIT_BENCH_THREADS``), alternating over 3 rounds;
+scored; weights not repacked, as ``-nr``), with the same thread count (all cores, or ``GGUFKIT_BENCH_THREADS``), alternating over 3 rounds;
 the fastest round of each counts (on a shared machine a slow round measures the neighbours). The ratio
 ours/llama.cpp (tokens per second; target >= 0.8 on CPU) is printed and stored in ``extra_info``.
 
-Run: ``python -m pytest benchmarks/bench_ppl.py --benchmark-enable -s`` (not part of CI).
+Measured (2026-11-27, Intel(R) Xeon(R) Processor, 2 cores, avx2 fma f16c avx512f avx512_bf16 avx512_vnni, 2
+threads, the machine shared with other jobs, 1-min load average 6-14), with the evaluator keeping its dequantized
+weights between passes: F16 ggufkit 79.8 / 81.4 tok/s vs llama.cpp 42.8 / 39.7 tok/s (ratio 1.86 / 2.05, two runs
+of 2 rounds), PPL +0.001 %; Q8_0 ggufkit 86.6 tok/s vs llama.cpp 50.0 tok/s (ratio 1.73, 1 round), PPL +0.034 %.
+Under load llama.cpp's spinning thread barriers lose time, which flatters the ratio (see bench_imatrix.py for a
+one-thread CPU-time comparison: about 1.35x fewer CPU seconds than llama-perplexity on F16). In a quieter moment
+(load 3-4) the whole-process wall times against llama-perplexity ``-t 2 -nr`` on the same files, 8 x 512 tokens:
+F16 ggufkit 10.10 s vs 10.52 s (ratio 1.04), Q8_0 9.34 s vs 11.56 s (1.24) and 11.03 s vs 13.24 s (1.20).
+
+Run: ``python -m pytest benchmarks/bench_ppl.py --benchmark-enable -s`` (not part of CI;
+``GGUFKIT_BENCH_ROUNDS`` sets the rounds).
 """
 
 from __future__ import annotations
@@ -26,14 +36,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 CTX = 512
 CHUNKS = 4
-ROUNDS = 3
+ROUNDS = int(os.environ.get("GGUFKIT_BENCH_ROUNDS", 3))
 THREADS = int(os.environ.get("GGUFKIT_BENCH_THREADS", os.cpu_count() or 1))
 SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
              num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0)
 
 _LLAMA_CPP = """
 import sys, numpy as np
+import llama_cpp.llama_cpp as llama_cpp  # the module llama_cpp.llama's Llama reads its defaults from
 from llama_cpp import Llama
+_defaults = llama_cpp.llama_model_default_params
+def _no_repack():  # llama-perplexity's -nr: no AMX/extra-buffer repacking (SIGILL on CPUs reporting unusable AMX)
+    params = _defaults()
+    params.use_extra_bufts = False
+    return params
+llama_cpp.llama_model_default_params = _no_repack
 path, tokens_file, ctx, chunks, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 tokens = [int(t) for t in open(tokens_file).read().split()]
 llm = Llama(model_path=path, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, logits_all=True, verbose=False,

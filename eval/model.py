@@ -2,7 +2,10 @@
 
 Weights stay in their GGUF type on the device (raw bytes, ``uint8``) and are dequantized with
 :mod:`ggufkit.eval.dequant` layer by layer while a batch passes through, so device memory is about the file
-size plus one layer in float plus the activations. Hyperparameters come from the GGUF keys alone.
+size plus one layer in float plus the activations. On the CPU the dequantized matrices are also kept between
+forward passes, up to :attr:`GGUFCausalLM.float_cache_bytes` (by default a quarter of the RAM available at
+load, ``GGUFKIT_EVAL_FLOAT_CACHE_MB`` to change it; 0 on a GPU): a small model is dequantized once, not once
+per batch. Hyperparameters come from the GGUF keys alone.
 
 Architectures and how they run (each matches transformers' model class and llama.cpp's graph):
 
@@ -41,6 +44,8 @@ __all__ = ["DTYPES", "SUPPORTED_ARCHS", "GGUFCausalLM", "HParams", "QTensor", "l
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 #: Output-projection rows dequantized at a time, so a 150k vocabulary never needs a whole float copy.
 _VOCAB_CHUNK = 32768
+#: Environment variable: MiB of dequantized weights a CPU model keeps between forward passes.
+FLOAT_CACHE_ENV = "GGUFKIT_EVAL_FLOAT_CACHE_MB"
 _EMB_OPT_POS_OFFSET = 2  # OPT's learned position table starts at row 2 (HF OPTLearnedPositionalEmbedding)
 
 
@@ -141,6 +146,10 @@ class GGUFCausalLM:
         self.ggml_rounding = False
         #: Round K and V to F16 as llama.cpp's default K/V cache does (:func:`load_model`'s ``kv_f16``).
         self.kv_f16 = False
+        #: Bytes of dequantized tensors kept between forward passes (load_model sets it on the CPU).
+        self.float_cache_bytes = 0
+        self._float_cache: dict[tuple[str, int, int, bool], torch.Tensor] = {}
+        self._float_cached = 0
         #: Sees the input of every weight matmul (ggufkit.eval.imatrix collects importance matrices with
         #: it); None: no cost.
         self.observer: ActivationObserver | None = None
@@ -155,6 +164,7 @@ class GGUFCausalLM:
 
     def close(self) -> None:
         self.tensors = {}
+        self._float_cache = {}
         self.file.close()
 
     def __enter__(self) -> GGUFCausalLM:
@@ -169,10 +179,37 @@ class GGUFCausalLM:
         t = self.tensors.get(name)
         if t is None:
             return None
-        # Norm weights and biases stay float32 (they are added in the float32 residual stream).
-        if len(t.shape) == 1:
-            return t.float(torch.float32)
-        return self.tag_src1(t.float(self.dtype), t)
+        key = (name, 0, -1, self.ggml_rounding)
+        w = self._float_cache.get(key)
+        if w is None:
+            # Norm weights and biases stay float32 (they are added in the float32 residual stream).
+            w = t.float(torch.float32) if len(t.shape) == 1 else self.tag_src1(t.float(self.dtype), t)
+            self._keep(key, w)
+        return w
+
+    def _row_range(self, t: QTensor, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of matrix ``t`` in the compute dtype, tagged as :meth:`tag_src1` tags them."""
+        key = (t.name, start, stop, self.ggml_rounding)
+        w = self._float_cache.get(key)
+        if w is None:
+            w = self.tag_src1(t.row_range(start, stop, self.dtype), t, start, stop)
+            self._keep(key, w)
+        return w
+
+    def _keep(self, key: tuple[str, int, int, bool], w: torch.Tensor) -> None:
+        """Keep a dequantized tensor for the next forward passes while :attr:`float_cache_bytes` allows.
+        (Callers never modify what :meth:`_w` returns, so a kept tensor stays the exact dequantization.)"""
+        size = w.numel() * w.element_size()
+        if self._float_cached + size <= self.float_cache_bytes:
+            self._float_cache[key] = w
+            self._float_cached += size
+
+    def _fits_cache(self, t: QTensor) -> bool:
+        """Whether all of ``t``, dequantized, still fits in the float cache (or is already in it)."""
+        if (t.name, 0, t.shape[0], self.ggml_rounding) in self._float_cache:
+            return True
+        size = math.prod(t.shape) * torch.empty((), dtype=self.dtype).element_size()
+        return self._float_cached + size <= self.float_cache_bytes
 
     def tag_src1(self, w: torch.Tensor, t: QTensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Mark ``w``, rows ``start:stop`` of ``t`` dequantized, so that :meth:`_linear` rounds its input
@@ -231,7 +268,8 @@ class GGUFCausalLM:
             self.observer.routed(name, x, ids)
 
     def _rope(self, t: int, base: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``[t, n_rot]`` in transformers' rotate-half layout, computed as transformers does."""
+        """cos and sin ``[t, n_rot]`` in transformers' rotate-half layout, computed as transformers does, the
+        first half of sin negated (rotate-half's sign: ``-a * s`` and ``a * -s`` are the same float)."""
         cached = self._rope_cache.get((t, base, scale))
         if cached is not None:
             return cached
@@ -244,7 +282,9 @@ class GGUFCausalLM:
             inv_freq = inv_freq / scale
         freqs = torch.outer(torch.arange(t, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        result = (emb.cos().to(self.device), emb.sin().to(self.device))
+        sin = emb.sin()
+        sin[:, : hp.n_rot // 2].neg_()
+        result = (emb.cos().to(self.device), sin.to(self.device))
         self._rope_cache[(t, base, scale)] = result
         return result
 
@@ -259,8 +299,8 @@ class GGUFCausalLM:
         rot, rest = x[..., :n], x[..., n:]
         cos, sin = self._rope(x.shape[1], base, scale)
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-        half = torch.cat([-rot[..., n // 2:], rot[..., : n // 2]], dim=-1)
-        rot = rot * cos + half * sin
+        half = torch.cat([rot[..., n // 2:], rot[..., : n // 2]], dim=-1)
+        rot = (rot * cos).add_(half.mul_(sin))  # rot * cos + rotate_half(rot) * sin
         return torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot
 
     def _attention(self, h: torch.Tensor, p: str) -> torch.Tensor:
@@ -325,7 +365,7 @@ class GGUFCausalLM:
         else:
             g = self._linear(h, gate_w)
             if hp.ffn == "silu":
-                a = F.silu(g) * up
+                a = F.silu(g, inplace=True).mul_(up)  # g is this call's own tensor
             elif hp.ffn == "gelu_tanh":
                 a = F.gelu(g, approximate="tanh") * up
             elif hp.ffn == "relu":
@@ -385,9 +425,11 @@ class GGUFCausalLM:
         self._observe(x, head.name)
         parts = []
         src1 = None  # every chunk is a slice of one tensor: round the input once
-        for a in range(0, hp.n_vocab, _VOCAB_CHUNK):
-            stop = min(a + _VOCAB_CHUNK, hp.n_vocab)
-            w = self.tag_src1(head.row_range(a, stop, self.dtype), head, a, stop)
+        # A head kept whole in the float cache is one matmul (no concatenation of the logits).
+        step = hp.n_vocab if self._fits_cache(head) else _VOCAB_CHUNK
+        for a in range(0, hp.n_vocab, step):
+            stop = min(a + step, hp.n_vocab)
+            w = self._row_range(head, a, stop)
             if src1 is None and getattr(w, "ggml_src1", None) is not None:
                 src1 = self._src1(x, w)
             parts.append(self._linear(x, w, src1=src1))
@@ -421,6 +463,20 @@ class GGUFCausalLM:
 
             return moe_ffn(self, h, p)
         return self._ffn(h, p)
+
+
+def float_cache_budget() -> int:
+    """Bytes of dequantized weights a CPU model keeps between forward passes: ``GGUFKIT_EVAL_FLOAT_CACHE_MB``
+    MiB when set, else a quarter of the RAM available now."""
+    env = os.environ.get(FLOAT_CACHE_ENV)
+    if env is not None:
+        try:
+            return max(0, int(float(env) * 2**20))
+        except ValueError:
+            raise EvaluationError(f"{FLOAT_CACHE_ENV}={env!r} is not a number of MiB") from None
+    from ggufkit.sysmem import available_memory_bytes
+
+    return available_memory_bytes() // 4
 
 
 def _onednn_linear() -> Any:
@@ -593,6 +649,8 @@ def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str
         lm = GGUFCausalLM(Path(path), hp, tensors, dev, torch_dtype, hasher.hexdigest(), model)
         lm.ggml_rounding = ggml_rounding
         lm.kv_f16 = kv_f16
+        if dev.type == "cpu":
+            lm.float_cache_bytes = float_cache_budget()
         return lm
     except BaseException:
         model.close()

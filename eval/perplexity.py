@@ -206,7 +206,7 @@ def score_positions(logits: Any, targets: Any) -> np.ndarray:
     import torch
 
     mx = logits.max(dim=-1, keepdim=True).values
-    sum_exp = torch.exp(logits - mx).to(torch.float64).sum(dim=-1)
+    sum_exp = torch.exp(logits - mx).sum(dim=-1, dtype=torch.float64)  # float32 exponentials, float64 sum
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     nll = mx.squeeze(-1).to(torch.float64) + torch.log(sum_exp) - picked.to(torch.float64)
     return nll.cpu().numpy()

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as Q
 from ggufkit.converters import convert
 from ggufkit.errors import DeviceUnavailableError, EvaluationError, MetadataKeyNotFoundError
 from ggufkit.eval import load_model, perplexity
+from ggufkit.eval.model import load_model as load_model_with
 from ggufkit.eval.perplexity import sample_text
 from ggufkit.eval.tokenizer import load_tokenizer
 from ggufkit.format import Metadata, TensorSpec, open_gguf, write_gguf
@@ -205,3 +206,25 @@ def test_a_split_model_scores_like_the_single_file(llama_file: Path, tmp_path: P
     whole = perplexity(llama_file, tokens=tokens, ctx=CTX, device="cpu")
     split = perplexity(shards[1], tokens=tokens, ctx=CTX, device="cpu")
     assert split.ppl == whole.ppl and split.model_sha256 == whole.model_sha256
+
+
+@pytest.mark.parametrize(("qtype", "rounding"), [(Q.F16, False), (Q.Q4_1, True)], ids=["F16", "Q4_1-ggml-rounding"])
+def test_kept_float_weights_give_the_same_logits_as_dequantizing_every_pass(qtype: Q, rounding: bool, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_model_gguf(make_hf_model("llama", seed=7), "llama", tmp_path / "m.gguf", qtype)
+    tokens = torch.tensor([stream(48, seed=3), stream(48, seed=4)])
+    runs = {}
+    for mib in ("0", "0.05", "1024"):  # nothing kept, some layers kept, everything kept
+        monkeypatch.setenv("GGUFKIT_EVAL_FLOAT_CACHE_MB", mib)
+        with load_model_with(path, device="cpu", ggml_rounding=rounding) as model:
+            runs[mib] = [model.logits(tokens, start=8) for _ in range(2)]  # the second pass reads kept weights
+            assert model._float_cached <= model.float_cache_bytes == int(float(mib) * 2**20)
+            assert (model._float_cached > 0) == (mib != "0")
+    for mib, (first, second) in runs.items():
+        assert torch.equal(first, runs["0"][0]) and torch.equal(second, runs["0"][0]), mib
+
+
+def test_a_bad_float_cache_setting_is_a_clear_error(llama_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GGUFKIT_EVAL_FLOAT_CACHE_MB", "lots")
+    with pytest.raises(EvaluationError, match="GGUFKIT_EVAL_FLOAT_CACHE_MB='lots' is not a number of MiB"):
+        load_model(llama_file, device="cpu")
