@@ -1,0 +1,62 @@
+"""Shared pieces of the ``--target-size`` benchmarks (``bench_quantize_target_gemma3.py``,
+``bench_quantize_target_scale.py``): the machine they ran on, its load, and a child process's wall time and
+peak resident memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def machine() -> str:
+    """``lscpu``'s model name, the AVX2/AVX-512/AMX flags of /proc/cpuinfo, the cores and the memory."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
+    simd = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_int8")
+            if f in flags]
+    mem = next((ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                if ln.startswith("MemTotal")), "0") if Path("/proc/meminfo").exists() else "0"
+    return (f"{model}, {os.cpu_count()} cores, {int(mem) >> 20} GiB, flags: {' '.join(simd) or 'none'} "
+            "(llama.cpp tools run with -nr / no repack: AMX is reported but unusable here)")
+
+
+def load() -> float:
+    """The 1-minute load average (the box is shared: every number is printed with it)."""
+    return round(os.getloadavg()[0], 2)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One child process: wall seconds, peak RSS (MiB, from ``wait4``), load average before it, output."""
+
+    seconds: float
+    peak_rss_mib: float
+    load_before: float
+    output: str
+
+    def row(self) -> dict[str, float]:
+        return {"seconds": round(self.seconds, 2), "peak_rss_mib": round(self.peak_rss_mib, 1),
+                "load": self.load_before}
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> Timed:
+    """Run ``cmd``; its own peak RSS comes from ``os.wait4`` (not the maximum over all children)."""
+    before = load()
+    with tempfile.TemporaryFile() as out:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{Path(cmd[0]).name} {' '.join(cmd[1:3])} failed ({proc.returncode}):\n{text[-3000:]}")
+    return Timed(wall, usage.ru_maxrss / 1024, before, text)
