@@ -34,7 +34,7 @@ def load() -> float:
 
 @dataclass(frozen=True)
 class Timed:
-    """One child process: wall seconds, peak RSS (MiB, from ``wait4``), load average before it, output."""
+    """One child process: wall seconds, peak RSS (MiB, its VmHWM), load average before it, its output."""
 
     seconds: float
     peak_rss_mib: float
@@ -46,17 +46,31 @@ class Timed:
                 "load": self.load_before}
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> Timed:
-    """Run ``cmd``; its own peak RSS comes from ``os.wait4`` (not the maximum over all children)."""
+def _hwm_kib(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("VmHWM:")), 0)
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None, poll_s: float = 0.05) -> Timed:
+    """Run ``cmd``, polling its VmHWM (/proc/PID/status) until it exits.
+
+    Not ``wait4``'s ``ru_maxrss``: Linux carries the RSS a forked child had before ``execve`` (a copy of this
+    Python process, hundreds of MB) into it, so a small tool would report this process's size.
+    """
     before = load()
+    peak = 0
     with tempfile.TemporaryFile() as out:
         t = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
+        while proc.poll() is None:
+            peak = max(peak, _hwm_kib(proc.pid))
+            time.sleep(poll_s)
         wall = time.perf_counter() - t
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         text = out.read().decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{Path(cmd[0]).name} {' '.join(cmd[1:3])} failed ({proc.returncode}):\n{text[-3000:]}")
-    return Timed(wall, usage.ru_maxrss / 1024, before, text)
+    return Timed(wall, peak / 1024, before, text)
