@@ -14,17 +14,20 @@ matrix), so the IQ2/IQ3 candidates are searched too, as in a publisher's run; th
 depend on the values. It has a token_embd entry, which llama-imatrix never writes: without one, the search
 at this commit offers IQ2_XXS/IQ2_XS to a token_embd of whole 256-blocks (llama-quantize's
 tensor_requires_imatrix exempts token_embd) and then fails, since ggml has no quantizer for them without
-weights (ggml.c ggml_quantize_requires_imatrix). Steps, each a fresh ``ggufkit`` or
-``llama-quantize`` process at ``THREADS`` threads, timed with its own peak RSS (``wait4``) and the 1-minute
-load average before it:
+weights (ggml.c ggml_quantize_requires_imatrix).
 
-1. ``plain ggufkit``: ``ggufkit quantize F16 OUT --type q4_k_m --imatrix IM``;
-2. ``plain llama.cpp``: ``llama-quantize --imatrix IM F16 OUT Q4_K_M THREADS``;
-3. ``target cold``: ``ggufkit quantize F16 OUT --target-like q4_k_m --imatrix IM --cache-dir EMPTY``
-   (measures every tensor x candidate, then writes the mix);
-4. ``target warm``: the same inputs, another size (``--target-like q3_k_m``): everything comes from the cache;
-   it costs the model's SHA-256 (the cache key), the plan, and the quantization itself;
-5. ``dry-run warm``: ``--target-like q5_k_m --dry-run``: the search alone, no file written.
+Steps, each a fresh ``ggufkit`` or ``llama-quantize`` process at ``THREADS`` threads, timed with its own
+peak RSS (VmHWM) and the 1-minute load average before it, most telling first:
+
+1. ``search cold``: ``ggufkit quantize F16 --target-like q4_k_m --imatrix IM --cache-dir EMPTY --dry-run``:
+   measures every tensor x candidate (and the presets' types), plans, writes nothing;
+2. ``search warm``: the same inputs, another size (``--target-like q3_k_m --dry-run``): all from the cache;
+   it costs the model's SHA-256 (the cache key) and the plan;
+3. ``plain llama.cpp``: ``llama-quantize --imatrix IM F16 OUT Q4_K_M THREADS``;
+4. ``plain ggufkit``: ``ggufkit quantize F16 OUT --type q4_k_m --imatrix IM``;
+5. ``target warm``: ``--target-like q3_k_m`` writing the file: the second target of a publisher's run.
+
+A first target that writes costs ``search cold`` + (``target warm`` - ``search warm``).
 
 Numba's kernels are compiled (or loaded from its cache) first, on a tiny model, and not counted: that is
 paid once per install.
@@ -201,13 +204,14 @@ def main(models: tuple[str, ...] = MODELS, with_imatrix: bool = True) -> dict:
             shutil.rmtree(work / f"cache-{name}", ignore_errors=True)
     print(f"\n{result['cpu']}, {THREADS} threads; warm-up (kernel compilation, not counted): "
           f"{result['warm_up']['seconds']} s")
-    print(f"{'model':14} {'step':16} {'like':7} {'seconds':>8} {'x plain':>8} {'peak RSS MiB':>12} {'load':>5} "
-          f"{'measured':>8} {'cached':>7}")
+    print(f"{'model':14} {'step':16} {'like':7} {'wall s':>8} {'CPU s':>8} {'CPU x plain':>11} {'peak RSS MiB':>12} "
+          f"{'load':>5} {'measured':>8} {'cached':>7}")
     for name, m in result["models"].items():
-        plain = m["steps"]["plain ggufkit"]["seconds"]
+        plain = m["steps"]["plain ggufkit"]["cpu_seconds"]
         for tag, r in m["steps"].items():
-            print(f"{name:14} {tag:16} {r.get('like', PRESET):7} {r['seconds']:8.1f} {r['seconds'] / plain:8.2f} "
-                  f"{r['peak_rss_mib']:12.0f} {r['load']:5.2f} {r.get('measured', ''):>8} {r.get('cached', ''):>7}")
+            print(f"{name:14} {tag:16} {r.get('like', PRESET):7} {r['seconds']:8.1f} {r['cpu_seconds']:8.1f} "
+                  f"{r['cpu_seconds'] / plain:11.2f} {r['peak_rss_mib']:12.0f} {r['load']:5.2f} "
+                  f"{r.get('measured', ''):>8} {r.get('cached', ''):>7}")
     print(json.dumps(result))
     return result
 
