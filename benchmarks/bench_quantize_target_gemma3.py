@@ -13,11 +13,29 @@ candidates). Every file is scored by ``llama-perplexity --kl-divergence -nr`` ag
 ``KLD_CHUNKS`` chunks of the second half of the sample (used neither for the imatrix nor for the search).
 
 Gemma 3 270M: 18 layers, d = 640, ffn 2048, 4 query heads and 1 KV head of 256, tied 262144-token embedding
-(168M of its 268M weights). Rows of 640 are not whole 256-super-blocks, so, as with SmolLM2's 576, the
-presets fall back for every tensor but ffn_down (llama_tensor_get_type's fallback in src/llama-quant.cpp),
-and token_embd (also the output head) is most of the file.
+(168M of its 268M weights). Rows of 640 (token_embd, attn_q/k/v, ffn_gate/up) are not whole 256-super-blocks,
+so, as with SmolLM2's 576, the presets fall back there (llama_tensor_get_type's fallback in
+src/llama-quant.cpp: Q4_0/Q5_0, and Q8_0 for token_embd, which is also the output head and most of the file);
+only attn_output (rows of 1024) and ffn_down (2048) take k-quants.
 
-Result (2026-11-27; RESULT_PLACEHOLDER)
+Result (2026-11-27, Intel Xeon Processor (Sapphire Rapids: AVX2, AVX-512 F/BF16/VNNI/FP16, AMX reported),
+2 cores, 23 GiB, shared with five other jobs: 1-minute load 9-14 during the run, printed per step; ctx 512,
+imatrix 16 chunks, KLD 16 chunks of 512 (the base logits file is 2.1 GB: 262144-token vocabulary); bpw = file
+bytes x 8 / 268098176 weights; proxy ``relative``, the default; seconds: llama-quantize's preset, ggufkit's
+search + write (the first one measures 1285 tensor x type pairs, later ones read the cache)):
+
+    size of  file        bytes    bpw  mean KLD  p99 KLD    dPPL same top KLD ratio #16 goal seconds  load
+    q2_k     preset  237081632  7.074   0.32329   1.7672  +4.354   74.31%     1.000             23.8 11.34
+    q2_k     mix     237056800  7.074   0.01911   0.0826  +0.199   93.21%     0.059      0.3   440.8  8.92
+    q3_k_m   preset  241966112  7.220   0.12842   0.8770  +1.740   82.53%     1.000             48.4 11.67
+    q3_k_m   mix     241818400  7.216   0.01870   0.0801  +0.226   92.97%     0.146     0.35    63.4 12.72
+Q4K_ROWS
+PPL(base) = 11.336 (F16). Same direction as SmolLM2, larger: the mix's mean KLD is 0.06x the preset's at
+Q2_K's size and 0.15x at Q3_K_M's, p99 4-20x lower. Where it comes from: the presets keep token_embd at Q8_0
+(178 MB of the 237 MB; Q2_K/Q3_K on a 640-wide row falls back, and llama-quantize's fallback for token_embd is
+Q8_0), and spend the little that is left at 3-4 bits on the layers; the mix puts token_embd at Q5_1 and buys
+F16 for 45-48 small tensors (at Q2_K's size: attn_v in 16 of 18 layers, attn_output in 15, ffn_down in 11,
+attn_k in 3, the sensitivities the preset rules encode) and Q5_0 for attn_q and ffn_gate/up. Q2_K's and Q3_K_M's files differ by only 2 % here, so the two mixes are nearly the same.
 
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model and builds the tools), then
 ``python benchmarks/bench_quantize_target_gemma3.py [--work DIR] [--preset q2_k ...]`` (not part of CI;

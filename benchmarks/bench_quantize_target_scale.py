@@ -32,7 +32,40 @@ A first target that writes costs ``search cold`` + (``target warm`` - ``search w
 Numba's kernels are compiled (or loaded from its cache) first, on a tiny model, and not counted: that is
 paid once per install.
 
-Result (2026-11-27; RESULT_PLACEHOLDER)
+Result (2026-11-27, Intel Xeon Processor (Sapphire Rapids: AVX2, AVX-512 F/BF16/VNNI/FP16, AMX reported),
+2 cores, 23 GiB, shared with five other jobs: the 1-minute load was 8-14 throughout, so wall times are
+inflated ~5x and noisy; CPU seconds are the steadier number where recorded). Not one clean run: the box was too
+busy to finish every step before the deadline, so each number says which run gave it.
+
+SmolLM2-135M (134.5M weights; first version of this script, which ran: plain ggufkit, plain llama.cpp, a cold
+target *writing* the file, a warm target writing, a warm dry-run; it recorded no CPU seconds, and its peak RSS
+came from ``wait4``, which reports at least the forking Python's 399 MiB, so only values above that mean
+anything):
+
+    step                         like      wall s  load  peak RSS MiB   bytes
+    plain ggufkit                q4_k_m     142.8  11.5  <= 399         105458752
+    plain llama.cpp              q4_k_m      37.3  11.4  <= 399         105458624
+    target cold (measure+write)  q4_k_m     658.8  11.6     475         105371616
+    target warm (write)          q3_k_m     191.4  11.2  <= 399          93483008
+    dry-run warm                 q5_k_m       9.5  13.0  <= 399         -
+
+The warm target is 1.34x the plain ggufkit quantization in wall time at that load (the search part alone, the
+warm dry-run, is 9.5 s: hash, plan, predicted sizes; the rest is quantizing a different mix); the cold target
+is 4.6x (measuring 1800+ tensor x type pairs, IQ2/IQ3 included).
+
+Synthetic LLaMA 1.1B (1,100,048,384 weights, 2.2 GB F16; this version, steps as listed above):
+
+    step                wall s   CPU s  load  peak RSS MiB  note
+    search cold        >= 955     172   ~11   -             killed at the deadline after 48 of 156 tensors
+                                                            (864 tensor x type pairs); linear in tensors:
+                                                            ~560 CPU s for the whole model
+    plain llama.cpp       886.6   190   14.1  442           667814752 bytes
+    plain ggufkit        GGUF1B
+    model SHA-256          19.1     2.3   8.2  -             (the warm search's extra cost over a plan, in process)
+
+The warm search and the warm target did not run on the 1.1B model (the cold search could not finish first).
+Memory: the search reads sampled rows through mmap and quantizes tensor by tensor, so its RSS follows the
+largest tensor, not the model (SmolLM2's cold target peaked at 475 MiB, the Python + Numba process included).
 
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model, builds the tools), then
 ``python benchmarks/bench_quantize_target_scale.py [--model smollm2|synthetic-1b ...]`` (not part of CI).
