@@ -37,7 +37,7 @@ Result (2026-11-27, Intel Xeon Processor (Sapphire Rapids: AVX2, AVX-512 F/BF16/
 inflated ~5x and noisy; CPU seconds are the steadier number where recorded). Not one clean run: the box was too
 busy to finish every step before the deadline, so each number says which run gave it.
 
-SmolLM2-135M (134.5M weights; first version of this script, which ran: plain ggufkit, plain llama.cpp, a cold
+SmolLM2-135M (134,515,008 weights; first version of this script, which ran: plain ggufkit, plain llama.cpp, a cold
 target *writing* the file, a warm target writing, a warm dry-run; it recorded no CPU seconds, and its peak RSS
 came from ``wait4``, which reports at least the forking Python's 399 MiB, so only values above that mean
 anything):
@@ -51,7 +51,7 @@ anything):
 
 The warm target is 1.34x the plain ggufkit quantization in wall time at that load (the search part alone, the
 warm dry-run, is 9.5 s: hash, plan, predicted sizes; the rest is quantizing a different mix); the cold target
-is 4.6x (measuring 1800+ tensor x type pairs, IQ2/IQ3 included).
+is 4.6x (measuring about 1800 tensor x type pairs, IQ2/IQ3 included: 1807 in bench_quantize_target.py's run).
 
 Synthetic LLaMA 1.1B (1,100,048,384 weights, 2.2 GB F16; this version, steps as listed above):
 
@@ -60,10 +60,16 @@ Synthetic LLaMA 1.1B (1,100,048,384 weights, 2.2 GB F16; this version, steps as 
                                                             (864 tensor x type pairs); linear in tensors:
                                                             ~560 CPU s for the whole model
     plain llama.cpp       886.6   190   14.1  442           667814752 bytes
-    plain ggufkit        GGUF1B
+    plain ggufkit         186.8  ~56    7.5   327           667819104 bytes
     model SHA-256          19.1     2.3   8.2  -             (the warm search's extra cost over a plan, in process)
 
-The warm search and the warm target did not run on the 1.1B model (the cold search could not finish first).
+The two plain runs ran beside the cold search (one after the other, so at different loads: compare CPU
+seconds, which a /proc sampler read every 2 s, up to 2 s before each exit, as this run predates the script's
+``wait4`` CPU field). At the cold search's rate the whole measurement would cost ~3x the CPU of llama-quantize's
+plain Q4_K_M and ~10x ggufkit's; the warm search and the warm target did not run on the 1.1B model (the cold
+search could not finish first), so "a second target is little more than a plain quantization" is shown on
+SmolLM2 only (1.34x wall, of which the search is 9.5 s) and, for 1.1B, only by its parts: a SHA-256 of 2.3 CPU s
+plus a plain quantization.
 Memory: the search reads sampled rows through mmap and quantizes tensor by tensor, so its RSS follows the
 largest tensor, not the model (SmolLM2's cold target peaked at 475 MiB, the Python + Numba process included).
 
