@@ -29,13 +29,24 @@ search + write (the first one measures 1285 tensor x type pairs, later ones read
     q2_k     mix     237056800  7.074   0.01911   0.0826  +0.199   93.21%     0.059      0.3   440.8  8.92
     q3_k_m   preset  241966112  7.220   0.12842   0.8770  +1.740   82.53%     1.000             48.4 11.67
     q3_k_m   mix     241818400  7.216   0.01870   0.0801  +0.226   92.97%     0.146     0.35    63.4 12.72
-Q4K_ROWS
-PPL(base) = 11.336 (F16). Same direction as SmolLM2, larger: the mix's mean KLD is 0.06x the preset's at
-Q2_K's size and 0.15x at Q3_K_M's, p99 4-20x lower. Where it comes from: the presets keep token_embd at Q8_0
+    q4_k_m   preset  253117472  7.553   0.00539   0.0271  +0.091   96.28%     1.000             38.0  8.42
+    q4_k_m   mix     252805888  7.544   0.01811   0.0745  +0.197   93.14%     3.361     0.75    12.5  4.72
+
+PPL(base) = 11.336 (F16). At Q2_K's and Q3_K_M's sizes the direction of SmolLM2, larger: the mix's mean KLD is
+0.06x the preset's at Q2_K's size and 0.15x at Q3_K_M's, p99 11-21x lower. At Q4_K_M's size it is REVERSED:
+the mix is 3.4x worse than the preset (p99 2.8x worse). Where it comes from: the presets keep token_embd at Q8_0
 (178 MB of the 237 MB; Q2_K/Q3_K on a 640-wide row falls back, and llama-quantize's fallback for token_embd is
 Q8_0), and spend the little that is left at 3-4 bits on the layers; the mix puts token_embd at Q5_1 and buys
 F16 for 45-48 small tensors (at Q2_K's size: attn_v in 16 of 18 layers, attn_output in 15, ffn_down in 11,
-attn_k in 3, the sensitivities the preset rules encode) and Q5_0 for attn_q and ffn_gate/up. Q2_K's and Q3_K_M's files differ by only 2 % here, so the two mixes are nearly the same.
+attn_k in 3, the sensitivities the preset rules encode) and Q5_0 for attn_q and ffn_gate/up. Q2_K's and
+Q3_K_M's files differ by only 2 % here, so the two mixes are nearly the same. Why Q4_K_M's size fails: its
+preset (Q4_K_M keeps token_embd at Q8_0 too, and spends the rest on Q4_K/Q5_0/Q6_K/Q8_0 layers) is already
+good, and the mix still keeps token_embd at Q5_1 (71 tensors at F16 instead): its KLD stays at the ~0.018 of
+the smaller sizes, so that floor is token_embd's Q5_1. Gemma ties the output head to token_embd, and the
+``relative`` proxy weighs token_embd's noise-to-signal ratio like any one layer's, while as the output head
+over 262144 logits its error goes straight into the KLD: the proxy underrates a tied embedding (SmolLM2 is
+tied too, but its 49152-token head is a smaller share). A measured (KLD) sensitivity per tensor, or a
+weight on tied embeddings, is what the search needs; DIAG_LINE Q2_K's and Q3_K_M's files differ by only 2 % here, so the two mixes are nearly the same.
 
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model and builds the tools), then
 ``python benchmarks/bench_quantize_target_gemma3.py [--work DIR] [--preset q2_k ...]`` (not part of CI;
