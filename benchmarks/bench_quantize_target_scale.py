@@ -33,7 +33,7 @@ Numba's kernels are compiled (or loaded from its cache) first, on a tiny model, 
 paid once per install.
 
 Result (2026-11-27, Intel Xeon Processor (Sapphire Rapids: AVX2, AVX-512 F/BF16/VNNI/FP16, AMX reported),
-2 cores, 23 GiB, shared with five other jobs: the 1-minute load was 8-14 throughout, so wall times are
+2 cores, 23 GiB, shared with five other jobs: the 1-minute load was mostly 8-14, so wall times are
 inflated ~5x and noisy; CPU seconds are the steadier number where recorded). Not one clean run: the box was too
 busy to finish every step before the deadline, so each number says which run gave it.
 
@@ -56,22 +56,23 @@ is 4.6x (measuring about 1800 tensor x type pairs, IQ2/IQ3 included: 1807 in ben
 Synthetic LLaMA 1.1B (1,100,048,384 weights, 2.2 GB F16; this version, steps as listed above):
 
     step                wall s   CPU s  load  peak RSS MiB  note
-    search cold        >= 955     172   ~11   -             killed at the deadline after 48 of 156 tensors
-                                                            (864 tensor x type pairs); linear in tensors:
-                                                            ~560 CPU s for the whole model
+    search cold        >= 955     172   ~11   not read      killed (it could not end before the deadline) after
+                                                            48 of 156 tensors (864 tensor x type pairs);
+                                                            linear in tensors: ~560 CPU s for the model
     plain llama.cpp       886.6   190   14.1  442           667814752 bytes
     plain ggufkit         186.8  ~56    7.5   327           667819104 bytes
     model SHA-256          19.1     2.3   8.2  -             (the warm search's extra cost over a plan, in process)
 
-The two plain runs ran beside the cold search (one after the other, so at different loads: compare CPU
+llama-quantize ran beside the cold search, ggufkit after it was killed (different loads: compare CPU
 seconds, which a /proc sampler read every 2 s, up to 2 s before each exit, as this run predates the script's
 ``wait4`` CPU field). At the cold search's rate the whole measurement would cost ~3x the CPU of llama-quantize's
 plain Q4_K_M and ~10x ggufkit's; the warm search and the warm target did not run on the 1.1B model (the cold
 search could not finish first), so "a second target is little more than a plain quantization" is shown on
 SmolLM2 only (1.34x wall, of which the search is 9.5 s) and, for 1.1B, only by its parts: a SHA-256 of 2.3 CPU s
 plus a plain quantization.
-Memory: the search reads sampled rows through mmap and quantizes tensor by tensor, so its RSS follows the
-largest tensor, not the model (SmolLM2's cold target peaked at 475 MiB, the Python + Numba process included).
+Memory: the search reads sampled rows through mmap and measures tensor by tensor; SmolLM2's cold target peaked
+at 475 MiB (Python + Numba included), ggufkit's plain 1.1B quantization at 327 MiB; the 1.1B search's own peak
+was not read (the run that would have read it was the one killed).
 
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model, builds the tools), then
 ``python benchmarks/bench_quantize_target_scale.py [--model smollm2|synthetic-1b ...]`` (not part of CI).
