@@ -19,7 +19,7 @@ src/llama-quant.cpp: Q4_0/Q5_0, and Q8_0 for token_embd, which is also the outpu
 only attn_output (rows of 1024) and ffn_down (2048) take k-quants.
 
 Result (2026-11-27, Intel Xeon Processor (Sapphire Rapids: AVX2, AVX-512 F/BF16/VNNI/FP16, AMX reported),
-2 cores, 23 GiB, shared with five other jobs: 1-minute load 9-14 during the run, printed per step; ctx 512,
+2 cores, 23 GiB, shared with five other jobs: 1-minute load 4.7-14 during the run, printed per step; ctx 512,
 imatrix 16 chunks, KLD 16 chunks of 512 (the base logits file is 2.1 GB: 262144-token vocabulary); bpw = file
 bytes x 8 / 268098176 weights; proxy ``relative``, the default; seconds: llama-quantize's preset, ggufkit's
 search + write (the first one measures 1285 tensor x type pairs, later ones read the cache)):
@@ -35,8 +35,8 @@ search + write (the first one measures 1285 tensor x type pairs, later ones read
 PPL(base) = 11.336 (F16). At Q2_K's and Q3_K_M's sizes the direction of SmolLM2, larger: the mix's mean KLD is
 0.06x the preset's at Q2_K's size and 0.15x at Q3_K_M's, p99 11-21x lower. At Q4_K_M's size it is REVERSED:
 the mix is 3.4x worse than the preset (p99 2.8x worse). Where it comes from: the presets keep token_embd at Q8_0
-(178 MB of the 237 MB; Q2_K/Q3_K on a 640-wide row falls back, and llama-quantize's fallback for token_embd is
-Q8_0), and spend the little that is left at 3-4 bits on the layers; the mix puts token_embd at Q5_1 and buys
+(178 MB of the 237 MB: as the tied output head it takes llama-quantize's output rule, Q6_K, which a 640-wide
+row turns into Q8_0), and spend the little that is left at 3-4 bits on the layers; the mix puts token_embd at Q5_1 and buys
 F16 for 45-48 small tensors (at Q2_K's size: attn_v in 16 of 18 layers, attn_output in 15, ffn_down in 11,
 attn_k in 3, the sensitivities the preset rules encode) and Q5_0 for attn_q and ffn_gate/up. Q2_K's and
 Q3_K_M's files differ by only 2 % here, so the two mixes are nearly the same. Why Q4_K_M's size fails: its
@@ -50,7 +50,7 @@ weight on tied embeddings, is what the search needs. Check (by hand, not part of
 ``quantize_to_target(..., sensitivity={"token_embd.weight": 100.0})`` at Q4_K_M's size takes token_embd at
 Q8_0 and lands on nearly the preset's mix (253102944 bytes, 9 Q8_0, 81 Q5_0, 27 Q4_K, 8 Q6_K, 1 Q5_K, 1 F16):
 mean KLD 0.00543 (1.008x the preset), p99 0.0274, dPPL +0.084, same top 96.28 %: on par, not the 0.75x the
-issue asks for. Q2_K's and Q3_K_M's files differ by only 2 % here, so the two mixes are nearly the same.
+issue asks for.
 
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model and builds the tools), then
 ``python benchmarks/bench_quantize_target_gemma3.py [--work DIR] [--preset q2_k ...]`` (not part of CI;
