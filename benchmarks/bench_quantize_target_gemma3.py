@@ -72,7 +72,7 @@ MODEL = "gemma3-270m-q4_k_m"
 PRESETS = ("q2_k", "q3_k_m", "q4_k_m")
 
 
-def main(work: Path, presets: tuple[str, ...] = PRESETS) -> dict:
+def main(work: Path, presets: tuple[str, ...] = PRESETS, sensitivity: str = "off") -> dict:
     from _target_common import REPO, load, machine
     from bench_quantize_target import CTX, IMATRIX_CHUNKS, KLD_CHUNKS, TARGET_RATIO, THREADS, _run, score
     from llama_cpp_sources import tool_path
@@ -111,8 +111,15 @@ def main(work: Path, presets: tuple[str, ...] = PRESETS) -> dict:
         mix = work / f"{preset}-mix.gguf"
         lo = load()
         t = time.perf_counter()
-        rep = quantize_to_target(f16, mix, target_size=size, imatrix=im, cache_dir=cache,
-                                 mix_out=work / f"{preset}-mix.txt", device="cpu", threads=THREADS)
+        if sensitivity == "off":
+            rep = quantize_to_target(f16, mix, target_size=size, imatrix=im, cache_dir=cache,
+                                     mix_out=work / f"{preset}-mix.txt", device="cpu", threads=THREADS)
+        else:  # measured on the imatrix's text (calib.txt), never on the scored text
+            from ggufkit.eval.target_sensitivity import quantize_to_target_kld
+
+            rep, _ = quantize_to_target_kld(f16, mix, target_size=size, imatrix=im, cache_dir=cache,
+                                            calibration_text=calib, sensitivity=sensitivity,
+                                            mix_out=work / f"{preset}-mix.txt", device="cpu", threads=THREADS)
         t_mix = time.perf_counter() - t
         n_weights = rep.plan.n_elements
         by_name = {c.name: c.type.name for c in rep.choices}
@@ -121,7 +128,7 @@ def main(work: Path, presets: tuple[str, ...] = PRESETS) -> dict:
                       "token_embd": by_name.get("token_embd.weight"), **score(mix, evalt, base)}
         rows[preset] = row
         print(json.dumps({preset: row}), flush=True)
-    out = {"cpu": machine(), "ctx": CTX, "kld_chunks": KLD_CHUNKS, "imatrix_chunks": IMATRIX_CHUNKS,
+    out = {"cpu": machine(), "sensitivity": sensitivity, "ctx": CTX, "kld_chunks": KLD_CHUNKS, "imatrix_chunks": IMATRIX_CHUNKS,
            "n_weights": n_weights, "rows": rows}
     print(f"\n{out['cpu']}")
     print(f"{'size of':8} {'file':6} {'bytes':>10} {'bpw':>6} {'mean KLD':>9} {'p99 KLD':>8} {'dPPL':>7} "
@@ -142,7 +149,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="Gemma 3 270M: mix vs preset at equal size (see the module docstring)")
     ap.add_argument("--work", type=Path, help="work directory (reused: F16, imatrix, base logits, cache)")
     ap.add_argument("--preset", action="append", choices=PRESETS)
+    ap.add_argument("--sensitivity", choices=["off", "estimate", "search"], default="off",
+                    help="measured KLD sensitivity (eval/target_sensitivity.py) on the imatrix's text")
     a = ap.parse_args()
     work = a.work or Path(tempfile.mkdtemp(prefix="bench_quantize_target_gemma3_"))
     work.mkdir(parents=True, exist_ok=True)
-    main(work, tuple(a.preset or PRESETS))
+    main(work, tuple(a.preset or PRESETS), a.sensitivity)
