@@ -87,24 +87,6 @@ def make_qx_quants(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: np.nda
 
 
 @_jit
-def _group_stats(x: np.ndarray, r: int, off: int, n: int, w: np.ndarray) -> tuple:
-    """min, max, sum of weights and weighted sum of ``x[r, off:off+n]``, accumulated in ggml's order."""
-    mn = x[r, off]
-    mx = x[r, off]
-    sum_w = w[0]
-    sum_x = np.float32(sum_w * x[r, off])
-    for i in range(1, n):
-        xi = x[r, off + i]
-        if xi < mn:
-            mn = xi
-        if xi > mx:
-            mx = xi
-        sum_w = fadd(sum_w, w[i])
-        sum_x = fadd(sum_x, fmul(w[i], xi))
-    return mn, mx, sum_w, sum_x
-
-
-@_jit
 def make_qkx3_quants(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: np.ndarray, L: np.ndarray,
                      Laux: np.ndarray, rmin: np.float32, rdelta: np.float32, nstep: int) -> tuple:
     """Weighted asymmetric fit ``x ~ scale * L + min`` (``make_qkx3_quants`` with weights, no MAD).
@@ -119,7 +101,18 @@ def make_qkx3_quants(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: np.n
     Returns:
         ``(scale, the_min)`` as float32, where ``the_min = -min >= 0`` (may be -0.0).
     """
-    mn, mx, sum_w, sum_x = _group_stats(x, r, off, n, w)
+    mn = x[r, off]
+    mx = x[r, off]
+    sum_w = w[0]
+    sum_x = np.float32(sum_w * x[r, off])
+    for i in range(1, n):
+        xi = x[r, off + i]
+        if xi < mn:
+            mn = xi
+        if xi > mx:
+            mx = xi
+        sum_w = fadd(sum_w, w[i])
+        sum_x = fadd(sum_x, fmul(w[i], xi))
     if mn > np.float32(0.0):
         mn = np.float32(0.0)
     if mx <= mn:
@@ -274,7 +267,18 @@ def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w
                            Laux: np.ndarray, rmin: np.float32, rdelta: np.float32, nstep: int,
                            lanes: np.ndarray) -> tuple:
     """:func:`make_qkx3_quants` (same result, bit for bit), trials as lanes; ``lanes``: float32 [7, _NL3]."""
-    mn, mx, sum_w, sum_x = _group_stats(x, r, off, n, w)
+    mn = x[r, off]
+    mx = x[r, off]
+    sum_w = w[0]
+    sum_x = np.float32(sum_w * x[r, off])
+    for i in range(1, n):
+        xi = x[r, off + i]
+        if xi < mn:
+            mn = xi
+        if xi > mx:
+            mx = xi
+        sum_w = fadd(sum_w, w[i])
+        sum_x = fadd(sum_x, fmul(w[i], xi))
     if mn > np.float32(0.0):
         mn = np.float32(0.0)
     if mx <= mn or n % 4:
