@@ -148,7 +148,8 @@ class GGUFCausalLM:
         self.kv_f16 = False
         #: Bytes of dequantized tensors kept between forward passes (load_model sets it on the CPU).
         self.float_cache_bytes = 0
-        self._float_cache: dict[tuple[str, int, int, bool], torch.Tensor] = {}
+        # name, row range, rounding -> (the QTensor it was made from, its dequantization)
+        self._float_cache: dict[tuple[str, int, int, bool], tuple[QTensor, torch.Tensor]] = {}
         self._float_cached = 0
         #: Sees the input of every weight matmul (ggufkit.eval.imatrix collects importance matrices with
         #: it); None: no cost.
@@ -180,33 +181,42 @@ class GGUFCausalLM:
         if t is None:
             return None
         key = (name, 0, -1, self.ggml_rounding)
-        w = self._float_cache.get(key)
+        w = self._kept(key, t)
         if w is None:
             # Norm weights and biases stay float32 (they are added in the float32 residual stream).
             w = t.float(torch.float32) if len(t.shape) == 1 else self.tag_src1(t.float(self.dtype), t)
-            self._keep(key, w)
+            self._keep(key, t, w)
         return w
 
     def _row_range(self, t: QTensor, start: int, stop: int) -> torch.Tensor:
         """Rows ``start:stop`` of matrix ``t`` in the compute dtype, tagged as :meth:`tag_src1` tags them."""
         key = (t.name, start, stop, self.ggml_rounding)
-        w = self._float_cache.get(key)
+        w = self._kept(key, t)
         if w is None:
             w = self.tag_src1(t.row_range(start, stop, self.dtype), t, start, stop)
-            self._keep(key, w)
+            self._keep(key, t, w)
         return w
 
-    def _keep(self, key: tuple[str, int, int, bool], w: torch.Tensor) -> None:
+    def _kept(self, key: tuple[str, int, int, bool], t: QTensor) -> torch.Tensor | None:
+        """The kept dequantization of ``t`` under ``key``; None when none, or when it was made from another
+        tensor of that name (a caller swapped ``tensors[name]``, e.g. to measure a quantized probe)."""
+        hit = self._float_cache.get(key)
+        return hit[1] if hit is not None and hit[0] is t else None
+
+    def _keep(self, key: tuple[str, int, int, bool], t: QTensor, w: torch.Tensor) -> None:
         """Keep a dequantized tensor for the next forward passes while :attr:`float_cache_bytes` allows.
         (Callers never modify what :meth:`_w` returns, so a kept tensor stays the exact dequantization.)"""
         size = w.numel() * w.element_size()
+        old = self._float_cache.pop(key, None)
+        if old is not None:
+            self._float_cached -= old[1].numel() * old[1].element_size()
         if self._float_cached + size <= self.float_cache_bytes:
-            self._float_cache[key] = w
+            self._float_cache[key] = (t, w)
             self._float_cached += size
 
     def _fits_cache(self, t: QTensor) -> bool:
         """Whether all of ``t``, dequantized, still fits in the float cache (or is already in it)."""
-        if (t.name, 0, t.shape[0], self.ggml_rounding) in self._float_cache:
+        if self._kept((t.name, 0, t.shape[0], self.ggml_rounding), t) is not None:
             return True
         size = math.prod(t.shape) * torch.empty((), dtype=self.dtype).element_size()
         return self._float_cached + size <= self.float_cache_bytes

@@ -228,3 +228,23 @@ def test_a_bad_float_cache_setting_is_a_clear_error(llama_file: Path, monkeypatc
     monkeypatch.setenv("GGUFKIT_EVAL_FLOAT_CACHE_MB", "lots")
     with pytest.raises(EvaluationError, match="GGUFKIT_EVAL_FLOAT_CACHE_MB='lots' is not a number of MiB"):
         load_model(llama_file, device="cpu")
+
+
+def test_a_swapped_tensor_is_not_served_from_the_float_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept dequantizations belong to the tensor they were made from: replacing ``tensors[name]`` (as the
+    target search's sensitivity probes do) changes the logits, and restoring it gives the first logits back."""
+    monkeypatch.setenv("GGUFKIT_EVAL_FLOAT_CACHE_MB", "1024")
+    a = write_model_gguf(make_hf_model("llama", seed=7), "llama", tmp_path / "a.gguf", Q.Q8_0)
+    b = write_model_gguf(make_hf_model("llama", seed=8), "llama", tmp_path / "b.gguf", Q.Q8_0)
+    tokens = torch.tensor([stream(48, seed=3)])
+    with load_model_with(a, device="cpu") as model, load_model_with(b, device="cpu") as other:
+        first = model.logits(tokens)
+        name = "blk.0.ffn_down.weight"
+        saved = model.tensors[name]
+        model.tensors[name] = other.tensors[name]
+        swapped = model.logits(tokens)
+        model.tensors[name] = saved
+        again = model.logits(tokens)
+        assert model._float_cached > 0
+    assert not torch.equal(first, swapped)
+    assert torch.equal(first, again)
