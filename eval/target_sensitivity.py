@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -174,15 +173,9 @@ class _KLDCache:
             pass
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": SENSITIVITY_VERSION, "kld": self.data}, f)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        from ggufkit.quant.target_measure import save_json_cache
+
+        save_json_cache(self.path, {"version": SENSITIVITY_VERSION, "kld": self.data})
 
 
 def _embed(model: Any, tokens: Any) -> Any:

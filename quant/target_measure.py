@@ -99,16 +99,21 @@ class MeasureCache:
         self.data.setdefault(tensor, {})[t.name] = [m.sse, m.energy]
 
     def save(self) -> None:
-        """Write the cache atomically (a temporary file in the same directory, then renamed)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": MEASURE_VERSION, "tensors": self.data}, f)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        save_json_cache(self.path, {"version": MEASURE_VERSION, "tensors": self.data})
+
+
+def save_json_cache(path: Path, obj: Any) -> None:
+    """Write a measurement cache atomically (a temporary file in the same directory, then renamed), so a
+    killed search leaves the previous cache or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def cache_key(model_sha256: str, imatrix_sha256: str | None, sample_rows: int, text_sha256: str = "") -> str:
