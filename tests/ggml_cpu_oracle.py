@@ -5,7 +5,9 @@ The library is ``libggml-cpu.so`` bundled in the installed ``llama-cpp-python==0
 quantizers are the ``ggml-cpu/arch/x86/quants.c`` ones llama-perplexity runs on this machine. Functions used
 (ggml-cpu.h): ``ggml_cpu_init``, ``ggml_get_type_traits_cpu(type)`` -> ``{from_float, vec_dot, vec_dot_type,
 nrows}``: ``from_float`` converts a float32 row to the type, ``vec_dot(n, &s, 0, x, 0, y, 0, 1)`` is one
-dot product of a weight row ``x`` with a converted activation row ``y``.
+dot product of a weight row ``x`` with a converted activation row ``y``; and (ggml.h, ggml-cpu.h) ``ggml_init``,
+``ggml_new_tensor_4d``, ``ggml_flash_attn_ext``, ``ggml_new_graph``, ``ggml_build_forward_expand``,
+``ggml_graph_compute_with_ctx`` to run one flash-attention op as llama.cpp's graph does.
 """
 
 from __future__ import annotations
@@ -104,3 +106,69 @@ def matmul(w_raw: np.ndarray, qtype: GGMLQuantizationType, n: int, x: np.ndarray
             fn(n, ctypes.byref(s), 0, w_raw[r].ctypes.data, 0, xq[t].ctypes.data, 0, 1)
             out[t, r] = s.value
     return out
+
+
+class _InitParams(ctypes.Structure):
+    # struct ggml_init_params in ggml.h.
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+@cache
+def _libggml_base() -> ctypes.CDLL:
+    from llama_cpp_sources import ggml_lib_dir
+
+    libggml_cpu()
+    lib = ctypes.CDLL(str(ggml_lib_dir() / "libggml-base.so"))
+    lib.ggml_init.restype = ctypes.c_void_p
+    lib.ggml_init.argtypes = [_InitParams]
+    lib.ggml_free.argtypes = [ctypes.c_void_p]
+    lib.ggml_new_tensor_4d.restype = ctypes.c_void_p
+    lib.ggml_new_tensor_4d.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_int64] * 4
+    lib.ggml_get_data.restype = ctypes.c_void_p
+    lib.ggml_get_data.argtypes = [ctypes.c_void_p]
+    lib.ggml_flash_attn_ext.restype = ctypes.c_void_p
+    lib.ggml_flash_attn_ext.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_float] * 3
+    lib.ggml_new_graph.restype = ctypes.c_void_p
+    lib.ggml_new_graph.argtypes = [ctypes.c_void_p]
+    lib.ggml_build_forward_expand.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *, kv_type: GGMLQuantizationType,
+                   window: int = 0, softcap: float = 0.0, n_threads: int = 1) -> np.ndarray:
+    """ggml's CPU ``ggml_flash_attn_ext`` (ggml-cpu/ops.cpp) on causal attention, as llama.cpp's build_attn_mha
+    calls it: ``q`` float32 ``[H, T, d]``, ``k``/``v`` ``[H_kv, T, d]`` stored as ``kv_type`` (F16 or F32, the
+    K/V cache type), an F16 mask of 0/-inf (causal; keys ``i - j >= window`` hidden when ``window``).
+    Returns float32 ``[H, T, d]``."""
+    base = _libggml_base()
+    cpu = libggml_cpu()
+    cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    n_head, t, dk = q.shape
+    n_kv_head, _, dv = v.shape
+    kv_np = np.float16 if kv_type == Q.F16 else np.float32
+    work = 64 * 1024 * 1024 + 4 * (q.size + k.size + v.size + q.size) + 2 * t * t * 4
+    ctx = base.ggml_init(_InitParams(work, None, False))
+    try:
+        def tensor(arr: np.ndarray, ggml_type: GGMLQuantizationType) -> int:
+            h, rows, cols = arr.shape
+            tt = base.ggml_new_tensor_4d(ctx, int(ggml_type), cols, rows, h, 1)
+            ctypes.memmove(base.ggml_get_data(tt), np.ascontiguousarray(arr).ctypes.data, arr.nbytes)
+            return tt
+        i = np.arange(t)
+        visible = i[None, :] <= i[:, None]
+        if window:
+            visible &= i[:, None] - i[None, :] < window
+        mask = np.where(visible, 0.0, -np.inf).astype(np.float16)[None]
+        tq = tensor(q.astype(np.float32), Q.F32)
+        tk = tensor(k.astype(kv_np), kv_type)
+        tv = tensor(v.astype(kv_np), kv_type)
+        tm = tensor(mask, Q.F16)
+        out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, tm, scale, 0.0, softcap)
+        graph = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(graph, out)
+        assert cpu.ggml_graph_compute_with_ctx(ctx, graph, n_threads) == 0
+        res = np.empty((t, n_head, dv), dtype=np.float32)  # [n_embd_v, n_head, n_batch] in ggml order
+        ctypes.memmove(res.ctypes.data, base.ggml_get_data(out), res.nbytes)
+        return res.transpose(1, 0, 2).copy()
+    finally:
+        base.ggml_free(ctx)
