@@ -143,8 +143,8 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
     base = _libggml_base()
     cpu = libggml_cpu()
     cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    n_head, t, dk = q.shape
-    n_kv_head, _, dv = v.shape
+    n_head, t, _ = q.shape
+    dv = v.shape[2]
     kv_np = np.float16 if kv_type == Q.F16 else np.float32
     work = 64 * 1024 * 1024 + 4 * (q.size + k.size + v.size + q.size) + 2 * t * t * 4
     ctx = base.ggml_init(_InitParams(work, None, False))
