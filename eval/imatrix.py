@@ -219,7 +219,7 @@ def collect_imatrix(model_path: str | os.PathLike[str], *, text: str | None = No
                     parse_special: bool = False, compute_ppl: bool = True,
                     in_files: Sequence[str | os.PathLike[str]] = (), save_frequency: int = 0,
                     output_frequency: int = 10, batch: int | None = None, device: str = "auto",
-                    ggml_rounding: bool = False, progress: Progress | None = None,
+                    ggml_rounding: bool = False, kv_cache: str = "f16", progress: Progress | None = None,
                     on_chunk: ImatrixChunkCallback | None = None) -> ImatrixResult:
     """Collect a GGUF model's importance matrix on a text, as llama-imatrix does, and write it.
 
@@ -242,6 +242,9 @@ def collect_imatrix(model_path: str | os.PathLike[str], *, text: str | None = No
             or 8-bit blocks for quantized weights) as llama.cpp's plain CPU kernels do
             (:func:`ggufkit.eval.model.load_model`). Off: float32 inputs, as llama.cpp's AMX kernels (an
             Intel Xeon with AMX) multiply F16 weights; on an F16 model the two differ by ~4e-4 relative.
+        kv_cache: with ``ggml_rounding``, the llama.cpp K/V cache followed, as in
+            :func:`ggufkit.eval.perplexity.perplexity`: ``f16`` (llama-imatrix's default: K and V rounded to
+            F16, read by its flash attention in float32) or ``f32`` (its ``-fa off -ctk f32 -ctv f32``).
         progress, on_chunk: per-chunk progress and callback (chunk number, running PPL).
 
     Returns:
@@ -270,12 +273,15 @@ def collect_imatrix(model_path: str | os.PathLike[str], *, text: str | None = No
             raise UsageError(f"{name} {v} must not be negative")
     if batch is not None and batch < 1:
         raise UsageError(f"--batch {batch} must be at least 1")
+    if kv_cache not in ("f16", "f32"):
+        raise UsageError(f"unknown --kv-cache {kv_cache!r} (expected f16 or f32)")
     progress = progress or NullProgress()
     t_load = time.perf_counter()
     acc = ImatrixAccumulator(ctx)
     for f in in_files:
         acc.load(f)
-    with load_model(model_path, device=device, ggml_rounding=ggml_rounding) as model:
+    with load_model(model_path, device=device, ggml_rounding=ggml_rounding,
+                    kv_f16=ggml_rounding and kv_cache == "f16") as model:
         ids, add_bos, bos_id = _tokenize(model.file, text, tokens, parse_special)
         if from_chunk > 0:
             if (from_chunk + 2) * ctx >= len(ids):

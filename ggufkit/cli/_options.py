@@ -36,6 +36,11 @@ threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), def
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
                              show_default=True, help="Where kernels run: CUDA when available with auto.")
 
+kv_cache_option = click.option(
+    "--kv-cache", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
+    help="With --ggml-rounding: f16 follows llama.cpp's default (F16 K/V cache, flash attention), f32 its "
+         "-fa off -ctk f32 -ctv f32.")
+
 output_file_option = click.option("-o", "--output", "output", type=click.Path(dir_okay=True, path_type=str),
                                   default=None, help="Output path.")
 

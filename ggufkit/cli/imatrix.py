@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ggufkit.cli._options import common_options, device_option
+from ggufkit.cli._options import common_options, device_option, kv_cache_option
 from ggufkit.cli._output import Output
 
 
@@ -68,13 +68,15 @@ def _render_statistics(d: Mapping[str, Any]) -> str:
 @click.option("--ggml-rounding", is_flag=True,
               help="Round the input of every matmul to the weight's vec_dot_type first (F16/BF16, or 8-bit "
                    "blocks for quantized weights), as llama.cpp's plain CPU kernels do (its AMX build "
-                   "multiplies F16 weights by float32 inputs, like the default).")
+                   "multiplies F16 weights by float32 inputs, like the default); with --kv-cache f16, K and V "
+                   "rounded to F16.")
+@kv_cache_option
 @device_option
 @common_options
 def imatrix(model: str | None, text_file: str | None, output: str, output_format: str, ctx: int,
             chunks: int | None, from_chunk: int, process_output: bool, parse_special: bool, in_files: tuple[str, ...],
             show_statistics: bool, no_ppl: bool, save_frequency: int, output_frequency: int, batch: int | None,
-            ggml_rounding: bool, device: str, out: Output) -> None:
+            ggml_rounding: bool, kv_cache: str, device: str, out: Output) -> None:
     """Collect MODEL's importance matrix on a text as llama-imatrix does (same tensors, sums, counts and
     files), for `ggufkit quantize --imatrix` or llama-quantize. Without MODEL, combine or convert --in-file
     files; with --show-statistics, describe one.
@@ -120,7 +122,8 @@ def imatrix(model: str | None, text_file: str | None, output: str, output_format
                              dataset=text_file, ctx=ctx, chunks=chunks, from_chunk=from_chunk,
                              process_output=process_output, parse_special=parse_special, compute_ppl=not no_ppl,
                              in_files=in_files, save_frequency=save_frequency, output_frequency=output_frequency,
-                             batch=batch, device=device, ggml_rounding=ggml_rounding, progress=out.progress(),
+                             batch=batch, device=device, ggml_rounding=ggml_rounding, kv_cache=kv_cache,
+                             progress=out.progress(),
                              on_chunk=on_chunk)
     out.echo("\n")
     out.result(result.to_dict(), _render)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ggufkit.cli._options import common_options, device_option
+from ggufkit.cli._options import common_options, device_option, kv_cache_option
 from ggufkit.cli._output import Output
 
 
@@ -105,9 +105,7 @@ def _chunk_printer(out: Output, baseline: bool) -> Any:
               help="Compute as llama.cpp's CPU backend rounds, to reproduce llama-perplexity's numbers: matmul "
                    "inputs rounded to the weight's vec_dot_type (8-bit blocks for quantized weights, F16/BF16) "
                    "and, with --kv-cache f16, K and V rounded to F16. Default: float32, as transformers.")
-@click.option("--kv-cache", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
-              help="With --ggml-rounding: f16 follows llama.cpp's default (F16 K/V cache, flash attention), "
-                   "f32 its -fa off -ctk f32 -ctv f32.")
+@kv_cache_option
 @common_options
 def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, chunks: int | None,
         batch: int | None, device: str, dtype: str, baseline: str | None, max_ppl: float | None,
