@@ -26,11 +26,13 @@ checked with only its last layers quantized, where the emulation must agree to 1
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fixtures_models import make_checkpoint
 from llama_cpp_sources import tool_path
@@ -47,7 +49,14 @@ F32_PATH = ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
 
 
 def llama_perplexity(model: Path, text_file: Path, ctx: int, chunks: int, *flags: str) -> tuple[float, int]:
-    """llama-perplexity's "Final estimate" and the number of chunks it scored (its ``[i]ppl,`` entries).
+    """llama-perplexity's "Final estimate" and the number of chunks it scored (its ``[i]ppl,`` entries)."""
+    final, running = llama_perplexity_running(model, text_file, ctx, chunks, *flags)
+    return final, len(running)
+
+
+def llama_perplexity_running(model: Path, text_file: Path, ctx: int, chunks: int,
+                             *flags: str) -> tuple[float, list[float]]:
+    """llama-perplexity's "Final estimate" and its running PPL after each chunk (``[i]ppl,``, 4 decimals).
 
     Its log lines go through an asynchronous logger whose thread is not joined at exit (common/log.cpp,
     common_log_main leaks it on purpose), so the last lines are sometimes lost; the run is repeated then.
@@ -60,7 +69,7 @@ def llama_perplexity(model: Path, text_file: Path, ctx: int, chunks: int, *flags
         out = r.stdout + r.stderr
         final = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
         if final is not None:
-            return float(final.group(1)), len(re.findall(r"\[\d+\][0-9.]+,", r.stdout))
+            return float(final.group(1)), [float(x) for x in re.findall(r"\[\d+\]([0-9.]+),", r.stdout)]
     raise AssertionError(f"llama-perplexity printed no final estimate:\n{out[-2000:]}")
 
 
@@ -153,3 +162,40 @@ def test_real_gemma3_ggml_rounding_equals_llama_perplexity(gemma3_real: dict[str
     plain = perplexity(path, text=text, ctx=REAL_CTX, chunks=REAL_CHUNKS, device="cpu")
     assert abs(rounded.ppl / theirs - 1) < 1e-4, (rounded.ppl, theirs)
     assert abs(plain.ppl / theirs - 1) > 1e-3, (plain.ppl, theirs)
+
+
+#: Whole-file agreement on the published Q4_K_M with llama.cpp's rounding reproduced (--ggml-rounding):
+#: 8 chunks of 512 of the bundled text (2048 scored tokens; ~2.5 min on 2 cores for both flag sets).
+LONG_CTX = 512
+LONG_CHUNKS = 8
+
+
+def chunk_log_ppl(running: list[float]) -> np.ndarray:
+    """Each chunk's own ln PPL from the running PPL after each chunk (equal scored tokens per chunk)."""
+    i = np.arange(1, len(running) + 1)
+    return np.diff(np.concatenate([[0.0], i * np.log(np.asarray(running, dtype=np.float64))]))
+
+
+@pytest.mark.parametrize("kv_cache", ["f16", "f32"])
+def test_real_gemma3_q4_k_m_ggml_rounding_tracks_llama_perplexity(gemma3_real: dict[str, Any],
+                                                                  kv_cache: str) -> None:
+    """The whole published Q4_K_M file with --ggml-rounding against llama-perplexity's defaults (``f16``: F16
+    K/V cache, flash attention) and its float32 attention (``f32``). Every matmul input is rounded to 8 bits in
+    both, and the rounding is chaotic (a 1-ulp difference re-draws every later rounding), so each chunk's PPL
+    differs at random: measured per 512-token chunk (256 scored tokens) sd 1.05 % against llama-perplexity
+    over 24 chunks, 0.6 % between two ggufkit runs whose RMS-norm epsilon differs by 2x (first 6 chunks,
+    where llama-perplexity's sd is 0.6 % too). A real error (tokens, architecture, a missed rounding) moves
+    every chunk the same way. Checked: every chunk within the chaotic spread, and no bias beyond 0.1 % at
+    three standard errors of the per-chunk differences (24 x 512 measured +0.12 % +- 0.21 % with the F16
+    cache, -0.18 % +- 0.20 % with float32 attention; the first 8 chunks +0.30 % and -0.02 %)."""
+    flags = () if kv_cache == "f16" else F32_PATH
+    theirs, running = llama_perplexity_running(gemma3_real["q4"], gemma3_real["text"], LONG_CTX, LONG_CHUNKS,
+                                               *flags)
+    text = gemma3_real["text"].read_text(encoding="utf-8")[:-1]
+    ours = perplexity(gemma3_real["q4"], text=text, ctx=LONG_CTX, chunks=LONG_CHUNKS, device="cpu",
+                      ggml_rounding=True, kv_cache=kv_cache)
+    assert ours.chunks == len(running) == LONG_CHUNKS
+    d = chunk_log_ppl(ours.chunk_ppl) - chunk_log_ppl(running)
+    assert np.abs(d).max() < 0.04, d
+    se = d.std(ddof=1) / math.sqrt(len(d))
+    assert abs(math.log(ours.ppl / theirs)) < 1e-3 + 3 * se, (ours.ppl, theirs, se)
