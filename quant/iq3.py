@@ -79,53 +79,11 @@ def _fit32(weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[np.floa
     return sumqx, sumq2
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
-def _nearest4(lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
-              u: int, xval: np.ndarray, off: int, waux: np.ndarray, scale: np.float32, d2: np.ndarray,
-              d2bits: np.ndarray) -> int:
-    """``iq3_find_best_neighbour`` for the off-grid point ``u`` (its list in :class:`NeighbourLanes` form):
-    every candidate's distance is computed with ggml's float32 operations in ggml's element order, the
-    candidates side by side (vector lanes); ``d2bits`` is ``d2`` (float32[>= 40] scratch) viewed as int32.
-
-    Returns:
-        The grid index, or -1 where ggml asserts.
-    """
-    p = np.uint64(lpad[u])
-    s0 = np.uint64(lstart[u])
-    b = np.uint64(4) * s0
-    x0 = xval[off]
-    x1 = xval[off + 1]
-    x2 = xval[off + 2]
-    x3 = xval[off + 3]
-    w0 = waux[off]
-    w1 = waux[off + 1]
-    w2 = waux[off + 2]
-    w3 = waux[off + 3]
-    # unsigned indices: no negative-index wrap-around, so the compiler vectorizes over candidates
-    for j in range(p):
-        e0 = scale * lvalues[b + j] - x0
-        e1 = scale * lvalues[b + p + j] - x1
-        e2 = scale * lvalues[b + np.uint64(2) * p + j] - x2
-        e3 = scale * lvalues[b + np.uint64(3) * p + j] - x3
-        d = (((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3
-        d2[j] = d if d < FLT_MAX else FLT_MAX  # NaN, inf and FLT_MAX never win in ggml's loop
-    # ggml keeps the first candidate with a distance below the best so far: the smallest distance, first
-    # index among equals. Distances are >= +0 here (sums of w*e*e with w >= 0 start from +0), so their bit
-    # patterns order as the floats do, and (bits << 32 | lane) has its minimum at ggml's winner (the padding
-    # lanes repeat the last candidate, so they never come first).
-    key = np.int64(_NO_KEY)
-    for j in range(p):
-        key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
-    if (key >> 32) >= _FLT_MAX_BITS:
-        return -1
-    return np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
-
-
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _trials(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, n_try: int,
             kmap: np.ndarray, qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray,
             lindex: np.ndarray, lvalues: np.ndarray, L: np.ndarray, on_grid: np.ndarray, q: np.ndarray,
-            u: np.ndarray, d2: np.ndarray, d2bits: np.ndarray) -> tuple[np.float32, int]:
+            u: np.ndarray, on_aux: np.ndarray, d2: np.ndarray, d2bits: np.ndarray) -> tuple[np.float32, int]:
     """The trial-scale loop of quantize_row_iq3_xxs_impl / _iq3_s_impl with the trials side by side:
     the roundings and the two sums of all ``2*n_try + 1`` trials are vector lanes (each trial's float32
     operations as ggml orders them), the neighbour searches run per trial and group, and the winner is
@@ -152,19 +110,47 @@ def _trials(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float
             r = min(max(r, _F0), np.float32(7.0))
             q[i, t] = np.float32(2.0) * r + _F1
             u[k, t] |= np.int32(r) << sh
-    # the neighbour searches (ggml runs them inside each trial; they do not depend on each other)
-    on_aux = np.ones((nt, 8), np.bool_)
+    # The neighbour searches (iq3_find_best_neighbour; ggml runs them inside each trial, they do not depend
+    # on each other), written out here: an array passed to an inlined helper costs reference counting.
+    # Each candidate's distance is computed with ggml's float32 operations in ggml's element order, the
+    # candidates of a list side by side (vector lanes; unsigned indices spare the negative-index checks).
+    # ggml keeps the first candidate below the best distance so far: the smallest distance, first index
+    # among equals. The distances are >= +0 (sums of w*e*e, w = sqrt(weight), from +0; NaN and anything
+    # not below FLT_MAX, which never wins, is set to FLT_MAX), so their bit patterns order as the floats
+    # do and (bits << 32 | lane) is smallest at ggml's winner; padding lanes repeat the last candidate.
     for t in range(nt):
         this_scale = _F1 / iscale[t]
         for k in range(8):
             uu = u[k, t]
-            if kmap[uu] < 0:
-                on_aux[t, k] = False
-                g = _nearest4(lstart, lpad, lindex, lvalues, uu, xval, 4 * k, waux, this_scale, d2, d2bits)
-                if g < 0:
-                    return _F0, NO_GRID_POINT
-                for i in range(4):
-                    q[4 * k + i, t] = np.float32(qgrid[g, i])
+            on_aux[t, k] = kmap[uu] >= 0
+            if on_aux[t, k]:
+                continue
+            p = np.uint64(lpad[uu])
+            s0 = np.uint64(lstart[uu])
+            b = np.uint64(4) * s0
+            x0 = xval[4 * k]
+            x1 = xval[4 * k + 1]
+            x2 = xval[4 * k + 2]
+            x3 = xval[4 * k + 3]
+            w0 = waux[4 * k]
+            w1 = waux[4 * k + 1]
+            w2 = waux[4 * k + 2]
+            w3 = waux[4 * k + 3]
+            for j in range(p):
+                e0 = this_scale * lvalues[b + j] - x0
+                e1 = this_scale * lvalues[b + p + j] - x1
+                e2 = this_scale * lvalues[b + np.uint64(2) * p + j] - x2
+                e3 = this_scale * lvalues[b + np.uint64(3) * p + j] - x3
+                d = (((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3
+                d2[j] = d if d < FLT_MAX else FLT_MAX
+            key = np.int64(_NO_KEY)
+            for j in range(p):
+                key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
+            if (key >> 32) >= _FLT_MAX_BITS:
+                return _F0, NO_GRID_POINT
+            g = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
+            for i in range(4):
+                q[4 * k + i, t] = np.float32(qgrid[g, i])
     sumqx = np.zeros(_LANES, np.float32)
     sumq2 = np.zeros(_LANES, np.float32)
     for i in range(32):
@@ -209,7 +195,8 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
     terms = np.empty(32, np.float32)  # unused by the 4-wide grids (find_best_neighbour's 8-wide path)
     q = np.empty((32, _LANES), np.float32)
     packed = np.empty((8, _LANES), np.int32)
-    d2 = np.empty(64, np.float32)
+    on_trial = np.empty((_LANES, 8), np.bool_)
+    d2 = np.empty(64, np.float32)  # >= the longest padded neighbour list (40)
     d2bits = d2.view(np.int32)
     y[:] = 0
     sumx2 = _F0
@@ -259,7 +246,7 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
             on_grid[k] = not is_s
         if fast:
             scale, code = _trials(xval, weight, waux, mx, n_try, kmap, qgrid, lstart, lpad, lindex,
-                                  lvalues, L, on_grid, q, packed, d2, d2bits)
+                                  lvalues, L, on_grid, q, packed, on_trial, d2, d2bits)
             if code:
                 return code
         else:
