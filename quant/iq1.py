@@ -64,9 +64,10 @@ def _stable_order(xb: np.ndarray, idx: np.ndarray) -> None:
         idx[k + 1] = v
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _find_best_neighbour2(neigh: np.ndarray, start: int, qgrid: np.ndarray, xb: np.ndarray, off: int,
-                          weight: np.ndarray, scale: np.float32, xx: np.ndarray, L: np.ndarray) -> int:
+                          weight: np.ndarray, scale: np.float32, xx: np.ndarray, L: np.ndarray,
+                          terms: np.ndarray) -> int:
     """``iq1_find_best_neighbour2``: closest listed grid point to ``xb[off:off+8]`` with levels mapped
     through ``xx``; writes its levels into ``L[off:off+8]``. Returns -1 where ggml would fall back to a
     (buggy, out-of-bounds) full search and then assert."""
@@ -75,7 +76,8 @@ def _find_best_neighbour2(neigh: np.ndarray, start: int, qgrid: np.ndarray, xb: 
     gi = -1
     # each element's term w*diff*diff for each of the 3 levels, once (same operands and operations as
     # ggml's inner loop), then summed per neighbour in ggml's element order: the same bits, fewer flops
-    terms = np.empty(32, np.float32)
+    # (``terms``: float32[32] scratch of the caller; a plain call, as arrays passed to an inlined helper
+    # are reference-counted on every call)
     for i in range(8):
         for lv in range(3):
             diff = scale * xx[lv] - xb[off + i]
@@ -133,6 +135,7 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
     sumx = np.zeros(33, np.float32)
     sumw = np.zeros(33, np.float32)
     idx = np.empty(32, np.int64)
+    terms = np.empty(32, np.float32)
     L = np.zeros(32, np.int8)
     index = np.zeros(4, np.int64)
     qh = np.zeros(8, np.int64)
@@ -190,7 +193,7 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
             g = np.int64(kmap[u])
             if g < 0:
                 all_on_grid = False
-                g = _find_best_neighbour2(neigh, -kmap[u] - 1, qgrid, xb, 8 * k, weight, scale, xx, L)
+                g = _find_best_neighbour2(neigh, -kmap[u] - 1, qgrid, xb, 8 * k, weight, scale, xx, L, terms)
                 if g < 0:
                     return NO_GRID_POINT
             index[k] = g
@@ -331,6 +334,7 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
     shifts = np.zeros(16, np.int64)
     weight = np.empty(16, np.float32)
     idx = np.empty(16, np.int64)
+    terms = np.empty(32, np.float32)
     px = np.zeros((2, 17), np.float32)
     pw = np.zeros((2, 17), np.float32)
     L = np.zeros(16, np.int8)
@@ -367,7 +371,7 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
             g = np.int64(kmap[u])
             if g < 0:
                 all_on_grid = False
-                g = _find_best_neighbour2(neigh, -kmap[u] - 1, qgrid, xb, 8 * k, weight, scale, xx, L)
+                g = _find_best_neighbour2(neigh, -kmap[u] - 1, qgrid, xb, 8 * k, weight, scale, xx, L, terms)
                 if g < 0:
                     return NO_GRID_POINT
             index[k] = g

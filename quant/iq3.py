@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType
 
 from ggufkit.quant.fp import fp16_to_fp32
 from ggufkit.quant.iq_common import (
+    FLT_MAX,
     NEGATIVE_SCALE,
     NO_GRID_POINT,
     QK_K,
@@ -36,7 +37,7 @@ from ggufkit.quant.iq_common import (
     put_u16,
     signs_with_parity,
 )
-from ggufkit.quant.iq_grids import iq_tables, ksigns_iq2xs
+from ggufkit.quant.iq_grids import iq_tables, ksigns_iq2xs, neighbour_lanes
 from ggufkit.quant.kquants_math import nearest_int_full
 
 T = GGMLQuantizationType
@@ -44,6 +45,14 @@ GROUP_MAX_EPS_IQ3_XXS = np.float32(1e-8)
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
+_MAGIC = np.float32(12582912.0)  # 1.5 * 2^23: v + _MAGIC - _MAGIC rounds half to even for |v| < 2^22
+_LANES = 32  # trial scales side by side (31 for IQ3_XXS, 19 for IQ3_S; the extra lanes repeat the last)
+# the side-by-side trials need every 0.5*(iscale*xval - 1) finite and below 2^22 in magnitude (there
+# nearest_int rounds half to even): mx in this range and every |xval| <= 65536*mx (|iscale| <= 18.6/mx)
+_FAST_MIN = np.float32(1e-30)
+_FAST_MAX = np.float32(1e30)
+_FLT_MAX_BITS = 0x7F7FFFFF
+_NO_KEY = _FLT_MAX_BITS << 32
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
@@ -71,8 +80,106 @@ def _fit32(weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[np.floa
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _trials(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, n_try: int,
+            kmap: np.ndarray, qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray,
+            lindex: np.ndarray, lvalues: np.ndarray, L: np.ndarray, on_grid: np.ndarray, q: np.ndarray,
+            u: np.ndarray, on_aux: np.ndarray, d2: np.ndarray, d2bits: np.ndarray) -> tuple[np.float32, int]:
+    """The trial-scale loop of quantize_row_iq3_xxs_impl / _iq3_s_impl with the trials side by side:
+    the roundings and the two sums of all ``2*n_try + 1`` trials are vector lanes (each trial's float32
+    operations as ggml orders them), the neighbour searches run per trial and group, and the winner is
+    picked in ggml's trial order with ggml's comparison. Valid where every ``iscale*xval`` is finite and
+    small (the caller checks): ``nearest_int`` is then plain round-half-even.
+
+    Returns:
+        (scale, failure code); the winning levels in ``L`` and its groups' on-grid flags in ``on_grid``.
+    """
+    nt = 2 * n_try + 1
+    iscale = np.empty(_LANES, np.float32)
+    for t in range(_LANES):
+        iscale[t] = (np.float32(15.0) + np.float32(min(t, nt - 1) - n_try) * np.float32(0.2)) / mx
+    # q[i, t] = 2*l + 1 of element i in trial t; u[k, t] the packed index of group k
+    for k in range(8):
+        for t in range(_LANES):
+            u[k, t] = 0
+    for i in range(32):
+        xi = xval[i]
+        sh = 3 * (i % 4)
+        k = i // 4
+        for t in range(_LANES):
+            r = ((_HALF * (iscale[t] * xi - _F1)) + _MAGIC) - _MAGIC
+            r = min(max(r, _F0), np.float32(7.0))
+            q[i, t] = np.float32(2.0) * r + _F1
+            u[k, t] |= np.int32(r) << sh
+    # The neighbour searches (iq3_find_best_neighbour; ggml runs them inside each trial, they do not depend
+    # on each other), written out here: an array passed to an inlined helper costs reference counting.
+    # Each candidate's distance is computed with ggml's float32 operations in ggml's element order, the
+    # candidates of a list side by side (vector lanes; unsigned indices spare the negative-index checks).
+    # ggml keeps the first candidate below the best distance so far: the smallest distance, first index
+    # among equals. The distances are >= +0 (sums of w*e*e, w = sqrt(weight), from +0; NaN and anything
+    # not below FLT_MAX, which never wins, is set to FLT_MAX), so their bit patterns order as the floats
+    # do and (bits << 32 | lane) is smallest at ggml's winner; padding lanes repeat the last candidate.
+    for t in range(nt):
+        this_scale = _F1 / iscale[t]
+        for k in range(8):
+            uu = u[k, t]
+            on_aux[t, k] = kmap[uu] >= 0
+            if on_aux[t, k]:
+                continue
+            p = np.uint64(lpad[uu])
+            s0 = np.uint64(lstart[uu])
+            b = np.uint64(4) * s0
+            x0 = xval[4 * k]
+            x1 = xval[4 * k + 1]
+            x2 = xval[4 * k + 2]
+            x3 = xval[4 * k + 3]
+            w0 = waux[4 * k]
+            w1 = waux[4 * k + 1]
+            w2 = waux[4 * k + 2]
+            w3 = waux[4 * k + 3]
+            for j in range(p):
+                e0 = this_scale * lvalues[b + j] - x0
+                e1 = this_scale * lvalues[b + p + j] - x1
+                e2 = this_scale * lvalues[b + np.uint64(2) * p + j] - x2
+                e3 = this_scale * lvalues[b + np.uint64(3) * p + j] - x3
+                d = (((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3
+                d2[j] = d if d < FLT_MAX else FLT_MAX
+            key = np.int64(_NO_KEY)
+            for j in range(p):
+                key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
+            if (key >> 32) >= _FLT_MAX_BITS:
+                return _F0, NO_GRID_POINT
+            g = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
+            for i in range(4):
+                q[4 * k + i, t] = np.float32(qgrid[g, i])
+    sumqx = np.zeros(_LANES, np.float32)
+    sumq2 = np.zeros(_LANES, np.float32)
+    for i in range(32):
+        wx = weight[i] * xval[i]
+        w = weight[i]
+        for t in range(_LANES):
+            qi = q[i, t]
+            sumqx[t] += wx * qi
+            sumq2[t] += w * qi * qi
+    best = _F0
+    scale = mx / np.float32(15.0)
+    bt = -1
+    for t in range(nt):
+        if sumq2[t] > _F0 and sumqx[t] * sumqx[t] > best * sumq2[t]:
+            scale = sumqx[t] / sumq2[t]
+            best = scale * sumqx[t]
+            bt = t
+    if bt >= 0:
+        for i in range(32):
+            L[i] = np.int8((np.int64(q[i, bt]) - 1) // 2)
+        for k in range(8):
+            on_grid[k] = on_aux[bt, k]
+    return scale, 0
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.ndarray, qgrid: np.ndarray,
-               kmap: np.ndarray, neigh: np.ndarray) -> int:
+               kmap: np.ndarray, neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray,
+               lindex: np.ndarray, lvalues: np.ndarray) -> int:
     """quantize_row_iq3_xxs_impl (``is_s`` False, 98 bytes) or quantize_row_iq3_s_impl (``is_s``, 110 bytes)
     for one super-block; returns a failure code."""
     scales = np.zeros(8, np.float32)
@@ -86,6 +193,11 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
     on_aux = np.zeros(8, np.bool_)
     sas = np.zeros(8, np.int64)  # IQ3_XXS scales_and_signs
     terms = np.empty(32, np.float32)  # unused by the 4-wide grids (find_best_neighbour's 8-wide path)
+    q = np.empty((32, _LANES), np.float32)
+    packed = np.empty((8, _LANES), np.int32)
+    on_trial = np.empty((_LANES, 8), np.bool_)
+    d2 = np.empty(64, np.float32)  # >= the longest padded neighbour list (40)
+    d2bits = d2.view(np.int32)
     y[:] = 0
     sumx2 = _F0
     for i in range(QK_K):
@@ -122,31 +234,44 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
             mx = fmax(mx, xval[i])
         for i in range(32):
             L[i] = 0
+        fast = mx >= _FAST_MIN and mx <= _FAST_MAX  # False for NaN
+        if fast:
+            lim = mx * np.float32(65536.0)
+            for i in range(32):
+                fast = fast and abs(xval[i]) <= lim
         if (mx == _F0) if is_s else (mx < GROUP_MAX_EPS_IQ3_XXS):
             scales[ib] = _F0
             continue
-        best = _F0
-        scale = mx / np.float32(15.0)
         for k in range(8):
             on_grid[k] = not is_s
-        for is_ in range(-n_try, n_try + 1):
-            iscale = (np.float32(15.0) + np.float32(is_) * np.float32(0.2)) / mx
-            this_scale = _F1 / iscale
-            for k in range(8):
-                u = _round_levels3(xval, 4 * k, iscale, Laux)
-                on_aux[k] = True
-                if kmap[u] < 0:
-                    on_aux[k] = False
-                    if find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 4 * k, waux, this_scale, Laux, terms) < 0:
-                        return NO_GRID_POINT
-            sumqx, sumq2 = _fit32(weight, xval, Laux)
-            if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
-                scale = sumqx / sumq2
-                best = scale * sumqx
-                for i in range(32):
-                    L[i] = Laux[i]
+        if fast:
+            scale, code = _trials(xval, weight, waux, mx, n_try, kmap, qgrid, lstart, lpad, lindex,
+                                  lvalues, L, on_grid, q, packed, on_trial, d2, d2bits)
+            if code:
+                return code
+        else:
+            # subnormal, huge or NaN magnitudes: ggml's loop as written (nearest_int's full behaviour)
+            best = _F0
+            scale = mx / np.float32(15.0)
+            for is_ in range(-n_try, n_try + 1):
+                iscale = (np.float32(15.0) + np.float32(is_) * np.float32(0.2)) / mx
+                this_scale = _F1 / iscale
                 for k in range(8):
-                    on_grid[k] = on_aux[k]
+                    uu = _round_levels3(xval, 4 * k, iscale, Laux)
+                    on_aux[k] = True
+                    if kmap[uu] < 0:
+                        on_aux[k] = False
+                        if find_best_neighbour(neigh, -kmap[uu] - 1, qgrid, xval, 4 * k, waux, this_scale, Laux,
+                                               terms) < 0:
+                            return NO_GRID_POINT
+                sumqx, sumq2 = _fit32(weight, xval, Laux)
+                if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+                    scale = sumqx / sumq2
+                    best = scale * sumqx
+                    for i in range(32):
+                        L[i] = Laux[i]
+                    for k in range(8):
+                        on_grid[k] = on_aux[k]
         n_not = 0
         for k in range(8):
             if not on_grid[k]:
@@ -156,10 +281,10 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
             for k in range(8):
                 if on_grid[k] and not is_s:  # IQ3_S refits every group (the skip is commented out there)
                     continue
-                u = _round_levels3(xval, 4 * k, iscale, Laux)
-                g = kmap[u]
+                uu = _round_levels3(xval, 4 * k, iscale, Laux)
+                g = kmap[uu]
                 if g < 0:
-                    g = find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 4 * k, waux, scale, L, terms)
+                    g = find_best_neighbour(neigh, -kmap[uu] - 1, qgrid, xval, 4 * k, waux, scale, L, terms)
                     if g < 0:
                         return NO_GRID_POINT
                 for i in range(4):
@@ -216,7 +341,8 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq3_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, qgrid: np.ndarray, kmap: np.ndarray,
-              neigh: np.ndarray, bad: np.ndarray) -> None:
+              neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
+              lvalues: np.ndarray, bad: np.ndarray) -> None:
     nb = x.shape[1] // QK_K
     bs = 110 if is_s else 98
     use_qw = qw.size > 0
@@ -225,7 +351,7 @@ def _iq3_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, qgrid:
         b = t % nb
         qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
         code = _iq3_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)],
-                          qgrid, kmap, neigh)
+                          qgrid, kmap, neigh, lstart, lpad, lindex, lvalues)
         if code:
             bad[r] = code
 
@@ -242,8 +368,9 @@ def quantize_rows_iq3_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> Non
         QuantizationError: a row on which ggml aborts.
     """
     t = iq_tables(T.IQ3_XXS)
+    n = neighbour_lanes(T.IQ3_XXS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq3_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, bad)
+    _iq3_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
     check_rows(bad, "IQ3_XXS")
 
 
@@ -254,8 +381,9 @@ def quantize_rows_iq3_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         QuantizationError: a row on which ggml aborts.
     """
     t = iq_tables(T.IQ3_S)
+    n = neighbour_lanes(T.IQ3_S)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq3_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, bad)
+    _iq3_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
     check_rows(bad, "IQ3_S")
 
 

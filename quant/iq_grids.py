@@ -42,6 +42,20 @@ class IQTables(NamedTuple):
     dgrid: np.ndarray  # float32[G, E]
 
 
+class NeighbourLanes(NamedTuple):
+    """The neighbour lists of :class:`IQTables` laid out for searches that evaluate a list's candidates
+    side by side: list ``p`` (an off-grid packed index) has ``n_cand[p]`` candidates in lanes
+    ``start[p] .. start[p] + pad[p]`` (``pad`` rounds the count up to a multiple of 8; the extra lanes
+    repeat the last candidate), ``grid_index[lane]`` is the grid index of a lane and element ``i`` of lane
+    ``start[p] + j`` is ``qgrid[grid_index, i]`` as float32 at ``values[E*start[p] + i*pad[p] + j]``."""
+
+    start: np.ndarray  # int32[kmap_size] (-1 for points on the grid)
+    n_cand: np.ndarray  # int32[kmap_size]
+    pad: np.ndarray  # int32[kmap_size]
+    grid_index: np.ndarray  # int32[lanes]
+    values: np.ndarray  # float32[E * lanes]
+
+
 # ggml-quants.c: iq2xs_init_impl (nwant per type, kmap_size 43692) and iq3xs_init_impl (kmap_size 4096).
 _IQ2_KMAP_SIZE = 43692
 _IQ3_KMAP_SIZE = 4096
@@ -174,3 +188,31 @@ def iq_tables(qtype: GGMLQuantizationType) -> IQTables:
     neighbours = np.zeros(int(sizes.sum()), np.uint16)
     _neighbour_fill(qgrid, kmap, bits, nwant, offsets, neighbours)
     return IQTables(kgrid, qgrid, kmap, neighbours, values.astype(np.float32))
+
+
+@cache
+def neighbour_lanes(qtype: GGMLQuantizationType) -> NeighbourLanes:
+    """:class:`NeighbourLanes` of ``qtype``'s neighbour lists (built on first use, then cached)."""
+    t = iq_tables(qtype)
+    n_el = t.qgrid.shape[1]
+    off_grid = np.flatnonzero(t.kmap < 0)
+    first = (-t.kmap[off_grid] - 1).astype(np.int64)  # offset of each list's count in t.neighbours
+    counts = t.neighbours[first].astype(np.int64)
+    pads = (counts + 7) // 8 * 8
+    starts = np.cumsum(pads) - pads
+    lanes = int(pads.sum())
+    # lane -> (list, position in the list, clipped to the last candidate for the padding lanes)
+    owner = np.repeat(np.arange(off_grid.size), pads)
+    pos = np.arange(lanes) - starts[owner]
+    index = t.neighbours[first[owner] + 1 + np.minimum(pos, counts[owner] - 1)].astype(np.int32)
+    values = np.empty(n_el * lanes, np.float32)
+    q = t.qgrid[index].astype(np.float32)  # [lanes, E]
+    for i in range(n_el):
+        values[n_el * starts[owner] + i * pads[owner] + pos] = q[:, i]
+    start = np.full(t.kmap.size, -1, np.int32)
+    count = np.zeros(t.kmap.size, np.int32)
+    pad = np.zeros(t.kmap.size, np.int32)
+    start[off_grid] = starts
+    count[off_grid] = counts
+    pad[off_grid] = pads
+    return NeighbourLanes(start, count, pad, index, values)
