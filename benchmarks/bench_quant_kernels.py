@@ -5,10 +5,10 @@ starting from that F16 array (the F16 -> f32 conversion is inside each timing):
 
 * ``ggufkit_N``: :func:`ggufkit.quant.quantize` with ``threads=N`` (all cores Numba was given);
 * ``ggufkit_1``: the same at one thread;
-* ``ggml_1``: ``ggml_quantize_chunk`` (ctypes, libggml-base.so of llama-cpp-python 0.3.36) on all rows in
-  one call: single-threaded, as one llama-quantize worker;
-* ``ggml_N``: ``ggml_quantize_chunk`` on N row chunks from N Python threads (ctypes releases the GIL),
-  which is how llama-quantize splits a tensor across its threads;
+* ``ggml_1``: ``ggml_fp16_to_fp32_row`` then ``ggml_quantize_chunk`` (ctypes, libggml-base.so of
+  llama-cpp-python 0.3.36) on all rows in one call: single-threaded, as one llama-quantize worker;
+* ``ggml_N``: the same on N row chunks from N Python threads (ctypes releases the GIL), which is how
+  llama-quantize splits a tensor across its threads (it widens F16 on its threads too);
 * ``gguf_py``: ``gguf.quants.quantize`` (numpy), for the types it has (no K-quants).
 
 Kernels are compiled and cached by a warm-up on a tiny array first. Each timing is over the whole array: three rounds, the fastest is reported. Run::
@@ -21,6 +21,7 @@ gguf-py time / ggufkit time).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -58,13 +59,21 @@ def f16_weights() -> np.ndarray:
 
 
 def _ggml(x16: np.ndarray, qtype: T, threads: int) -> np.ndarray:
-    x = x16.astype(np.float32)
+    # Each chunk widens its own rows with ggml's F16 to_float (ggml_fp16_to_fp32_row), as llama-quantize's
+    # llama_tensor_dequantize_impl does on its worker threads (numpy's single-threaded cast is slower and
+    # would flatter ggufkit).
+    x16 = np.ascontiguousarray(x16)
+    x = np.empty(x16.shape, np.float32)
     out = np.empty((x.shape[0], row_bytes(qtype, x.shape[1])), np.uint8)
     lib = libggml()
+    lib.ggml_fp16_to_fp32_row.restype = None
+    lib.ggml_fp16_to_fp32_row.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     bounds = np.linspace(0, x.shape[0], threads + 1).astype(int)
 
     def chunk(i: int) -> None:
         r0, r1 = int(bounds[i]), int(bounds[i + 1])
+        lib.ggml_fp16_to_fp32_row(x16.ctypes.data + r0 * x.shape[1] * 2, x.ctypes.data + r0 * x.shape[1] * 4,
+                                  (r1 - r0) * x.shape[1])
         lib.ggml_quantize_chunk(int(qtype), x.ctypes.data, out.ctypes.data, r0 * x.shape[1], r1 - r0,
                                 x.shape[1], None)
 
