@@ -5,10 +5,10 @@ starting from that F16 array (the F16 -> f32 conversion is inside each timing):
 
 * ``ggufkit_N``: :func:`ggufkit.quant.quantize` with ``threads=N`` (all cores Numba was given);
 * ``ggufkit_1``: the same at one thread;
-* ``ggml_1``: ``ggml_quantize_chunk`` (ctypes, libggml-base.so of llama-cpp-python 0.3.36) on all rows in
-  one call: single-threaded, as one llama-quantize worker;
-* ``ggml_N``: ``ggml_quantize_chunk`` on N row chunks from N Python threads (ctypes releases the GIL),
-  which is how llama-quantize splits a tensor across its threads;
+* ``ggml_1``: ``ggml_fp16_to_fp32_row`` then ``ggml_quantize_chunk`` (ctypes, libggml-base.so of
+  llama-cpp-python 0.3.36) on all rows in one call: single-threaded, as one llama-quantize worker;
+* ``ggml_N``: the same on N row chunks from N Python threads (ctypes releases the GIL), which is how
+  llama-quantize splits a tensor across its threads (it widens F16 on its threads too);
 * ``gguf_py``: ``gguf.quants.quantize`` (numpy), for the types it has (no K-quants).
 
 Kernels are compiled and cached by a warm-up on a tiny array first. Each timing is over the whole array: three rounds, the fastest is reported. Run::
@@ -21,6 +21,7 @@ gguf-py time / ggufkit time).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,8 @@ ROWS, N_PER_ROW = int(os.environ.get("GGUFKIT_BENCH_ROWS", 24576)), 4096
 THREADS = numba.config.NUMBA_NUM_THREADS
 GGUF_PY = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
 TOOLS = ["ggufkit_N", "ggufkit_1", "ggml_1", "ggml_N", "gguf_py"]
+# Reference paths only: the grid types need an imatrix (benchmarks/bench_quant_iq.py times them).
+REF_TYPES = [q for q, k in KERNELS.items() if not k.needs_imatrix]
 _TIMES: dict[tuple[str, str], float] = {}
 
 
@@ -52,19 +55,27 @@ def f16_weights() -> np.ndarray:
     out = np.empty((ROWS, N_PER_ROW), np.float16)
     for i in range(0, ROWS, 2048):  # in slabs: no 800 MB float64 temporary
         out[i:i + 2048] = rng.standard_normal((min(2048, ROWS - i), N_PER_ROW), dtype=np.float32) * 0.02
-    for qtype in KERNELS:  # compile (or load from cache) every kernel before timing
+    for qtype in REF_TYPES:  # compile (or load from cache) every kernel before timing
         quantize(out[:2].astype(np.float32), qtype)
     return out
 
 
 def _ggml(x16: np.ndarray, qtype: T, threads: int) -> np.ndarray:
-    x = x16.astype(np.float32)
+    # Each chunk widens its own rows with ggml's F16 to_float (ggml_fp16_to_fp32_row), as llama-quantize's
+    # llama_tensor_dequantize_impl does on its worker threads (numpy's single-threaded cast is slower and
+    # would flatter ggufkit).
+    x16 = np.ascontiguousarray(x16)
+    x = np.empty(x16.shape, np.float32)
     out = np.empty((x.shape[0], row_bytes(qtype, x.shape[1])), np.uint8)
     lib = libggml()
+    lib.ggml_fp16_to_fp32_row.restype = None
+    lib.ggml_fp16_to_fp32_row.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     bounds = np.linspace(0, x.shape[0], threads + 1).astype(int)
 
     def chunk(i: int) -> None:
         r0, r1 = int(bounds[i]), int(bounds[i + 1])
+        lib.ggml_fp16_to_fp32_row(x16.ctypes.data + r0 * x.shape[1] * 2, x.ctypes.data + r0 * x.shape[1] * 4,
+                                  (r1 - r0) * x.shape[1])
         lib.ggml_quantize_chunk(int(qtype), x.ctypes.data, out.ctypes.data, r0 * x.shape[1], r1 - r0,
                                 x.shape[1], None)
 
@@ -88,7 +99,7 @@ def _run(tool: str, x16: np.ndarray, qtype: T) -> np.ndarray:
     return gguf_quants.quantize(x16.astype(np.float32), qtype)
 
 
-CASES = [(q, tool) for q in KERNELS for tool in TOOLS if tool != "gguf_py" or q in GGUF_PY]
+CASES = [(q, tool) for q in REF_TYPES for tool in TOOLS if tool != "gguf_py" or q in GGUF_PY]
 
 
 @pytest.mark.parametrize(("qtype", "tool"), CASES, ids=[f"{q.name}-{tool}" for q, tool in CASES])
@@ -105,7 +116,7 @@ def test_print_ratios() -> None:
     n = ROWS * N_PER_ROW
     lines = [f"\nkernel throughput, {n / 1e6:.0f}M weights from F16, N = {THREADS} threads (M weights/s; ratios "
              "= other tool's time / ggufkit's time at the same thread count)"]
-    for qtype in KERNELS:
+    for qtype in REF_TYPES:
         t = {tool: _TIMES.get((qtype.name, tool)) for tool in TOOLS}
         speeds = "  ".join(f"{tool} {n / v / 1e6:7.1f}" for tool, v in t.items() if v)
         ratios = []

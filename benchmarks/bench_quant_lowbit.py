@@ -7,7 +7,9 @@ sigma 0.02) at the same thread count, without and with an imatrix:
 * ggml: ``ggml_quantize_chunk`` (ctypes, libggml-base.so of llama-cpp-python 0.3.36) on N row chunks from N
   Python threads (ctypes releases the GIL), as llama-quantize splits a tensor across its threads.
 
-Each timing is the best of ``--rounds``; the bytes of both sides are compared. Ratio = ggufkit's time /
+Each timing is the best of ``--rounds``; the bytes of both sides are compared. Both sides take the float32
+array as it is: no F16 widening is timed on either side (``benchmarks/bench_quant_kernels.py`` times the
+whole path from F16, ggml widening with its own ``ggml_fp16_to_fp32_row`` as llama-quantize does). Ratio = ggufkit's time /
 ggml's time (lower is better; the issue's target is <= 0.5). Run::
 
     python benchmarks/bench_quant_lowbit.py [--rows 4096] [--threads N] [--rounds 2] [--types Q2_K,Q3_K]

@@ -47,6 +47,7 @@ from ggufkit.quant.legacy_fit import (
     make_qx_quants,
     make_qx_quants_lanes,
 )
+from ggufkit.quant.legacy_ref import q4_0_ref_row, q4_1_ref_row, q5_0_ref_row, q5_1_ref_row, q8_0_ref_fast
 
 QK = 32  # elements per block for every type in this module
 _F32_MAX = np.float32(3.4028234663852886e38)
@@ -502,8 +503,12 @@ def quantize_rows_q4_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     n_rows = x.shape[0]
     nb = x.shape[1] // QK
     if qw.shape[0] == 0:
-        for t in prange(n_rows * nb):
-            q4_0_ref_block(x, t // nb, t % nb, out)
+        for r in prange(n_rows):
+            bad = np.zeros(nb, np.uint8)
+            if q4_0_ref_row(x[r], out[r], bad):
+                for b in range(nb):
+                    if bad[b]:
+                        q4_0_ref_block(x, r, b, out)
     else:
         for r in prange(n_rows):
             w = np.empty(QK, np.float32)
@@ -520,8 +525,12 @@ def quantize_rows_q4_1(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     n_rows = x.shape[0]
     nb = x.shape[1] // QK
     if qw.shape[0] == 0:
-        for t in prange(n_rows * nb):
-            q4_1_ref_block(x, t // nb, t % nb, out)
+        for r in prange(n_rows):
+            bad = np.zeros(nb, np.uint8)
+            if q4_1_ref_row(x[r], out[r], bad):
+                for b in range(nb):
+                    if bad[b]:
+                        q4_1_ref_block(x, r, b, out)
     else:
         for r in prange(n_rows):
             w = np.empty(QK, np.float32)
@@ -539,8 +548,12 @@ def quantize_rows_q5_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     n_rows = x.shape[0]
     nb = x.shape[1] // QK
     if qw.shape[0] == 0:
-        for t in prange(n_rows * nb):
-            q5_0_ref_block(x, t // nb, t % nb, out)
+        for r in prange(n_rows):
+            bad = np.zeros(nb, np.uint8)
+            if q5_0_ref_row(x[r], out[r], bad):
+                for b in range(nb):
+                    if bad[b]:
+                        q5_0_ref_block(x, r, b, out)
     else:
         for r in prange(n_rows):
             w = np.empty(QK, np.float32)
@@ -557,8 +570,12 @@ def quantize_rows_q5_1(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     n_rows = x.shape[0]
     nb = x.shape[1] // QK
     if qw.shape[0] == 0:
-        for t in prange(n_rows * nb):
-            q5_1_ref_block(x, t // nb, t % nb, out)
+        for r in prange(n_rows):
+            bad = np.zeros(nb, np.uint8)
+            if q5_1_ref_row(x[r], out[r], bad):
+                for b in range(nb):
+                    if bad[b]:
+                        q5_1_ref_block(x, r, b, out)
     else:
         for r in prange(n_rows):
             w = np.empty(QK, np.float32)
@@ -575,8 +592,14 @@ def quantize_rows_q8_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     """Q8_0 rows (qw ignored, as ggml). x: float32[n_rows, n_per_row]; out: uint8[n_rows, n/32*34]."""
     n_rows = x.shape[0]
     nb = x.shape[1] // QK
-    for t in prange(n_rows * nb):
-        q8_0_ref_block(x, t // nb, t % nb, out)
+    for r in prange(n_rows):
+        s = np.empty(2, np.uint32)
+        sf = s.view(np.float32)
+        xr = x[r]
+        u = xr.view(np.uint32)
+        for b in range(nb):
+            if not q8_0_ref_fast(xr, u, b, out[r], s, sf):
+                q8_0_ref_block(x, r, b, out)
 
 
 @_jit_par

@@ -33,6 +33,7 @@ from ggufkit.quant.legacy import (
     q8_0_ref_block,
     row_sigma2,
 )
+from ggufkit.quant.legacy_ref import q4_0_ref_row, q4_1_ref_row, q5_0_ref_row, q5_1_ref_row, q8_0_ref_fast
 
 _U = np.uintp  # unsigned indices: no negative-index wraparound in the hot loop (see legacy.py)
 _jit = numba.njit(cache=True, fastmath=False, error_model="numpy")
@@ -68,17 +69,38 @@ def _f16_rows(code: int, h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: 
             continue
         o = out[r:r + 1]
         if not use_qw:
+            # the vectorized rows of legacy_ref; a block with a degenerate scale goes through the shared block
+            xr = x[0]
+            o_r = out[r]
+            if code == _Q8_0:
+                s = np.empty(2, np.uint32)
+                sf = s.view(np.float32)
+                u = xr.view(np.uint32)
+                for b in range(nb):
+                    if not q8_0_ref_fast(xr, u, b, o_r, s, sf):
+                        q8_0_ref_block(x, 0, b, o)
+                continue
+            bad = np.zeros(nb, np.uint8)
+            if code == _Q4_0:
+                any_bad = q4_0_ref_row(xr, o_r, bad)
+            elif code == _Q4_1:
+                any_bad = q4_1_ref_row(xr, o_r, bad)
+            elif code == _Q5_0:
+                any_bad = q5_0_ref_row(xr, o_r, bad)
+            else:
+                any_bad = q5_1_ref_row(xr, o_r, bad)
             for b in range(nb):
-                if code == _Q4_0:
-                    q4_0_ref_block(x, 0, b, o)
-                elif code == _Q4_1:
-                    q4_1_ref_block(x, 0, b, o)
-                elif code == _Q5_0:
-                    q5_0_ref_block(x, 0, b, o)
-                elif code == _Q5_1:
-                    q5_1_ref_block(x, 0, b, o)
-                else:
-                    q8_0_ref_block(x, 0, b, o)
+                if not any_bad:
+                    break
+                if bad[b]:
+                    if code == _Q4_0:
+                        q4_0_ref_block(x, 0, b, o)
+                    elif code == _Q4_1:
+                        q4_1_ref_block(x, 0, b, o)
+                    elif code == _Q5_0:
+                        q5_0_ref_block(x, 0, b, o)
+                    else:
+                        q5_1_ref_block(x, 0, b, o)
             continue
         w = np.empty(QK, np.float32)
         L = np.empty(QK, np.int32)
