@@ -46,20 +46,19 @@ Synthetic LLaMA 1.1B (1,100,048,384 weights, 2.2 GB F16, 156 quantizable tensors
     search warm        q3_k_m      9.3     2.9  14.8     -  (b)      0 measured, all cached
     target warm        q3_k_m    996.6   357.8  14.8    277         548300992 bytes (preset: 548408416) (c)
     plain ggufkit      q4_k_m    138.0    50.7  15.2    311         667819104 bytes
-    plain llama.cpp    q4_k_m    886.6   190    14.1    442         667814752 bytes (d)
+    plain llama.cpp    q4_k_m    507.7   168.9  14.3    442         667814752 bytes
 
 (a) mostly the F16 file's pages mapped in while sampling rows (file-backed, reclaimable; the Python process
 with Numba is ~400 MiB); (b) the VmHWM poll missed this short process's peak; (c) the search part is the
 warm dry-run's 2.9 CPU s: the rest is quantizing the mix, which puts 16 tensors in IQ3_S, 2 in IQ2_XS and 49
 in IQ4_XS (44 Q4_K, 44 Q6_K, 1 Q5_K): the grid quantizers cost ~10x Q4_K's per weight, so this second target
 costs 7x the CPU of a plain Q4_K_M, not "little more" (a plain quantization of the same mix would cost the
-same; it was not timed); (d) the previous run of this script (version 1, load 14.1; CPU s from a /proc
-sampler).
+same; it was not timed). The previous run's llama-quantize: 886.6 s wall, ~190 CPU s at load 14.1.
 The cold search's CPU time was ~560 s with measurement version 1 (all 18 types on 256 rows; extrapolated from
 48 of 156 tensors in the previous, killed run at a similar load): on a one-layer slice of this model, measured
 interleaved in one process, the five tensor shapes cost 19.2 CPU s with version 1 and 7.5 with version 2
 (2.5x; attn_q 2.49 -> 1.02, ffn_down 8.25 -> 2.97). The cold search is now 4.0x the CPU of
-ggufkit's plain Q4_K_M (205 vs 50.7 s) and about 1.1x llama-quantize's (190 s, previous run); in the slice,
+ggufkit's plain Q4_K_M (205 vs 50.7 s) and 1.2x llama-quantize's (168.9 s); in the slice,
 the 13 non-grid types on 256 rows are now about half of it (attn_q: ~0.55 of 1.02 CPU s).
 
 SmolLM2-135M (134,515,008 weights; 211 tensors, 1807 pairs; the grid types only fit the 30 ffn_down tensors,
