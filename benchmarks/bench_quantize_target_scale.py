@@ -16,63 +16,69 @@ at this commit offers IQ2_XXS/IQ2_XS to a token_embd of whole 256-blocks (llama-
 tensor_requires_imatrix exempts token_embd) and then fails, since ggml has no quantizer for them without
 weights (ggml.c ggml_quantize_requires_imatrix).
 
-Steps, each a fresh ``ggufkit`` or ``llama-quantize`` process at ``THREADS`` threads, timed with its own
-peak RSS (VmHWM) and the 1-minute load average before it, most telling first:
+Steps, each a fresh ``ggufkit`` or ``llama-quantize`` process at ``THREADS`` threads, timed with its wall and
+CPU (user + system, ``wait4``) seconds, its peak RSS (VmHWM, polled) and the 1-minute load average before it,
+most telling first; the searches are proxy only (``--sensitivity off``: ``auto`` would also measure the KLD
+sensitivity, these models being under 4e9 weights):
 
 1. ``search cold``: ``ggufkit quantize F16 --target-like q4_k_m --imatrix IM --cache-dir EMPTY --dry-run``:
    measures every tensor x candidate (and the presets' types), plans, writes nothing;
 2. ``search warm``: the same inputs, another size (``--target-like q3_k_m --dry-run``): all from the cache;
    it costs the model's SHA-256 (the cache key) and the plan;
-3. ``plain llama.cpp``: ``llama-quantize --imatrix IM F16 OUT Q4_K_M THREADS``;
+3. ``target warm``: ``--target-like q3_k_m`` writing the file: the second target of a publisher's run;
 4. ``plain ggufkit``: ``ggufkit quantize F16 OUT --type q4_k_m --imatrix IM``;
-5. ``target warm``: ``--target-like q3_k_m`` writing the file: the second target of a publisher's run.
+5. ``plain llama.cpp``: ``llama-quantize --imatrix IM F16 OUT Q4_K_M THREADS`` (``--no-llama`` skips it).
 
 A first target that writes costs ``search cold`` + (``target warm`` - ``search warm``).
 
 Numba's kernels are compiled (or loaded from its cache) first, on a tiny model, and not counted: that is
 paid once per install.
 
-Result (2026-11-27, Intel Xeon Processor (Sapphire Rapids: AVX2, AVX-512 F/BF16/VNNI/FP16, AMX reported),
-2 cores, 23 GiB, shared with five other jobs: the 1-minute load was mostly 8-14, so wall times are
-inflated ~5x and noisy; CPU seconds are the steadier number where recorded). Not one clean run: the box was too
-busy to finish every step before the deadline, so each number says which run gave it.
+Result (2026-11-27, Intel Xeon Processor (Sapphire Rapids: AVX2, FMA, F16C, AVX-512 F/BF16/VNNI/FP16, AMX
+reported), 2 cores, 23 GiB, shared with five other jobs: the 1-minute load was 11-15 throughout, so wall times
+are inflated ~3.5-5x and noisy; CPU seconds are the steadier number). Measurement version 2
+(``ggufkit.quant.target_measure``: the grid types IQ2/IQ3 on 64 of the 256 sampled rows).
 
-SmolLM2-135M (134,515,008 weights; first version of this script, which ran: plain ggufkit, plain llama.cpp, a cold
-target *writing* the file, a warm target writing, a warm dry-run; it recorded no CPU seconds, and its peak RSS
-came from ``wait4``, which reports at least the forking Python's 399 MiB, so only values above that mean
-anything):
+Synthetic LLaMA 1.1B (1,100,048,384 weights, 2.2 GB F16, 156 quantizable tensors, 18 candidate types each)::
 
-    step                         like      wall s  load  peak RSS MiB   bytes
-    plain ggufkit                q4_k_m     142.8  11.5  <= 399         105458752
-    plain llama.cpp              q4_k_m      37.3  11.4  <= 399         105458624
-    target cold (measure+write)  q4_k_m     658.8  11.6     475         105371616
-    target warm (write)          q3_k_m     191.4  11.2  <= 399          93483008
-    dry-run warm                 q5_k_m       9.5  13.0  <= 399         -
+    step               like     wall s   CPU s  load  peak RSS MiB   note
+    search cold        q4_k_m    706.2   205.0  11.5   2294 (a)      2808 tensor x type pairs measured
+    search warm        q3_k_m      9.3     2.9  14.8     -  (b)      0 measured, all cached
+    target warm        q3_k_m    996.6   357.8  14.8    277         548300992 bytes (preset: 548408416) (c)
+    plain ggufkit      q4_k_m    138.0    50.7  15.2    311         667819104 bytes
+    plain llama.cpp    q4_k_m    507.7   168.9  14.3    442         667814752 bytes
 
-The warm target is 1.34x the plain ggufkit quantization in wall time at that load (the search part alone, the
-warm dry-run, is 9.5 s: hash, plan, predicted sizes; the rest is quantizing a different mix); the cold target
-is 4.6x (measuring about 1800 tensor x type pairs, IQ2/IQ3 included: 1807 in bench_quantize_target.py's run).
+(a) mostly the F16 file's pages mapped in while sampling rows (file-backed, reclaimable; the Python process
+with Numba is ~400 MiB); (b) the VmHWM poll missed this short process's peak; (c) the search part is the
+warm dry-run's 2.9 CPU s: the rest is quantizing the mix, which puts 16 tensors in IQ3_S, 2 in IQ2_XS and 49
+in IQ4_XS (44 Q4_K, 44 Q6_K, 1 Q5_K): the grid quantizers cost ~10x Q4_K's per weight, so this second target
+costs 7x the CPU of a plain Q4_K_M, not "little more" (a plain quantization of the same mix would cost the
+same; it was not timed). The previous run's llama-quantize: 886.6 s wall, ~190 CPU s at load 14.1.
+The cold search's CPU time was ~560 s with measurement version 1 (all 18 types on 256 rows; extrapolated from
+48 of 156 tensors in the previous, killed run at a similar load): on a one-layer slice of this model, measured
+interleaved in one process, the five tensor shapes cost 19.2 CPU s with version 1 and 7.5 with version 2
+(2.5x; attn_q 2.49 -> 1.02, ffn_down 8.25 -> 2.97). The cold search is now 4.0x the CPU of
+ggufkit's plain Q4_K_M (205 vs 50.7 s) and 1.2x llama-quantize's (168.9 s); in the slice,
+the 13 non-grid types on 256 rows are now about half of it (attn_q: ~0.55 of 1.02 CPU s).
 
-Synthetic LLaMA 1.1B (1,100,048,384 weights, 2.2 GB F16; this version, steps as listed above):
+SmolLM2-135M (134,515,008 weights; 211 tensors, 1807 pairs; the grid types only fit the 30 ffn_down tensors,
+rows of 1536), cold search in process (``quantize_to_target(..., dry_run=True)``, load 8-14)::
 
-    step                wall s   CPU s  load  peak RSS MiB  note
-    search cold        >= 955     172   ~11   not read      killed (it could not end before the deadline) after
-                                                            48 of 156 tensors (864 tensor x type pairs);
-                                                            linear in tensors: ~560 CPU s for the model
-    plain llama.cpp       886.6   190   14.1  442           667814752 bytes
-    plain ggufkit         186.8  ~56    7.5   327           667819104 bytes
-    model SHA-256          19.1     2.3   8.2  -             (the warm search's extra cost over a plan, in process)
+    measurement                                     cold CPU s   plan at Q4_K_M / Q3_K_M / Q2_K size
+    A: grid types on all 256 rows (version 1)          84.2      reference
+    B: grid types on 64 of them (version 2)            50.8      identical (0 of 211 tensors differ)
+    C: like A on another row sample (255 rows)         85.0      identical; est. error +0.3/+1.6/+2.4 %
 
-llama-quantize ran beside the cold search, ggufkit after it was killed (different loads: compare CPU
-seconds, which a /proc sampler read every 2 s, up to 2 s before each exit, as this run predates the script's
-``wait4`` CPU field). At the cold search's rate the whole measurement would cost ~3x the CPU of llama-quantize's
-plain Q4_K_M and ~10x ggufkit's; the warm search and the warm target did not run on the 1.1B model (the cold
-search could not finish first), so "a second target is little more than a plain quantization" is shown on
-SmolLM2 only (1.34x wall, of which the search is 9.5 s) and, for 1.1B, only by its parts: a SHA-256 of 2.3 CPU s
-plus a plain quantization.
-Memory: the search reads sampled rows through mmap and measures tensor by tensor; SmolLM2's cold target peaked
-at 475 MiB (Python + Numba included), ggufkit's plain 1.1B quantization at 327 MiB; the 1.1B search's own peak
-was not read (the run that would have read it was the one killed).
+Those three plans hardly use the grid types (this F16 was made from a Q4_1 file, so Q4_1 re-creates it), so
+the same caches were planned again without Q4_1/Q5_1/Q8_0/F16 (nothing measured): at 70 MB (all 30 ffn_down
+in grid types) B's plan differs from A's in 2 of 211 tensors, its error under A's measurements is +0.07 %
+(3.14094 vs 3.13887), and C's differs in 2 (+0.02 %); at 75 MB B's plan is A's, C's too; at 82 MB (no grid
+type chosen) B's is A's, C's differs in 8 (+0.09 %). Per (tensor, grid type), B's relative error is within
+0.84 % of A's at the median (p90 2.1 %, max 3.5 %), C's within 0.51 % (p90 1.35 %, max 2.6 %); for the other
+types C's row sample alone moves them 0.66 % at the median (p90 4.0 %). The quarter sample costs about 1.6x
+the row sample's own noise on the grid types, and changes no plan beyond what another row sample does.
+The earlier run (version 1, load ~11.5, wall only): plain ggufkit Q4_K_M 142.8 s, plain llama.cpp 37.3 s,
+cold target writing 658.8 s, warm target writing Q3_K_M's size 191.4 s, warm dry-run 9.5 s.
 
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model, builds the tools), then
 ``python benchmarks/bench_quantize_target_scale.py [--model smollm2|synthetic-1b ...]`` (not part of CI).
@@ -99,6 +105,8 @@ DRY = "q5_k_m"
 #: TinyLlama-1.1B's shape.
 SYNTHETIC = {"n_embd": 2048, "n_layer": 22, "n_ff": 5632, "n_head": 32, "n_head_kv": 4, "n_vocab": 32000}
 MODELS = ("smollm2", "synthetic-1b")
+#: Proxy only: ``auto`` would also measure the KLD sensitivity on models up to 4e9 weights (both of these).
+SENSITIVITY = "off"
 
 
 def write_synthetic_llama(path: Path, *, n_embd: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int,
@@ -165,7 +173,8 @@ def _json(text: str) -> dict:
     return dict(json.loads(line))
 
 
-def bench_model(name: str, f16: Path, im: Path | None, work: Path) -> dict:
+def bench_model(name: str, f16: Path, im: Path | None, work: Path, steps: tuple[str, ...] = ("plain llama.cpp",)
+                ) -> dict:
     """The five steps of the module docstring on one model; outputs are deleted as soon as they are timed."""
     from _target_common import timed
     from llama_cpp_sources import tool_path
@@ -185,17 +194,18 @@ def bench_model(name: str, f16: Path, im: Path | None, work: Path) -> dict:
 
     def target(tag: str, like: str, *extra: str) -> None:
         rep = _json(step(tag, _ggufkit(str(f16), str(out), "--target-like", like, *ggufkit_im, "--cache-dir",
-                                       str(cache), "--json", *extra)))
+                                       str(cache), "--sensitivity", SENSITIVITY, "--json", *extra)))
         rows[tag].update({"like": like, "measured": rep["measured"], "cached": rep["cached"],
                           "predicted_size": rep["predicted_size"], "in_process_s": rep["seconds"]})
 
     # most telling first (a run cut short still has the search's cost)
     target("search cold", PRESET, "--dry-run")
     target("search warm", SECOND, "--dry-run")
-    step("plain llama.cpp", [str(tool_path("llama-quantize")), *llama_im, str(f16), str(out), PRESET.upper(),
-                             str(THREADS)])
-    step("plain ggufkit", _ggufkit(str(f16), str(out), "--type", PRESET, *ggufkit_im))
     target("target warm", SECOND)
+    step("plain ggufkit", _ggufkit(str(f16), str(out), "--type", PRESET, *ggufkit_im))
+    if "plain llama.cpp" in steps:
+        step("plain llama.cpp", [str(tool_path("llama-quantize")), *llama_im, str(f16), str(out), PRESET.upper(),
+                                 str(THREADS)])
     return rows
 
 
@@ -209,11 +219,12 @@ def warm_up(work: Path) -> dict:
     seconds = 0.0
     for tag, extra in (("im", ("--imatrix", str(im))), ("plain", ())):
         seconds += timed(_ggufkit(str(tiny), str(work / "tiny-out.gguf"), "--target-like", PRESET, *extra,
+                                  "--sensitivity", SENSITIVITY,
                                   "--cache-dir", str(work / f"cache-tiny-{tag}"))).seconds
     return {"seconds": round(seconds, 1)}
 
 
-def main(models: tuple[str, ...] = MODELS, with_imatrix: bool = True) -> dict:
+def main(models: tuple[str, ...] = MODELS, with_imatrix: bool = True, llama: bool = True) -> dict:
     from _target_common import load, machine
     from real_models import real_model_path
 
@@ -237,7 +248,7 @@ def main(models: tuple[str, ...] = MODELS, with_imatrix: bool = True) -> dict:
             else:
                 n = write_synthetic_llama(f16, **SYNTHETIC)
             im = synthetic_imatrix(f16, work / f"{name}-imatrix.gguf") if with_imatrix else None
-            rows = bench_model(name, f16, im, work)
+            rows = bench_model(name, f16, im, work, ("plain llama.cpp",) if llama else ())
             result["models"][name] = {"weights": n, "f16_bytes": f16.stat().st_size, "load_at_build": lo,
                                       "steps": rows}
             f16.unlink()
@@ -262,5 +273,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="target search wall time and memory (see the module docstring)")
     ap.add_argument("--model", action="append", choices=MODELS)
     ap.add_argument("--no-imatrix", action="store_true", help="no importance matrix (no IQ2/IQ3 candidates)")
+    ap.add_argument("--no-llama", action="store_true", help="skip the plain llama-quantize step")
     a = ap.parse_args()
-    main(tuple(a.model or MODELS), not a.no_imatrix)
+    main(tuple(a.model or MODELS), not a.no_imatrix, not a.no_llama)
