@@ -160,6 +160,7 @@ def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[st
                 row[tag] = {"bytes": mix.stat().st_size, "seconds": t_mix, "measured": rep.measured,
                             "cached": rep.cached, "types": rep.plan.type_counts(), "est_kld": rep.estimated_kld,
                             "sens_seconds": sres.seconds if sres is not None else None,
+                            "final_check": rep.final_check.to_dict() if rep.final_check is not None else None,
                             **score(mix, evalt, base)}
                 print(json.dumps({preset: {tag: row[tag]}}), flush=True)
         rows[preset] = row
@@ -173,6 +174,8 @@ def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[st
         for tag, r in row.items():
             if not isinstance(r, dict):
                 continue
+            if r.get("final_check"):
+                tag = f"{tag}:{r['final_check']['chosen']}"
             bpw = r["bytes"] * 8 / n_weights if n_weights else float("nan")
             ratio = r["mean_kld"] / row["preset"]["mean_kld"]
             print(f"{preset:8} {tag:6} {r['bytes']:>10} {bpw:6.3f} {r['mean_kld']:9.5f} {r['p99_kld']:8.4f} "

@@ -86,7 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODEL = "gemma3-270m-q4_k_m"
-PRESETS = ("q2_k", "q3_k_m", "q4_k_m")
+PRESETS = ("q2_k", "q3_k_m", "q4_k_s", "q4_k_m", "q5_k_m")
 
 
 def main(work: Path, presets: tuple[str, ...] = PRESETS, sensitivity: str = "off") -> dict:
@@ -128,6 +128,7 @@ def main(work: Path, presets: tuple[str, ...] = PRESETS, sensitivity: str = "off
         mix = work / f"{preset}-mix.gguf"
         lo = load()
         t = time.perf_counter()
+        c0 = time.process_time()
         if sensitivity == "off":
             rep = quantize_to_target(f16, mix, target_size=size, imatrix=im, cache_dir=cache,
                                      mix_out=work / f"{preset}-mix.txt", device="cpu", threads=THREADS)
@@ -141,6 +142,8 @@ def main(work: Path, presets: tuple[str, ...] = PRESETS, sensitivity: str = "off
         n_weights = rep.plan.n_elements
         by_name = {c.name: c.type.name for c in rep.choices}
         row["mix"] = {"bytes": mix.stat().st_size, "seconds": round(t_mix, 1), "load": lo, "proxy": rep.proxy,
+                      "cpu_seconds": round(time.process_time() - c0, 1), "est_kld": rep.estimated_kld,
+                      "final_check": rep.final_check.to_dict() if rep.final_check is not None else None,
                       "measured": rep.measured, "cached": rep.cached, "types": rep.plan.type_counts(),
                       "token_embd": by_name.get("token_embd.weight"), **score(mix, evalt, base)}
         rows[preset] = row
@@ -148,14 +151,17 @@ def main(work: Path, presets: tuple[str, ...] = PRESETS, sensitivity: str = "off
     out = {"cpu": machine(), "sensitivity": sensitivity, "ctx": CTX, "kld_chunks": KLD_CHUNKS, "imatrix_chunks": IMATRIX_CHUNKS,
            "n_weights": n_weights, "rows": rows}
     print(f"\n{out['cpu']}")
-    print(f"{'size of':8} {'file':6} {'bytes':>10} {'bpw':>6} {'mean KLD':>9} {'p99 KLD':>8} {'dPPL':>7} "
+    print(f"{'size of':8} {'file':14} {'bytes':>10} {'bpw':>6} {'mean KLD':>9} {'p99 KLD':>8} {'dPPL':>7} "
           f"{'same top':>8} {'KLD ratio':>9} {'#16 goal':>8} {'seconds':>7} {'load':>5}")
     for preset, row in rows.items():
         for tag, r in row.items():
             ratio = r["mean_kld"] / row["preset"]["mean_kld"]
-            print(f"{preset:8} {tag:6} {r['bytes']:>10} {r['bytes'] * 8 / n_weights:6.3f} {r['mean_kld']:9.5f} "
+            fc = r.get("final_check")
+            if fc:
+                tag = f"{tag}:{fc['chosen']}"
+            print(f"{preset:8} {tag:14} {r['bytes']:>10} {r['bytes'] * 8 / n_weights:6.3f} {r['mean_kld']:9.5f} "
                   f"{r['p99_kld']:8.4f} {r['ppl_q'] - r['ppl_base']:+7.3f} {r['same_top']:7.2f}% {ratio:9.3f} "
-                  f"{'' if tag == 'preset' else TARGET_RATIO[preset]:>8} {r['seconds']:7.1f} {r['load']:5.2f}")
+                  f"{'' if tag == 'preset' else TARGET_RATIO.get(preset, ''):>8} {r['seconds']:7.1f} {r['load']:5.2f}")
     print(json.dumps(out))
     return out
 
