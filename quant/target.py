@@ -334,8 +334,8 @@ def _final_check(fn: FinalCheckFn, plan: QuantPlan, rules: list[tuple[str, GGMLQ
                  make_plan: Callable[[str, Sequence[tuple[str, GGMLQuantizationType]]], QuantPlan],
                  size_of: Callable[[QuantPlan], int]
                  ) -> tuple[QuantPlan, list[tuple[str, GGMLQuantizationType]], FinalCheck]:
-    """Measure the mix and the largest presets that fit (written as one rule per tensor over the preset, the
-    way a mix is written); return the plan of least measured KLD, the mix on a tie."""
+    """Measure the mix and the largest presets that fit; return the plan of least measured KLD (a preset's
+    own plan, with no rules), the mix on a tie."""
     fitting: dict[str, tuple[QuantPlan, list[tuple[str, GGMLQuantizationType]]]] = {}
     for name in sorted(ref_plans, key=lambda n: -ref_sizes[n]):
         if n_presets is not None and len(fitting) >= n_presets:
@@ -343,10 +343,12 @@ def _final_check(fn: FinalCheckFn, plan: QuantPlan, rules: list[tuple[str, GGMLQ
         ents = [e for e in ref_plans[name].entries if e.name in points]
         if (kind == "file" and ref_sizes[name] > budget) or any(e.dst_type not in cands for e in ents):
             continue
-        prules = [(f"^{re.escape(e.name)}$", e.dst_type) for e in ents]
-        pplan = make_plan(name, prules)
+        # the preset itself, no rules: one rule per tensor would add the rules to the header (and a file of
+        # the preset's own size would no longer fit); --mix-out then holds no rule and llama-quantize's PRESET
+        # alone writes the same file
+        pplan = make_plan(name, [])
         if size_of(pplan) <= budget:
-            fitting[name] = (pplan, prules)
+            fitting[name] = (pplan, [])
 
     def changed(p: QuantPlan) -> dict[str, GGMLQuantizationType]:
         return {e.name: e.dst_type for e in p.entries if e.dst_type != e.src_type}

@@ -126,6 +126,7 @@ def test_preset_wins_where_it_is_lossless(models, tmp_path):
     with open_gguf(preset) as a, open_gguf(out) as b:
         assert {t.name: t.ggml_type for t in a.tensors} == {t.name: t.ggml_type for t in b.tensors}
     assert out.stat().st_size <= rep.budget == preset.stat().st_size
+    assert mix.read_text().split() == [] and rep.plan.target == "q4_k_m"  # the preset alone: no rule
     assert fc.kld["q4_k_m"] == pytest.approx(_kld_of_file(out, models["ongrid"]), rel=1e-3, abs=1e-8)
     _llama_quantize_reproduces(models, tmp_path, "ongrid", rep, out, mix)
     _loads_in_llama_cpp_python(out)
