@@ -68,8 +68,30 @@ to Q8_0 on token_embd costs 52 MB, more than the 16 MB between the Q2_K and Q4_K
 gets there only if that step's error decrease per byte beats every layer's, which the ratio-of-near-zeros
 factors do not let it see.
 
+After the second probe, ``allocate_best`` and the final check (2026-11-27, same CPU, load 10-16; NOT yet a
+llama-perplexity rerun: with five jobs on the 2 cores one size took over 30 min, so the table above is still
+the last scored one; the numbers here are the search's own, in process, on calib.txt's 256 tokens):
+
+- The factors were not what kept token_embd at Q5_1. The search's own estimate rated its Q4_K_M-size mix
+  0.0169 and the Q4_K_M preset 5.4e-6: the greedy dropped token_embd's Q5_1 -> Q8_0 step (52 MB) because
+  the layers had already taken the bytes when its turn came. ``allocate_best`` (quant/target.py) now tries
+  each tensor with a step above 1 % of the budget at each hull point: at Q4_K_M's size the mix takes
+  token_embd at Q8_0, {Q8_0 9, Q5_0 81, Q4_K 27, Q6_K 8, Q5_K 1, F16 1} - the same type counts as the
+  hand-weighted check above (llama-perplexity 0.005428, 1.008x the preset) - estimated KLD 1.6e-4.
+- Second probe: the four attn_output groups (on Q4_K's grid: KLD 1.5e-8..4.0e-8 over proxy 1.6e-7..4.4e-7,
+  factors 0.095/0.147/0.090/0.048) are probed again at Q3_K (KLD 0.0056-0.019, proxy 0.075-0.106): factors
+  0.109/0.144/0.183/0.075; the other 17 groups keep theirs (token_embd 10.0). Measurement: 27 passes (21
+  groups, 4 second probes, 2 calibration passes), 888 s wall, 264 s CPU at load 10-12.
+- Final check (``--sensitivity search``), mean KLD measured in memory on calib.txt: at Q4_K_M's size mix
+  1.46e-4, Q4_K_S 0.0112, Q3_K_L 0.0962, Q3_K_M 0.0960: the mix is kept (78.8 s CPU for the four
+  candidates); at Q2_K's size mix 0.0201, Q3_K_S 0.337. Q4_K_M and Q2_K themselves are not candidates at
+  their own llama-quantize sizes: ggufkit's file of a preset is 128 bytes larger (its ``ggufkit.slack``
+  header padding), so it does not fit a budget of llama-quantize's bytes (``--target-like`` budgets
+  ggufkit's own size, and there the preset is a candidate).
+
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model and builds the tools), then
 ``python benchmarks/bench_quantize_target_gemma3.py [--work DIR] [--preset q2_k ...] [--sensitivity search]``
+(sizes: Q2_K, Q3_K_M, Q4_K_S, Q4_K_M, Q5_K_M; with ``search`` each row also carries the final check)
 (not part of CI;
 a WORKDIR of an earlier run keeps its F16, imatrix, base logits and measurement cache).
 """
