@@ -68,9 +68,19 @@ to Q8_0 on token_embd costs 52 MB, more than the 16 MB between the Q2_K and Q4_K
 gets there only if that step's error decrease per byte beats every layer's, which the ratio-of-near-zeros
 factors do not let it see.
 
-After the second probe, ``allocate_best`` and the final check (2026-11-27, same CPU, load 10-16; NOT yet a
-llama-perplexity rerun: with five jobs on the 2 cores one size took over 30 min, so the table above is still
-the last scored one; the numbers here are the search's own, in process, on calib.txt's 256 tokens):
+After the second probe, ``allocate_best`` and the final check (2026-11-27 03:56-04:10, same CPU, load 3-7;
+``--sensitivity search``, sensitivity and proxies from the cache; preset rows as in the table above, same
+files; mix rows scored by llama-perplexity as above):
+
+    size of  file          bytes    bpw  mean KLD  p99 KLD    dPPL same top KLD ratio  before  chosen
+    q2_k     mix       237067040  7.074   0.01870   0.0828  +0.217   93.06%     0.058   0.058  mix
+    q4_k_m   mix       253102944  7.553   0.00557   0.0292  +0.046   95.88%     1.034   3.341  mix
+
+(search + final check from the cache: 17.9 s wall / 10.3 s CPU at Q4_K_M's size, 16.7 s / 7.8 s at Q2_K's.)
+Q4_K_M's size is no longer reversed: 1.03x the preset (was 3.34x), p99 1.08x (was 2.75x), dPPL +0.046 against
+the preset's +0.091; it is not the issue's 0.75x: the preset there is the source file's own mix, nearly
+lossless, and the mix can at best equal it. Not rerun in the time left: Q3_K_M's, Q4_K_S's and Q5_K_M's sizes
+and the SmolLM2 table. The search's own numbers, in process, on calib.txt's 256 tokens:
 
 - The factors were not what kept token_embd at Q5_1. The search's own estimate rated its Q4_K_M-size mix
   0.0169 and the Q4_K_M preset 5.4e-6: the greedy dropped token_embd's Q5_1 -> Q8_0 step (52 MB) because
