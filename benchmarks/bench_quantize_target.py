@@ -55,6 +55,12 @@ rounding of activations to Q8_1 for Q4_1 dot products, which no weight-error pro
 (proxy at the probe types for 211 tensors, 22 forward passes of 256 tokens, numba compilation) took 761 s wall,
 181 s CPU on the loaded machine; the low-probe calibration pass added later took about 45 s; from the cache, 1-8 s.
 
+Not yet rerun after the second probe, ``allocate_best`` and the final check (2026-11-27: the box was at load
+13-16; the run was stopped while it re-measured the sensitivity, whose cache version changed). What will
+change: this F16 comes from a Q4_1 file and Q4_K nearly reproduces Q4_1's grid on ffn_down (relative proxy
+error 2e-4..0.023x Q3_K's, against ~0.25x on weights off every grid), so the four ffn_down groups get a
+second probe at Q3_K; the other groups (Q4_0 probe: 1.2-96x IQ4_NL's error) keep one probe.
+
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model and builds the tools), then
 ``python benchmarks/bench_quantize_target.py [--work DIR] [--proxy relative|absolute] [--preset q2_k ...]
 [--sensitivity off|estimate|search ...]`` (default: proxy ``relative``, all three presets, sensitivity off;
@@ -160,6 +166,7 @@ def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[st
                 row[tag] = {"bytes": mix.stat().st_size, "seconds": t_mix, "measured": rep.measured,
                             "cached": rep.cached, "types": rep.plan.type_counts(), "est_kld": rep.estimated_kld,
                             "sens_seconds": sres.seconds if sres is not None else None,
+                            "final_check": rep.final_check.to_dict() if rep.final_check is not None else None,
                             **score(mix, evalt, base)}
                 print(json.dumps({preset: {tag: row[tag]}}), flush=True)
         rows[preset] = row
@@ -173,6 +180,8 @@ def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[st
         for tag, r in row.items():
             if not isinstance(r, dict):
                 continue
+            if r.get("final_check"):
+                tag = f"{tag}:{r['final_check']['chosen']}"
             bpw = r["bytes"] * 8 / n_weights if n_weights else float("nan")
             ratio = r["mean_kld"] / row["preset"]["mean_kld"]
             print(f"{preset:8} {tag:6} {r['bytes']:>10} {bpw:6.3f} {r['mean_kld']:9.5f} {r['p99_kld']:8.4f} "

@@ -14,7 +14,14 @@ suffer from it. This module measures the second directly, once per tensor group,
    unchanged), and take the mean KL divergence from the base logits over llama-perplexity's scored
    positions (second half of each chunk), with :class:`ggufkit.eval.kld.KLDAccumulator`;
 3. divide by the group's proxy error at the probe type (the search's own measurement, same cache): the
-   group's KLD per proxy unit, the tensors' ``sensitivity``;
+   group's KLD per proxy unit, the tensors' ``sensitivity``. Where the weights already lie on the probe
+   type's grid (an F16 made from a quantized file: Gemma 3 270M's attn_output from Q4_K measures a relative
+   proxy error of 2e-7 and a KLD of 2e-8 at Q4_K), that ratio is one of two near-zeros; such a group (mean
+   relative proxy error below :data:`TINY_RELATIVE`, or below :data:`ON_GRID_RATIO` times the second
+   probe's) is probed once more at a type of another grid
+   (:data:`ALT_PROBE_TYPES`: Q3_K where rows are whole 256-blocks, else IQ4_NL) and its factor is the least
+   squares slope through the origin over both points, ``sum(kld * proxy) / sum(proxy^2)``, which the larger
+   (the real) error dominates;
 4. calibrate: a mix's linear estimate is the sum of its tensors' proxy errors times their factors, ``S``.
    Two more passes, every group at once at its probe type and then at a low probe type (Q2_K where the rows
    are whole 256-blocks, else Q4_0), give two points ``(S, KLD)``; the fitted ``KLD = c * S^gamma``
@@ -54,15 +61,27 @@ Q = GGMLQuantizationType
 
 #: Probe types: each tensor is probed with the first whose block divides its rows.
 PROBE_TYPES: tuple[GGMLQuantizationType, ...] = (Q.Q4_K, Q.Q4_0)
+#: Second probe types, for a group whose first probe finds its weights on the probe's grid: another grid
+#: (Q3_K's 3-bit levels do not contain Q4_K's; IQ4_NL's non-uniform levels contain no uniform grid).
+ALT_PROBE_TYPES: tuple[GGMLQuantizationType, ...] = (Q.Q3_K, Q.IQ4_NL)
+#: A group is on its probe's grid, and probed again, where its first probe's relative proxy error (per
+#: tensor, mean) is below ``TINY_RELATIVE`` or below ``ON_GRID_RATIO`` times the second probe's. A 4-bit type
+#: adds 1e-3..1e-1 to weights that are not on its grid (Q8_0 1e-5..3e-4), and Q4_K about 0.25x of what Q3_K
+#: adds, Q4_0 about what IQ4_NL adds; weights on the grid measure 1e-8..1e-7 (Gemma 3 270M from Q4_K_M:
+#: 2e-6x Q3_K's) or, where requantizing with an imatrix lands on a slightly different scale, 4e-5..8e-5
+#: (a tiny model's Q4_K ffn_down made F16: 3.5e-3x Q3_K's).
+TINY_RELATIVE = 1e-5
+ON_GRID_RATIO = 0.05
 #: Low probe types of the calibration pass (:attr:`SensitivityResult.curve`).
 LOW_PROBE_TYPES: tuple[GGMLQuantizationType, ...] = (Q.Q2_K, Q.Q4_0)
 _LOW = f"*low:{','.join(t.name for t in LOW_PROBE_TYPES)}*"
+_ALT = f"|alt:{','.join(t.name for t in ALT_PROBE_TYPES)}"
 #: Calibration defaults: one 256-token chunk (127 scored positions) and 4 bands of layers.
 DEFAULT_CTX = 256
 DEFAULT_CHUNKS = 1
 DEFAULT_BANDS = 4
 #: Bump when the measurement changes meaning: old cache files are then ignored.
-SENSITIVITY_VERSION = 1
+SENSITIVITY_VERSION = 2  # 2: second probes of on-grid groups
 #: Tensor kinds measured together (their errors meet in the same product: Q.K scores, gate*up).
 _KIND_GROUP = {"attn_q": "attn_qk", "attn_k": "attn_qk", "ffn_gate": "ffn_gate_up", "ffn_up": "ffn_gate_up",
                "ffn_gate_exps": "ffn_gate_up_exps", "ffn_up_exps": "ffn_gate_up_exps"}
@@ -71,7 +90,11 @@ _BLK = re.compile(r"blk\.(\d+)\.(.+)\.weight")
 
 @dataclass(frozen=True)
 class GroupSensitivity:
-    """One group's measurement: its tensors and probe types, mean KLD, summed proxy error, KLD per proxy."""
+    """One group's measurement: its tensors and probe types, mean KLD, summed proxy error, KLD per proxy.
+
+    ``kld_alt``, ``proxy_alt``, ``probes_alt``: the second probe's, where the first found the weights on its
+    grid (``tiny``), else None / empty.
+    """
 
     group: str
     tensors: tuple[str, ...]
@@ -79,10 +102,25 @@ class GroupSensitivity:
     first_layer: int
     kld: float
     proxy: float
+    tiny: bool = False
+    probes_alt: tuple[str, ...] = ()
+    kld_alt: float | None = None
+    proxy_alt: float | None = None
 
     @property
     def factor(self) -> float:
-        return self.kld / self.proxy if self.proxy > 0 else 0.0
+        """Least squares slope through the origin of KLD over proxy error, over the group's probes."""
+        pts = [(self.proxy, self.kld)] + ([(self.proxy_alt, self.kld_alt)] if self.proxy_alt is not None
+                                          and self.kld_alt is not None else [])
+        den = sum(p * p for p, _ in pts)
+        return sum(p * k for p, k in pts) / den if den > 0 else 0.0
+
+    @property
+    def reliable(self) -> bool:
+        """The factor rests on a real (not on-grid) error: the first probe, or the second where measured."""
+        if not self.tiny:
+            return self.proxy > 0 and self.kld > 0
+        return self.proxy_alt is not None and self.proxy_alt > 0 and (self.kld_alt or 0.0) > 0
 
 
 @dataclass
@@ -92,8 +130,8 @@ class SensitivityResult:
     Attributes:
         sensitivity: tensor -> factor (its group's mean KLD per proxy unit); the search's ``sensitivity``.
         groups: the per-group measurements.
-        kld_all: mean KLD with every group at its probe type at once; ``additivity``: it over the sum of
-            the groups' KLDs. ``kld_low``, ``linear_low``: measured and linear-estimated KLD with every group
+        kld_all: mean KLD with every group at its probe type at once, ``linear_all`` its linear estimate
+            (sum of proxy errors times factors); ``additivity``: it over the sum of the groups' KLDs. ``kld_low``, ``linear_low``: measured and linear-estimated KLD with every group
             at its low probe type. ``curve``: ``(c, gamma)`` of the calibration ``KLD = c * S^gamma``.
         proxy: the proxy the factors belong to (``relative`` or ``absolute``).
         tokens: calibration tokens run (``chunks`` x ``ctx``); ``scored``: positions the KLD averages.
@@ -118,6 +156,7 @@ class SensitivityResult:
     seconds: float
     cache_path: str | None = None
     notes: list[str] = field(default_factory=list)
+    linear_all: float = 0.0
 
     def estimate(self, linear: float) -> float:
         """The calibrated mean KLD of a mix whose summed sensitivity-scaled proxy error is ``linear``."""
@@ -264,11 +303,8 @@ def measure_sensitivity(input: str | os.PathLike[str], *, tensors: Sequence[str]
         UsageError: the text holds fewer than ``ctx * chunks`` tokens, bad ``ctx``/``chunks``/``proxy``.
         EvaluationError: the model cannot be evaluated.
     """
-    import torch
-
-    from ggufkit.eval.kld import KLDAccumulator
     from ggufkit.eval.model import load_model
-    from ggufkit.eval.perplexity import chunk_windows, sample_text, tokenize_text
+    from ggufkit.eval.perplexity import sample_text, tokenize_text
     from ggufkit.quant.imatrix import load_imatrix
     from ggufkit.quant.target_measure import (
         MeasureCache,
@@ -309,6 +345,8 @@ def measure_sensitivity(input: str | os.PathLike[str], *, tensors: Sequence[str]
                 probe[n] = t
         low = {n: probe_type(n, infos[n].shape[-1], w_of[n] is not None, LOW_PROBE_TYPES) or t
                for n, t in probe.items()}
+        alt = {n: a for n in probe if (a := probe_type(n, infos[n].shape[-1], w_of[n] is not None,
+                                                       ALT_PROBE_TYPES)) is not None and a != probe[n]}
         groups = tensor_groups(list(probe), hp.n_layer, bands)
         model_sha = file_sha256([f.path for f in model.file.files])
         im_sha = im.sha256 if has_im and im is not None else None
@@ -319,7 +357,7 @@ def measure_sensitivity(input: str | os.PathLike[str], *, tensors: Sequence[str]
 
         # the proxy at the probe types: the search's own measurement and cache
         pcache = MeasureCache(cdir, cache_key(model_sha, im_sha, sample_rows))
-        wanted = {n: list(dict.fromkeys([probe[n], low[n]])) for n in probe}
+        wanted = {n: list(dict.fromkeys([probe[n], low[n], *([alt[n]] if n in alt else [])])) for n in probe}
         meas, _, _ = measure_all(model.file, wanted, im if has_im else None,
                                  {n: w_of[n] is not None for n in wanted}, pcache, sample_rows, threads)
 
@@ -327,72 +365,134 @@ def measure_sensitivity(input: str | os.PathLike[str], *, tensors: Sequence[str]
             m = meas[n][at[n]]
             return m.relative if proxy == "relative" else m.sse
 
-        stream = torch.tensor(ids[:need], dtype=torch.int64).reshape(chunks, ctx)
-        _, window, targets = next(chunk_windows(stream, chunks, add_bos, bos_id))
-        window, targets = window.to(model.device), targets.to(model.device)
-        start = ctx // 2
-        todo = [g for g in [*groups, "*all*", _LOW] if g not in cache.data]
-        n_measured, n_cached = len(todo), len(groups) + 2 - len(todo)
+        def rel(ns: Sequence[str], at: Mapping[str, GGMLQuantizationType]) -> float:
+            return sum(meas[n][at[n]].relative for n in ns)
+
+        def tiny(ns: Sequence[str]) -> bool:
+            has_alt = all(n in alt for n in ns)
+            return rel(ns, probe) < TINY_RELATIVE * len(ns) or (has_alt and rel(ns, probe) < ON_GRID_RATIO * rel(ns, alt))
+
+        # groups on (or near) their probe's grid, probed again where every tensor has a second type whose
+        # error is real
+        tiny_groups = {g for g, (ns, _) in groups.items() if tiny(ns)}
+        second = [g for g in groups if g in tiny_groups and all(n in alt for n in groups[g][0])
+                  and rel(groups[g][0], alt) >= TINY_RELATIVE * len(groups[g][0])]
+        passes = [*groups, *(f"{g}{_ALT}" for g in second), "*all*", _LOW]
+        todo = [g for g in passes if g not in cache.data]
+        n_measured, n_cached = len(todo), len(passes) - len(todo)
         if todo:
-            with torch.inference_mode():
-                xs = [_embed(model, window)]
-                for i in range(hp.n_layer):
-                    xs.append(model._block(xs[-1], f"blk.{i}."))
-                base_logits = _head(model, xs[-1], start)[:, :-1]
-
-                def kld_from(first: int) -> float:
-                    x = _embed(model, window) if first < 0 else xs[first]
-                    for i in range(max(first, 0), hp.n_layer):
-                        x = model._block(x, f"blk.{i}.")
-                    logits = _head(model, x, start)[:, :-1]
-                    acc = KLDAccumulator()
-                    for c in range(chunks):
-                        acc.add(logits[c], base_logits[c], targets[c])
-                    return float(acc.summary()["mean_kld"])
-
-                progress.begin(len(todo), "group", "KLD sensitivity")
-                for g in todo:
-                    every = g.startswith("*")
-                    members = [n for gg in groups.values() for n in gg[0]] if every else groups[g][0]
-                    first = min(gg[1] for gg in groups.values()) if every else groups[g][1]
-                    at = low if g == _LOW else probe
-                    saved = {n: model.tensors[n] for n in members}
-                    try:
-                        for n in members:
-                            model.tensors[n] = _probe_tensor(saved[n], at[n], w_of[n], threads)
-                        cache.data[g] = kld_from(first)
-                    finally:
-                        model.tensors.update(saved)
-                    cache.save()
-                    progress.advance(1)
-                progress.end()
+            cal = Calibration(model, ids, add_bos, bos_id, ctx, chunks)
+            progress.begin(len(todo), "group", "KLD sensitivity")
+            for g in todo:
+                every = g.startswith("*")
+                key = g.removesuffix(_ALT)
+                members = [n for gg in groups.values() for n in gg[0]] if every else groups[key][0]
+                first = min(gg[1] for gg in groups.values()) if every else groups[key][1]
+                at = low if g == _LOW else alt if g.endswith(_ALT) else probe
+                cache.data[g] = cal.kld({n: (at[n], w_of[n]) for n in members}, first, threads)
+                cache.save()
+                progress.advance(1)
+            progress.end()
     finally:
         model.close()
 
-    out_groups = [GroupSensitivity(g, tuple(ns), tuple(probe[n].name for n in ns),
-                                   first, cache.data[g], sum(proxy_of(n) for n in ns))
-                  for g, (ns, first) in groups.items()]
+    out_groups = []
+    for g, (ns, first) in groups.items():
+        has_alt = g in second
+        out_groups.append(GroupSensitivity(
+            g, tuple(ns), tuple(probe[n].name for n in ns), first, cache.data[g], sum(proxy_of(n) for n in ns),
+            g in tiny_groups, tuple(alt[n].name for n in ns) if has_alt else (),
+            cache.data[f"{g}{_ALT}"] if has_alt else None, sum(proxy_of(n, alt) for n in ns) if has_alt else None))
     total = sum(gs.kld for gs in out_groups)
     kld_all, kld_low = cache.data["*all*"], cache.data[_LOW]
     additivity = kld_all / total if total > 0 else 1.0
-    factors = [gs.factor for gs in out_groups if gs.proxy > 0 and gs.kld > 0]
+    factors = [gs.factor for gs in out_groups if gs.reliable and gs.factor > 0]
     fallback = float(np.median(factors)) if factors else 0.0
     notes = []
     sens: dict[str, float] = {}
     for gs in out_groups:
-        f = gs.factor if gs.proxy > 0 and gs.kld > 0 else fallback
-        if f == fallback and gs.factor != fallback:
-            notes.append(f"{gs.group}: KLD {gs.kld:.3g}, proxy {gs.proxy:.3g}; the median factor is used")
+        ok = gs.reliable and gs.factor > 0
+        f = gs.factor if ok else fallback
+        if not ok:
+            notes.append(f"{gs.group}: KLD {gs.kld:.3g}, proxy {gs.proxy:.3g}"
+                         + (" (weights on the probe's grid, no second probe)" if gs.tiny else "")
+                         + "; the median factor is used")
+        elif gs.tiny:
+            notes.append(f"{gs.group}: on the grid of {'/'.join(sorted(set(gs.probes)))} (KLD {gs.kld:.3g}, proxy "
+                         f"{gs.proxy:.3g}); second probe {'/'.join(sorted(set(gs.probes_alt)))}: KLD "
+                         f"{gs.kld_alt:.3g}, proxy {gs.proxy_alt:.3g}; factor {f:.3g}")
         for n in gs.tensors:
             sens[n] = f
     for n in names:
         sens.setdefault(n, fallback)
+    # the linear estimates of the two calibration passes, with the factors the search uses
+    linear_all = sum(sens[n] * proxy_of(n) for gs in out_groups for n in gs.tensors)
     linear_low = sum(sens[n] * proxy_of(n, low) for gs in out_groups for n in gs.tensors)
-    curve = _fit_curve(total, kld_all, linear_low, kld_low)
+    curve = _fit_curve(linear_all, kld_all, linear_low, kld_low)
     return SensitivityResult(sens, out_groups, kld_all, additivity, kld_low, linear_low, curve, proxy, ctx, chunks,
                              need,
-                             chunks * (ctx - 1 - start), text_sha, n_measured, n_cached,
-                             time.perf_counter() - t_start, str(cache.path), notes)
+                             chunks * (ctx - 1 - ctx // 2), text_sha, n_measured, n_cached,
+                             time.perf_counter() - t_start, str(cache.path), notes, linear_all)
+
+
+class Calibration:
+    """The model on the calibration window: its base logits and the residual stream entering every layer,
+    to measure the mean KLD of replacing some tensors by their quantization (llama-perplexity's scored
+    positions: the second half of each chunk, :class:`ggufkit.eval.kld.KLDAccumulator`).
+
+    Args:
+        model: a loaded :class:`ggufkit.eval.model.GGUFCausalLM` (its tensors are swapped and restored).
+        ids, add_bos, bos_id: the tokenized text (:func:`ggufkit.eval.perplexity.tokenize_text`).
+        ctx, chunks: the first ``ctx * chunks`` tokens are run.
+    """
+
+    def __init__(self, model: Any, ids: Sequence[int], add_bos: bool, bos_id: int | None, ctx: int,
+                 chunks: int) -> None:
+        import torch
+
+        from ggufkit.eval.perplexity import chunk_windows
+
+        self.model, self.chunks, self.start = model, chunks, ctx // 2
+        stream = torch.tensor(list(ids[:ctx * chunks]), dtype=torch.int64).reshape(chunks, ctx)
+        _, window, targets = next(chunk_windows(stream, chunks, add_bos, bos_id))
+        self.window, self.targets = window.to(model.device), targets.to(model.device)
+        with torch.inference_mode():
+            self.xs = [_embed(model, self.window)]
+            for i in range(model.hparams.n_layer):
+                self.xs.append(model._block(self.xs[-1], f"blk.{i}."))
+            self.base = _head(model, self.xs[-1], self.start)[:, :-1]
+
+    def kld(self, replace: Mapping[str, tuple[GGMLQuantizationType, np.ndarray | None]], first: int,
+            threads: int | None = None, quantized: dict[tuple[str, GGMLQuantizationType], Any] | None = None
+            ) -> float:
+        """Mean KLD with each tensor of ``replace`` quantized to its type (with its imatrix weights), run from
+        layer ``first`` (-1: the embedding) on the stored residual stream; ``quantized``: a memo of quantized
+        tensors shared between calls."""
+        import torch
+
+        from ggufkit.eval.kld import KLDAccumulator
+
+        model = self.model
+        saved = {n: model.tensors[n] for n in replace}
+        try:
+            for n, (t, w) in replace.items():
+                q = quantized.get((n, t)) if quantized is not None else None
+                if q is None:
+                    q = _probe_tensor(saved[n], t, w, threads)
+                    if quantized is not None:
+                        quantized[(n, t)] = q
+                model.tensors[n] = q
+            with torch.inference_mode():
+                x = _embed(model, self.window) if first < 0 else self.xs[first]
+                for i in range(max(first, 0), model.hparams.n_layer):
+                    x = model._block(x, f"blk.{i}.")
+                logits = _head(model, x, self.start)[:, :-1]
+                acc = KLDAccumulator()
+                for c in range(self.chunks):
+                    acc.add(logits[c], self.base[c], self.targets[c])
+                return float(acc.summary()["mean_kld"])
+        finally:
+            model.tensors.update(saved)
 
 
 def _fit_curve(s1: float, k1: float, s2: float, k2: float) -> tuple[float, float]:
@@ -424,8 +524,10 @@ def quantize_to_target_kld(input: str | os.PathLike[str], output: str | os.PathL
         calibration_text: text file the sensitivity is measured on (default: the bundled sample).
         sensitivity: ``search`` (the default: the search weighs each tensor's error by its factor; on
             SmolLM2-135M this lowered llama-perplexity's mean KLD by 13 %, 1 % and 7 % at the Q2_K, Q3_K_M
-            and Q4_K_M sizes, benchmarks/bench_quantize_target.py), ``estimate`` (the report's estimated KLD
-            only; the search ranks by the proxy) or ``off`` (no measurement).
+            and Q4_K_M sizes, benchmarks/bench_quantize_target.py; then the final check,
+            :mod:`ggufkit.eval.target_check`: the mix and the largest presets that fit are measured on the
+            calibration text and a preset that measures lower is returned instead), ``estimate`` (the
+            report's estimated KLD only; the search ranks by the proxy) or ``off`` (no measurement).
         ctx, chunks, bands: as :func:`measure_sensitivity`.
         imatrix, proxy, cache_dir, sample_rows, threads, progress: shared by the measurement and the search.
         device: the quantizer's (``auto``: CUDA when available); the evaluator runs where torch finds CUDA,
@@ -448,6 +550,7 @@ def quantize_to_target_kld(input: str | os.PathLike[str], output: str | os.PathL
         raise UsageError(f"unknown sensitivity use {sensitivity!r}; choose {', '.join(SENSITIVITY_USES)}")
     im = load_imatrix(imatrix) if isinstance(imatrix, (str, os.PathLike)) else imatrix
     result = None
+    text = None
     if sensitivity != "off":
         try:
             text = read_text_file(calibration_text) if calibration_text is not None else None
@@ -457,8 +560,17 @@ def quantize_to_target_kld(input: str | os.PathLike[str], output: str | os.PathL
                                      proxy=proxy, cache_dir=cache_dir, sample_rows=sample_rows, threads=threads,
                                      device="cuda" if device == "cuda" else "auto" if device == "auto" else "cpu",
                                      progress=progress)
+    check = None
+    if result is not None and sensitivity == "search":
+        from ggufkit.eval.perplexity import sample_text
+        from ggufkit.eval.target_check import measured_check
+
+        check = measured_check(input, imatrix=im, text=sample_text() if text is None else text, ctx=ctx,
+                               chunks=chunks, cache_dir=cache_dir, threads=threads,
+                               device="cuda" if device == "cuda" else "auto" if device == "auto" else "cpu",
+                               progress=progress)
     report = quantize_to_target(input, output, imatrix=im, proxy=proxy, cache_dir=cache_dir, sample_rows=sample_rows,
-                                threads=threads, device=device, progress=progress,
+                                threads=threads, device=device, progress=progress, final_check=check,
                                 sensitivity=result.sensitivity if result is not None and sensitivity == "search"
                                 else None, kld_sensitivity=result.sensitivity if result is not None else None,
                                 **kwargs)

@@ -9,6 +9,13 @@ preset (for ``general.file_type``), so the file is byte-identical to what ``llam
 --tensor-type-file MIX`` writes, and its size, header included, is known exactly before writing
 (:func:`ggufkit.quant.pipeline.predict_file_size`).
 
+The greedy alone can strand a large tensor: an upgrade that does not fit when its turn comes is dropped and
+the rest of the budget goes to flatter steps. :func:`allocate_best` therefore also tries each tensor with a
+step above 1 % of the budget at each of its hull points, the rest allocated again, and keeps the least total
+error. With a ``final_check`` (the evaluator's, ``--sensitivity search``) the mix and the largest presets
+that fit are measured before anything is written, and a preset that measures a lower KLD is returned
+instead (:class:`FinalCheck`).
+
 Only candidates whose block divides the tensor's rows are offered (llama-quantize would otherwise
 substitute its fallback type, which is itself a candidate), and types that need an importance matrix
 (``tensor_requires_imatrix``, src/llama-quant.cpp) only where the tensor has imatrix data.
@@ -21,7 +28,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +60,10 @@ DEFAULT_TYPES: tuple[GGMLQuantizationType, ...] = (
     QT.IQ4_XS, QT.F16)
 #: Added to :data:`DEFAULT_TYPES` when an importance matrix is given.
 IMATRIX_TYPES: tuple[GGMLQuantizationType, ...] = (QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S)
+#: Presets of a final check (:func:`quantize_to_target`'s ``final_check``): the largest that fit. A preset
+#: family gains quality with size (Q3_K_S < Q3_K_M < Q3_K_L ...), so smaller ones rarely win; each costs a
+#: quantization of the whole model in memory and a forward pass.
+CHECK_PRESETS = 3
 #: Presets a mix is compared with (the one nearest in size).
 REFERENCE_PRESETS = ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "q8_0")
 _NEVER_REQUIRE = ("token_embd.weight", "per_layer_token_embd.weight", "output.weight")
@@ -99,6 +110,33 @@ class Choice:
                 "error_share": self.error / total_error if total_error > 0 else 0.0, "estimated_kld": self.kld}
 
 
+#: ``final_check(candidates)``: candidate (``mix`` or a preset name) -> {tensor: type} of every tensor the plan
+#: changes; returns (candidate -> measured mean KLD, measurements made now, measurements from a cache).
+FinalCheckFn = Callable[[Mapping[str, Mapping[str, GGMLQuantizationType]]], tuple[dict[str, float], int, int]]
+
+
+@dataclass(frozen=True)
+class FinalCheck:
+    """The measured comparison of the chosen mix with the presets that fit the budget.
+
+    Attributes:
+        kld: ``mix`` and each preset checked -> its mean KLD measured on the calibration text.
+        chosen: ``mix`` or the preset whose per-tensor plan was returned instead.
+        reason: one sentence: why.
+        measured, cached: candidates measured now and taken from the cache.
+    """
+
+    kld: dict[str, float]
+    chosen: str
+    reason: str
+    measured: int
+    cached: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"measured_kld": self.kld, "chosen": self.chosen, "reason": self.reason, "measured": self.measured,
+                "cached": self.cached}
+
+
 @dataclass(frozen=True)
 class TargetReport:
     """What :func:`quantize_to_target` chose and wrote.
@@ -114,6 +152,8 @@ class TargetReport:
         estimated_kld, reference_estimated_kld: the mix's and the reference preset's estimated mean KLD
             (sum of proxy errors times ``kld_sensitivity``), None without one; ``sensitivity_use``: where
             the sensitivity went (``none``, ``estimate`` or ``search``).
+        final_check: the measured comparison with the presets that fit (``final_check`` given), else None;
+            where a preset won, ``plan``/``rules``/``choices`` are that preset's.
     """
 
     input: Path
@@ -139,6 +179,7 @@ class TargetReport:
     estimated_kld: float | None = None
     reference_estimated_kld: float | None = None
     sensitivity_use: str = "none"
+    final_check: FinalCheck | None = None
 
     def to_dict(self) -> dict[str, Any]:
         t = self.plan.to_dict()["totals"]
@@ -156,6 +197,7 @@ class TargetReport:
                 "measured": self.measured, "cached": self.cached, "seconds": round(self.seconds, 3),
                 "imatrix": str(self.imatrix) if self.imatrix else None,
                 "mix_out": str(self.mix_out) if self.mix_out else None, "types": t["types"],
+                "final_check": self.final_check.to_dict() if self.final_check is not None else None,
                 "tensors": [c.to_dict(self.error) for c in self.choices],
                 "rules": [f"{p}={q.name.lower()}" for p, q in self.rules]}
 
@@ -231,6 +273,37 @@ def allocate(options: Mapping[str, Sequence[tuple[int, float, GGMLQuantizationTy
     return pos
 
 
+def allocate_best(options: Mapping[str, Sequence[tuple[int, float, GGMLQuantizationType]]], budget: int,
+                  big: float = 0.01) -> dict[str, int]:
+    """:func:`allocate`, then each tensor with a hull step larger than ``big`` x ``budget`` tried at each of
+    its hull points with the rest allocated again; the assignment of least total error is kept.
+
+    The greedy drops an upgrade that does not fit when its turn comes and spends the rest on flatter steps:
+    on Gemma 3 270M at Q4_K_M's size the tied 262144 x 640 token_embd's Q5_1 -> Q8_0 step (52 MB of a
+    253 MB budget) came up after the layers had taken most of the bytes, so the mix kept it at Q5_1 (its own
+    estimated KLD 0.0169) while the preset, token_embd at Q8_0, estimated 5e-6.
+    """
+    hulls = {n: _hull(p) for n, p in options.items()}
+
+    def total(pos: Mapping[str, int]) -> tuple[float, int]:
+        return (sum(hulls[n][i][1] for n, i in pos.items()), sum(hulls[n][i][0] for n, i in pos.items()))
+
+    best = allocate(options, budget)
+    best_err = total(best)[0]
+    for n, h in hulls.items():
+        if not any(h[i + 1][0] - h[i][0] > big * budget for i in range(len(h) - 1)):
+            continue
+        rest = {m: p for m, p in options.items() if m != n}
+        for j, (c, _, _) in enumerate(h):
+            if j == best[n] or c + sum(hulls[m][0][0] for m in rest) > budget:
+                continue
+            pos = {**allocate(rest, budget - c), n: j}
+            err, spent = total(pos)
+            if spent <= budget and err < best_err:
+                best, best_err = pos, err
+    return best
+
+
 def _base_preset(types: Mapping[GGMLQuantizationType, int], has_imatrix: bool) -> str:
     """The preset whose default type holds the most weights of the mix (q8_0 when none fits)."""
     for t, _ in sorted(types.items(), key=lambda kv: -kv[1]):
@@ -253,6 +326,45 @@ def _write_rules(path: Path, rules: Sequence[tuple[str, GGMLQuantizationType]]) 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _final_check(fn: FinalCheckFn, plan: QuantPlan, rules: list[tuple[str, GGMLQuantizationType]],
+                 ref_plans: Mapping[str, QuantPlan], ref_sizes: Mapping[str, int], points: Mapping[str, Any],
+                 cands: Sequence[GGMLQuantizationType], budget: int, kind: str, n_presets: int | None,
+                 make_plan: Callable[[str, Sequence[tuple[str, GGMLQuantizationType]]], QuantPlan],
+                 size_of: Callable[[QuantPlan], int]
+                 ) -> tuple[QuantPlan, list[tuple[str, GGMLQuantizationType]], FinalCheck]:
+    """Measure the mix and the largest presets that fit; return the plan of least measured KLD (a preset's
+    own plan, with no rules), the mix on a tie."""
+    fitting: dict[str, tuple[QuantPlan, list[tuple[str, GGMLQuantizationType]]]] = {}
+    for name in sorted(ref_plans, key=lambda n: -ref_sizes[n]):
+        if n_presets is not None and len(fitting) >= n_presets:
+            break
+        ents = [e for e in ref_plans[name].entries if e.name in points]
+        if (kind == "file" and ref_sizes[name] > budget) or any(e.dst_type not in cands for e in ents):
+            continue
+        # the preset itself, no rules: one rule per tensor would add the rules to the header (and a file of
+        # the preset's own size would no longer fit); --mix-out then holds no rule and llama-quantize's PRESET
+        # alone writes the same file
+        pplan = make_plan(name, [])
+        if size_of(pplan) <= budget:
+            fitting[name] = (pplan, [])
+
+    def changed(p: QuantPlan) -> dict[str, GGMLQuantizationType]:
+        return {e.name: e.dst_type for e in p.entries if e.dst_type != e.src_type}
+
+    kld, n_new, n_old = fn({"mix": changed(plan), **{n: changed(p) for n, (p, _) in fitting.items()}})
+    best = min(fitting, key=lambda n: kld[n]) if fitting else None
+    if best is None:
+        return plan, rules, FinalCheck(kld, "mix", "no preset fits the budget with the candidate types", n_new,
+                                       n_old)
+    if kld[best] < kld["mix"]:
+        return *fitting[best], FinalCheck(
+            kld, best, f"{best.upper()} fits the budget and measures a lower mean KLD on the calibration text "
+            f"({kld[best]:.4g}) than the mix ({kld['mix']:.4g}): its per-tensor plan is used", n_new, n_old)
+    return plan, rules, FinalCheck(kld, "mix", f"the mix measures a mean KLD of {kld['mix']:.4g} on the "
+                                   f"calibration text, no more than any preset that fits (best {best.upper()} "
+                                   f"{kld[best]:.4g})", n_new, n_old)
 
 
 class _Renamed:
@@ -279,7 +391,8 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
                        sample_rows: int = DEFAULT_SAMPLE_ROWS, proxy: str = "relative",
                        sensitivity: Mapping[str, float] | None = None,
                        kld_sensitivity: Mapping[str, float] | None = None, threads: int | None = None,
-                       device: str = "auto", progress: Progress | None = None) -> TargetReport:
+                       device: str = "auto", progress: Progress | None = None, final_check: FinalCheckFn | None = None,
+                       check_presets: int | None = CHECK_PRESETS) -> TargetReport:
     """Quantize ``input`` to the least estimated error within a size budget.
 
     Args:
@@ -305,6 +418,12 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
             estimates the mix's and the reference preset's mean KLD (``estimated_kld``).
         threads, device: as :func:`ggufkit.quant.pipeline.quantize_file`.
         progress: one bar per phase: ``planning presets``, ``measuring``, ``allocating``, ``quantizing``.
+        final_check: measures the mix and the presets that fit (see :data:`FinalCheckFn`; the evaluator's,
+            :func:`ggufkit.eval.target_sensitivity.quantize_to_target_kld`): where a preset measures a lower
+            KLD than the mix, that preset's per-tensor plan is returned and written instead (``final_check``
+            in the report says so).
+        check_presets: how many of the largest presets that fit the budget (and use only candidate types) the
+            final check measures (None: all).
 
     Returns:
         A :class:`TargetReport`.
@@ -439,13 +558,18 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
         overhead = lo - sum(_hull(p)[0][0] for p in points.values())
         room = budget - overhead
         for _ in range(16):  # the header (the recipe's type names) changes with the mix: shrink until it fits
-            plan, rules, size = build(allocate(points, room))
+            plan, rules, size = build(allocate_best(points, room))
             if size <= budget:
                 break
             room -= size - budget
         else:  # pragma: no cover - each pass lowers the room by the overshoot
             raise UsageError(f"could not fit {what} {budget} bytes")
         phase.end()
+        check = None
+        if final_check is not None:
+            plan, rules, check = _final_check(final_check, plan, rules, ref_plans, ref_sizes, points, cands, budget,
+                                              kind, check_presets, lambda b, r: make_plan(model, b, r),
+                                              lambda p: predict_file_size(model, p, im) if kind == "file" else p.nbytes)
         by_name = {e.name: e for e in plan.entries}
         choices = tuple(Choice(n, by_name[n].dst_type, by_name[n].nbytes, err(n, meas[n][by_name[n].dst_type]),
                                kld(n, meas[n][by_name[n].dst_type]))
@@ -476,4 +600,4 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
                         ref_name, ref_sizes[ref_name], ref_err, proxy, n_measured, n_cached,
                         time.perf_counter() - start, dry_run, im.path if im is not None else None,
                         Path(mix_out) if mix_out is not None else None, est_kld, ref_kld,
-                        "search" if sensitivity else "estimate" if kld_sensitivity is not None else "none")
+                        "search" if sensitivity else "estimate" if kld_sensitivity is not None else "none", check)

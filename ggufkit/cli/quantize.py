@@ -75,6 +75,9 @@ def _render_target(d: Mapping[str, Any]) -> str:
                 f"ratio {ref['kld_ratio']:.3f} (sensitivity measured on {d['calibration']['tokens']} tokens, "
                 f"used for the {d['sensitivity']}; {d['calibration']['seconds']:.1f} s)"]
                if d.get("estimated_kld") is not None and ref.get("kld_ratio") is not None else []),
+             *([f"final check (mean KLD measured on the calibration text): "
+                f"{', '.join(f'{k} {v:.4g}' for k, v in d['final_check']['measured_kld'].items())}; chosen "
+                f"{d['final_check']['chosen']}: {d['final_check']['reason']}"] if d.get("final_check") else []),
              f"measurements: {d['measured']} new, {d['cached']} from the cache; {d['seconds']:.1f} s"]
     if d["mix_out"]:
         lines.append(f"mix written to {d['mix_out']} (llama-quantize --tensor-type-file)")
