@@ -55,11 +55,18 @@ rounding of activations to Q8_1 for Q4_1 dot products, which no weight-error pro
 (proxy at the probe types for 211 tensors, 22 forward passes of 256 tokens, numba compilation) took 761 s wall,
 181 s CPU on the loaded machine; the low-probe calibration pass added later took about 45 s; from the cache, 1-8 s.
 
-Not yet rerun after the second probe, ``allocate_best`` and the final check (2026-11-27: the box was at load
-13-16; the run was stopped while it re-measured the sensitivity, whose cache version changed). What will
-change: this F16 comes from a Q4_1 file and Q4_K nearly reproduces Q4_1's grid on ffn_down (relative proxy
-error 2e-4..0.023x Q3_K's, against ~0.25x on weights off every grid), so the four ffn_down groups get a
-second probe at Q3_K; the other groups (Q4_0 probe: 1.2-96x IQ4_NL's error) keep one probe.
+After the second probe, ``allocate_best`` and the final check (2026-11-27 04:17-04:44, same CPU, load 2-3 with
+CI running beside it; ``--sensitivity search``, the sensitivity re-measured (cache version 2: 116.9 s wall),
+proxies from the cache; preset rows as above):
+
+    size of  file        bytes  mean KLD  p99 KLD    dPPL  same top  KLD ratio  target  final check (calibration)
+    q2_k     mix+kld  88195328   0.02048   0.0791  +0.216   91.40%      0.079    0.30   mix 0.0192 vs Q2_K 0.2757
+    q3_k_m   mix+kld  93483008   0.01451   0.0556  +0.175   92.67%      0.190    0.35   mix 0.0142 vs Q3_K_M 0.0670
+    q4_k_m   mix+kld 105371616   0.00236   0.0110  +0.031   97.33%      0.080    0.75   mix 3.4e-6 vs Q4_K_M 0.0242
+
+Within 2 % of the earlier mixes (the plans barely move: Q4_1 re-creates most tensors of this F16); the final
+check chose the mix at every size. Search + write: 389 s at Q2_K's size (sensitivity and 1355 new proxy
+pairs), 99 s and 44 s for the next two (everything cached; the final check's quantize-and-score of the plans).
 
 Run: ``python tests/llama_cpp_sources.py`` (fetches the model and builds the tools), then
 ``python benchmarks/bench_quantize_target.py [--work DIR] [--proxy relative|absolute] [--preset q2_k ...]

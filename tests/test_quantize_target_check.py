@@ -85,9 +85,11 @@ def test_on_grid_group_gets_a_second_probe(models, tmp_path):
     assert any("second probe Q3_K" in n for n in down.notes)
 
 
-def _run(models, tmp_path, model: str, target: str):  # type: ignore[no-untyped-def]
+def _run(models, tmp_path, model: str, target: str | int):  # type: ignore[no-untyped-def]
+    """``target``: a preset's name (``--target-like``) or a size in bytes (``--target-size``)."""
     out, mix = tmp_path / f"{model}-{target}.gguf", tmp_path / f"{model}-{target}.txt"
-    rep, sens = quantize_to_target_kld(models[model], out, target_like=target, imatrix=models["im"],
+    budget = {"target_size": target} if isinstance(target, int) else {"target_like": target}
+    rep, sens = quantize_to_target_kld(models[model], out, **budget, imatrix=models["im"],
                                        calibration_text=models["calib"], cache_dir=models["cache"], ctx=CTX,
                                        chunks=CHUNKS, bands=BANDS, mix_out=mix, device="cpu", threads=2)
     assert sens is not None and rep.final_check is not None and rep.output == out
@@ -141,10 +143,17 @@ def test_preset_wins_where_it_is_lossless(models, tmp_path):
     assert again.final_check.kld == fc.kld and again.final_check.chosen == "q4_k_m"
 
 
-def test_mix_wins_on_the_original(models, tmp_path):
-    rep, out, mix = _run(models, tmp_path, "src", "q3_k_m")
+def test_mix_wins_where_no_preset_of_its_size_fits(models, tmp_path):
+    # one byte under Q3_K_M's file: the fitting presets are the smaller ones, and the mix, which spends
+    # nearly Q3_K_M's bytes, must measure lower than each of them. (At Q3_K_M's own size this random model's
+    # preset measures lower than the mix, 0.0075 vs 0.0114, and the check rightly returns the preset.)
+    ref = tmp_path / "q3_k_m-preset.gguf"
+    quantize_file(models["src"], ref, "q3_k_m", imatrix=models["im"])
+    rep, out, mix = _run(models, tmp_path, "src", ref.stat().st_size - 1)
     fc = rep.final_check
-    assert fc.chosen == "mix" and fc.kld["mix"] < fc.kld["q3_k_m"], fc
+    presets = {k: v for k, v in fc.kld.items() if k != "mix"}
+    assert presets and "q3_k_m" not in presets, fc
+    assert fc.chosen == "mix" and fc.kld["mix"] < min(presets.values()), fc
     assert fc.kld["mix"] == pytest.approx(_kld_of_file(out, models["src"]), rel=1e-3, abs=1e-8)
     assert out.stat().st_size <= rep.budget
     _llama_quantize_reproduces(models, tmp_path, "src", rep, out, mix)
