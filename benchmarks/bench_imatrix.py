@@ -26,6 +26,11 @@ process): llama-perplexity ``-t 1 -nr`` 18.3-19.7 s user CPU, ``ggufkit ppl`` wi
 13.7-14.2 s (about 1.35x fewer CPU seconds: oneDNN's float32 GEMM against ggml's F16 dot products).
 
 Run: ``python -m pytest benchmarks/bench_imatrix.py --benchmark-enable -s`` (not part of CI).
+``GGUFKIT_BENCH_LLAMA_BIN=DIR`` takes llama.cpp's two tools from another build. An AVX2-only machine (the 2-core AMD
+EPYC kind the issue measured) is approximated on an AVX-512 CPU by a llama.cpp build with ``-DGGML_NATIVE=OFF
+-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON`` (no AVX-512) on one side and ``NUMBA_CPU_NAME=haswell
+ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` on the other (the same instruction sets; not the same
+micro-architecture).
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ def _final_ppl(log: str) -> float:
 def test_cpu_tokens_per_second_vs_llama_cpp(benchmark, files: dict[str, Path], tool: str) -> None:
     from llama_cpp_sources import tool_path
 
+    if os.environ.get("GGUFKIT_BENCH_LLAMA_BIN"):  # another build of the two tools, e.g. AVX2-only (see above)
+        tool_path = lambda name: Path(os.environ["GGUFKIT_BENCH_LLAMA_BIN"]) / name  # noqa: E731
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
     model, text, d = str(files["model"]), str(files["text"]), files["dir"]
     common = ["-f", text, "-c", str(CTX), "--chunks", str(CHUNKS)]
