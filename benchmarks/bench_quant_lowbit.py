@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from ggml_oracle import libggml, row_bytes
 
 from ggufkit.quant import KERNELS
+from ggufkit.quant.dispatch import start_numba_threads
 
 TYPES = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.MXFP4, T.Q1_0]
 N_PER_ROW = 4096
@@ -117,6 +118,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((args.rows, N_PER_ROW), dtype=np.float32) * 0.02).astype(np.float16).astype(np.float32)
     imatrix = rng.gamma(0.5, 2.0, N_PER_ROW).astype(np.float32)
+    start_numba_threads()  # as ggufkit.quant.quantize starts the pool (OpenMP's passive wait policy)
     numba.set_num_threads(args.threads)
     print(f"{x.size / 1e6:.1f}M weights, {args.threads} threads, best of {args.rounds}; {cpu_description()}")
     print(f"{'type':7s} {'path':8s} {'ggufkit s':>10s} {'ggml s':>10s} {'ratio':>6s}  bytes")
