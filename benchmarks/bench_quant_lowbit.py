@@ -40,6 +40,26 @@ changed (Q4_0-Q5_1 reference 0.6-1.0, Q8_0 0.33-0.69 in these runs: memory and l
 Q3_K 0.71 ref / 0.20 imatrix, Q4_K-Q6_K 0.21-0.41, IQ4_NL/IQ4_XS 0.30-0.37, TQ1_0/TQ2_0 0.41-0.54,
 MXFP4 0.60-0.66, Q1_0 0.15-0.21, IQ2_XXS 0.31, IQ2_XS 0.28, IQ2_S 0.07, IQ1_S 0.02, IQ3_XXS 0.85-1.0,
 IQ3_S 0.7-1.6, IQ1_M 0.90).
+
+Remeasured 2026-11-27 on the same machine, load average 3.5-4.3, 4.2M weights (1024 rows), ggufkit and
+ggml alternating round by round (7 rounds, median ratio of wall time; in brackets the ratio of process CPU
+time), after the TQ1_0/TQ2_0, MXFP4 and Q3_K reference kernels were reworked and Numba's OpenMP pool was
+started with the passive wait policy (``ggufkit.quant.dispatch.start_numba_threads``: libgomp's spinning
+threads had made 2 threads slower than 1 on the loaded machine, TQ1_0 0.84 at 2 threads from F16):
+
+=======  ============================  ============================
+type     f32 kernel, 1 / 2 threads     from F16 (``quantize``), 1 / 2
+=======  ============================  ============================
+TQ1_0    0.07 (0.11) / 0.17 (0.12)     0.23 (0.22) / 0.22 (0.21)
+TQ2_0    0.05 (0.12) / 0.10 (0.10)     0.20 (0.18) / 0.22 (0.19)
+MXFP4    0.23 (0.24) / 0.23 (0.29)     0.34 (0.33) / 0.29 (0.33)
+Q3_K     0.68 (0.72) / 0.59 (0.57)     0.56 (0.56) / 0.53 (0.54)
+=======  ============================  ============================
+
+This script itself (best of 3, one side after the other, 2 threads): TQ1_0 0.10, TQ2_0 0.06, MXFP4
+0.22, Q3_K ref 0.49. Q3_K's reference path stays above 0.5: of its ~8.5 ms per 1M weights (1 thread) the
+lane fit takes ~5 (the group maxima and first rounding ~2.4, the refinement passes ~2.9), the
+requantization, bit packing and scales ~2.4, the transposition into lanes ~1.
 """
 
 from __future__ import annotations
@@ -60,6 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from ggml_oracle import libggml, row_bytes
 
 from ggufkit.quant import KERNELS
+from ggufkit.quant.dispatch import start_numba_threads
 
 TYPES = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.MXFP4, T.Q1_0]
 N_PER_ROW = 4096
@@ -117,6 +138,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((args.rows, N_PER_ROW), dtype=np.float32) * 0.02).astype(np.float16).astype(np.float32)
     imatrix = rng.gamma(0.5, 2.0, N_PER_ROW).astype(np.float32)
+    start_numba_threads()  # as ggufkit.quant.quantize starts the pool (OpenMP's passive wait policy)
     numba.set_num_threads(args.threads)
     print(f"{x.size / 1e6:.1f}M weights, {args.threads} threads, best of {args.rounds}; {cpu_description()}")
     print(f"{'type':7s} {'path':8s} {'ggufkit s':>10s} {'ggml s':>10s} {'ratio':>6s}  bytes")

@@ -25,9 +25,6 @@ MXFP4_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.MXFP4][1]  # 17
 #: ggml-common.h: kvalues_mxfp4 (E2M1 values, doubled).
 KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
 
-_CHUNK = 64
-
-
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def e8m0_to_fp32_half(e: int) -> np.float32:
     """``ggml_e8m0_to_fp32_half``: ``2^(e - 128)``, the bit patterns ggml builds (subnormal for e < 2)."""
@@ -95,22 +92,80 @@ def mxfp4_dequantize_block(blk: np.ndarray, y: np.ndarray) -> None:
         y[16 + j] = fmul(KVALUES_MXFP4[q >> 4], d)
 
 
+# --- CPU kernel ---------------------------------------------------------------------------------------
+#
+# The block functions above are the reference transcription, and what the CUDA kernel runs
+# (ggufkit.quant.cuda_lowbit re-jits them). The CPU kernel computes the same bytes with less work: the block
+# maxima of a row over the float bits as integers (for finite floats |x|'s bit pattern orders as |x| does),
+# the exponent from those bits where _e8m0_of_amax takes its frexp branch (a normal maximum whose mantissa
+# is below 2 - 2^-10) and by _e8m0_of_amax itself elsewhere, the scale's bits as ggml_e8m0_to_fp32_half
+# builds them, and each code as the number of midpoints of the code values 0, 1, 2, 3, 4, 6, 8, 12 times d
+# that lie strictly below |x|. That is best_index_mxfp4's choice: the code values and their midpoints are
+# exact (small integers and halves times a power of two, subnormal ones included); for |x| between two
+# neighbouring code values c < c' both differences |x| - c and c' - |x| are exact (Sterbenz: c' <= 2c,
+# or c = 0), so the strict "<" of the C keeps c up to and at the midpoint and takes c' past it; every other
+# code errs by at least d more, far beyond a rounding of these differences (an ulp of |x| <= 2^-19 d, or
+# |x| below half of d when the exponent wrapped). tests/test_quant_lowbit.py checks weights on and beside
+# every midpoint in every binade against ggml.
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _code(v: np.float32, m0: np.float32, m1: np.float32, m2: np.float32, m3: np.float32, m4: np.float32,
+          m5: np.float32, m6: np.float32) -> int:
+    # mxfp4_quantize_block's search for one weight, as the number of midpoints below |v| (+ 8 when v < 0).
+    ax = abs(v)
+    c = ((1 if ax > m0 else 0) + (1 if ax > m1 else 0) + (1 if ax > m2 else 0) + (1 if ax > m3 else 0)
+         + (1 if ax > m4 else 0) + (1 if ax > m5 else 0) + (1 if ax > m6 else 0))
+    return c + 8 if (v < np.float32(0.0)) & (c > 0) else c
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _exponent_of_bits(m: int) -> int:
+    # The E8M0 exponent _e8m0_of_amax gives the block maximum whose float bits are m.
+    if m == 0:
+        return 0
+    if (m >> 23) != 0 and (m & 0x7FFFFF) < 0x7FE000:
+        return ((m >> 23) - 127 - 2 + 127) & 0xFF
+    return _e8m0_of_amax(np.int32(m).view(np.float32))
+
+
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
 def quantize_rows_mxfp4(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     """MXFP4 quantization of ``x`` float32[n_rows, n_per_row] into ``out`` uint8[n_rows, n_per_row/32*17].
 
-    ``qw`` is ignored, as ``ggml_quantize_chunk(GGML_TYPE_MXFP4)`` ignores the imatrix.
+    ``qw`` is ignored, as ``ggml_quantize_chunk(GGML_TYPE_MXFP4)`` ignores the imatrix. Same bytes as
+    :func:`mxfp4_quantize_block` on every block.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_MXFP4
-    total = n_rows * nb
-    for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
-        bi = np.empty(QK_MXFP4, np.int64)
-        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
-            r = t // nb
-            b = t - r * nb
-            mxfp4_quantize_block(x[r, b * QK_MXFP4:(b + 1) * QK_MXFP4], out[r, b * MXFP4_BYTES:(b + 1) * MXFP4_BYTES],
-                                 bi)
+    for r in numba.prange(n_rows):
+        xr = x[r].view(np.int32)
+        fr = x[r]
+        o = out[r]
+        amax_bits = np.empty(nb, np.int32)
+        for b in range(nb):
+            m = np.int32(0)
+            for j in range(b * QK_MXFP4, (b + 1) * QK_MXFP4):
+                a = xr[j] & np.int32(0x7FFFFFFF)
+                m = a if a > m else m
+            amax_bits[b] = m
+        for b in range(nb):
+            base = b * QK_MXFP4
+            ob = b * MXFP4_BYTES
+            e = _exponent_of_bits(amax_bits[b])
+            d = np.int32((0x00200000 << e) if e < 2 else ((e - 1) << 23)).view(np.float32)
+            o[ob] = e
+            m0 = d * np.float32(0.5)  # midpoints of 0, 1, 2, 3, 4, 6, 8, 12 times d (exact)
+            m1 = d * np.float32(1.5)
+            m2 = d * np.float32(2.5)
+            m3 = d * np.float32(3.5)
+            m4 = d * np.float32(5.0)
+            m5 = d * np.float32(7.0)
+            m6 = d * np.float32(10.0)
+            for j in range(16):
+                lo = _code(fr[base + j], m0, m1, m2, m3, m4, m5, m6)
+                hi = _code(fr[base + 16 + j], m0, m1, m2, m3, m4, m5, m6)
+                o[ob + 1 + j] = lo | (hi << 4)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

@@ -119,20 +119,72 @@ def tq2_0_dequantize_block(blk: np.ndarray, y: np.ndarray) -> None:
 
 
 # --- CPU kernels (the registry's entry points) -------------------------------------------------------
+#
+# The block functions above are the reference transcription, and what the CUDA kernels run
+# (ggufkit.quant.cuda_lowbit re-jits them). The CPU kernels compute the same bytes with loops the compiler
+# vectorizes: the block maximum over the float bits as integers (for the finite floats the dispatcher passes,
+# |x|'s bit pattern orders as |x| does), each trit from the product ``x * id`` by two comparisons
+# (``lroundf`` of a value within [-1 - 2^-22, 1 + 2^-22] is 1 exactly when it is >= 0.5, -1 when <= -0.5),
+# and the ceiling division by 243 as a multiply and shift (exact for every numerator here, 0 .. 62194).
+# A non-finite ``id`` (subnormal maximum) gives every weight the trit 1, as the C's lroundf does (see
+# _trit); it is handled by a zero ``id`` instead, which makes every product +-0.
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _block_inv(xi: np.ndarray, base: int) -> tuple[np.float32, np.float32]:
+    # (d, id): the block maximum of |x| from the bit patterns xi[base:base+256], and 1/d (0 for d == 0),
+    # replaced by 0 where 1/d overflows.
+    m = np.int32(0)
+    for j in range(QK_K):
+        a = xi[base + j] & np.int32(0x7FFFFFFF)
+        m = a if a > m else m
+    d = np.int32(m).view(np.float32)
+    if d == np.float32(0.0):
+        return d, np.float32(0.0)
+    idv = np.float32(1.0) / d
+    if idv == np.float32(np.inf):
+        idv = np.float32(0.0)
+    return d, idv
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _trit_cmp(v: np.float32) -> int:
+    return 1 + (1 if v >= np.float32(0.5) else 0) - (1 if v <= np.float32(-0.5) else 0)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
 def quantize_rows_tq1_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     """TQ1_0 quantization of ``x`` float32[n_rows, n_per_row] into ``out`` uint8[n_rows, n_per_row/256*54].
 
-    ``qw`` is ignored, as ``ggml_quantize_chunk(GGML_TYPE_TQ1_0)`` ignores the imatrix.
+    ``qw`` is ignored, as ``ggml_quantize_chunk(GGML_TYPE_TQ1_0)`` ignores the imatrix. Same bytes as
+    :func:`tq1_0_quantize_block` on every block.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_K
-    for t in numba.prange(n_rows * nb):
-        r = t // nb
-        b = t - r * nb
-        tq1_0_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], out[r, b * TQ1_0_BYTES:(b + 1) * TQ1_0_BYTES])
+    for r in numba.prange(n_rows):
+        xr = x[r].view(np.int32)
+        fr = x[r]
+        o = out[r]
+        for b in range(nb):
+            base = b * QK_K
+            ob = b * TQ1_0_BYTES
+            d, idv = _block_inv(xr, base)
+            _store_d(o, ob + 52, d)
+            for m in range(32):  # five trits per byte along 32 bytes
+                q = 0
+                for n in range(5):
+                    q = q * 3 + _trit_cmp(fr[base + m + 32 * n] * idv)
+                o[ob + m] = ((q * 256 + 242) * 69043) >> 24  # == (q*256 + 242) // 243
+            for m in range(16):  # then along 16 bytes
+                q = 0
+                for n in range(5):
+                    q = q * 3 + _trit_cmp(fr[base + 160 + m + 16 * n] * idv)
+                o[ob + 32 + m] = ((q * 256 + 242) * 69043) >> 24
+            for j in range(4):  # four trits per byte, the first shifted to the most significant trit
+                q = 0
+                for m in range(4):
+                    q = q * 3 + _trit_cmp(fr[base + 240 + j + 4 * m] * idv)
+                o[ob + 48 + j] = ((q * 768 + 242) * 69043) >> 24
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
@@ -150,14 +202,26 @@ def dequantize_rows_tq1_0(blocks: np.ndarray, out: np.ndarray) -> None:
 def quantize_rows_tq2_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     """TQ2_0 quantization of ``x`` float32[n_rows, n_per_row] into ``out`` uint8[n_rows, n_per_row/256*66].
 
-    ``qw`` is ignored, as ``ggml_quantize_chunk(GGML_TYPE_TQ2_0)`` ignores the imatrix.
+    ``qw`` is ignored, as ``ggml_quantize_chunk(GGML_TYPE_TQ2_0)`` ignores the imatrix. Same bytes as
+    :func:`tq2_0_quantize_block` on every block.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_K
-    for t in numba.prange(n_rows * nb):
-        r = t // nb
-        b = t - r * nb
-        tq2_0_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], out[r, b * TQ2_0_BYTES:(b + 1) * TQ2_0_BYTES])
+    for r in numba.prange(n_rows):
+        xr = x[r].view(np.int32)
+        fr = x[r]
+        o = out[r]
+        for b in range(nb):
+            base = b * QK_K
+            ob = b * TQ2_0_BYTES
+            d, idv = _block_inv(xr, base)
+            _store_d(o, ob + 64, d)
+            for h in range(2):
+                for m in range(32):
+                    q = 0
+                    for n in range(4):
+                        q += _trit_cmp(fr[base + 128 * h + m + 32 * n] * idv) << (2 * n)
+                    o[ob + 32 * h + m] = q
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

@@ -93,3 +93,24 @@ def test_device_auto_skips_the_numba_cuda_import_without_an_nvidia_driver() -> N
     sim = subprocess.run([sys.executable, "-c", _PROBE], env={**env, "NUMBA_ENABLE_CUDASIM": "1"},
                          capture_output=True, text=True, check=True).stdout.split()
     assert sim[0] == "cuda"
+
+
+_WAIT_PROBE = ("import ctypes, os, numba, numpy as np; from ggufkit.quant import quantize; "
+               "quantize(np.ones((4, 256), np.float32), 34, threads=1); "
+               "print(numba.threading_layer(), os.environ.get('OMP_WAIT_POLICY'), flush=True); "
+               "numba.threading_layer() == 'omp' and ctypes.CDLL('libgomp.so.1').omp_display_env(1)")
+
+
+@pytest.mark.parametrize("user_policy", [None, "ACTIVE"])
+def test_numba_threads_start_with_a_passive_openmp_wait_unless_the_user_chose(user_policy: str | None) -> None:
+    # libgomp (Numba's "omp" layer) prints its settings with omp_display_env; GOMP_SPINCOUNT 0 is the
+    # passive policy (libgomp's default spins 300000 times). The variable is not left in the environment.
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if user_policy:
+        env["OMP_WAIT_POLICY"] = user_policy
+    run = subprocess.run([sys.executable, "-c", _WAIT_PROBE], env=env, capture_output=True, text=True, check=True)
+    layer, seen = run.stdout.split()
+    assert seen == str(user_policy)
+    if layer == "omp":
+        spin = [line.split("=")[1].strip(" '") for line in run.stderr.splitlines() if "GOMP_SPINCOUNT" in line]
+        assert spin == (["0"] if user_policy is None else [spin[0]]) and (user_policy is None or spin[0] != "0")

@@ -171,6 +171,34 @@ def test_mxfp4_exponent_matches_ggml_where_log2_rounds_up_to_an_integer() -> Non
     _assert_same_blocks(QT.MXFP4, _ours(QT.MXFP4, x, None), ggml_quantize(x, QT.MXFP4))
 
 
+def test_mxfp4_codes_match_ggml_at_and_beside_every_midpoint_in_every_binade() -> None:
+    # The CPU kernel picks a code by comparing |x| with the midpoints of the code values; ggml takes the
+    # first code of least rounded |kvalue*d - x|. Weights on, and 1-2 ulps beside, every midpoint and code
+    # value, both signs, for block maxima in every binade (subnormal scales and wrapped exponents too).
+    rows = []
+    for k in range(-149, 128):
+        for top in (1.5, 1.9990234375):
+            amax = np.float32(np.ldexp(top, k))
+            if amax == 0 or not np.isfinite(amax):
+                continue
+            e = (int(np.floor(np.log2(np.float64(amax)))) - 2 + 127) % 256
+            d = np.float32(np.ldexp(1.0, e - 128))
+            with np.errstate(over="ignore"):  # a wrapped exponent's huge d: marks above amax are dropped below
+                marks = np.array([0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 10, 12], np.float32) * d
+            up, down = np.nextafter(marks, np.float32(np.inf)), np.nextafter(marks, np.float32(0))
+            v = np.concatenate([marks, up, down, np.nextafter(up, np.float32(np.inf)),
+                                np.nextafter(down, np.float32(0))])
+            v = v[(v <= amax) & (v > 0)]
+            v = np.concatenate([v, -v])
+            for i in range(0, v.size, 31):
+                row = np.zeros(32, np.float32)
+                row[0] = amax
+                row[1:1 + v[i:i + 31].size] = v[i:i + 31]
+                rows.append(row)
+    x = np.stack(rows)
+    _assert_same_blocks(QT.MXFP4, _ours(QT.MXFP4, x, None), ggml_quantize(x, QT.MXFP4))
+
+
 def _dequant_inputs(qtype: QT, rng: np.random.Generator) -> np.ndarray:
     """Blocks of quantized real data plus random bytes (every quant/scale pattern; f16 scales finite)."""
     type_size = GGML_QUANT_SIZES[qtype][1]
