@@ -13,6 +13,25 @@ warm-up round each. Printed, one JSON object per line: per tool the whole-proces
 tokens/s after start-up (llama.cpp: the wall time less the time stamped on its "computing over" /
 "calculating perplexity over" log line; ggufkit: ``tokens_per_second`` of ``--json``), the ratios ggufkit/llama.cpp, both PPLs, and for the importance
 matrix the tensor set, the counts and the worst relative L2 difference of ``in_sum2`` between the two files.
+
+Measured (2026-11-27, one NVIDIA H200 and its host's 16-core Intel Xeon (AVX2, AVX-512 F/BF16/VNNI, AMX), llama.cpp
+built for sm_90 with CUDA 13.0, flash attention and CUDA graphs on; the template instances for quantized matmul
+(mmq), small-batch F16 matmul (mmf) and single-token attention (fattn-vec) were left out of that build to fit the
+build in the session, each replaced by a stub that aborts with its name, so a run that needed one would have
+failed loudly rather than taken another path):
+
+* imatrix, ``--chunks 32`` (16384 tokens), ``--rounds 1``: whole process llama-imatrix 7.38 s (2221 tok/s),
+  ggufkit 5.79 s (2831 tok/s), ratio 1.27; after start-up 3505 vs 21862 tok/s (6.2x: llama-imatrix copies every
+  matmul input to the host and sums it there). Same 210 entries, equal counts, worst relative L2 of ``in_sum2``
+  3.2e-3 (llama.cpp's CUDA matmuls take F16 activations; ggufkit's take float32). The 131072-token default run
+  did not finish inside the device time left for it.
+* ppl: llama-perplexity stopped in a left-out small-batch F16 matmul instance (mmf), so no ratio this time (an
+  earlier session measured ggufkit 2.0x llama-perplexity's CUDA rate, F16, without flash attention).
+* The same script on 2 of the host's cores with AVX2 only on both sides (``CUDA_VISIBLE_DEVICES=`` ``taskset -c
+  0,1``; the build's CPU backend is compiled for AVX2/FMA/F16C without AVX-512; ggufkit with
+  ``NUMBA_CPU_NAME=haswell ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``), 8 x 512 tokens, 1 round:
+  imatrix whole process 17.41 s vs 14.32 s (ratio 1.22; after start-up 1.91), ppl 16.53 s vs 16.20 s (ratio 1.02;
+  after start-up 1.53); PPL 77431.51 (llama.cpp) vs 77425.66.
 """
 
 from __future__ import annotations
@@ -45,7 +64,32 @@ def _emit(**rec: object) -> None:
     print(json.dumps(rec), flush=True)
 
 
+def _f16_without_llama_cpp() -> None:
+    """GPU machines lack llama-cpp-python, whose ggml the test models' writer quantizes with; an F16 tensor is
+    each float32 rounded to nearest-even half, which NumPy does the same way (ggml.c: ggml_fp32_to_fp16_row)."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("llama_cpp") is not None:
+        return
+    from gguf import GGMLQuantizationType as Q
+
+    def ggml_quantize(x: np.ndarray, qtype: Q) -> np.ndarray:
+        assert qtype == Q.F16, qtype
+        return np.ascontiguousarray(x, np.float32).astype(np.float16).view(np.uint8).reshape(x.shape[0], -1)
+
+    def ggml_dequantize(raw: np.ndarray, qtype: Q, shape: tuple[int, ...]) -> np.ndarray:
+        assert qtype == Q.F16, qtype
+        return np.ascontiguousarray(raw).view(np.float16).astype(np.float32).reshape(shape)
+
+    module = types.ModuleType("ggml_oracle")
+    module.ggml_quantize = ggml_quantize  # type: ignore[attr-defined]
+    module.ggml_dequantize = ggml_dequantize  # type: ignore[attr-defined]
+    sys.modules["ggml_oracle"] = module
+
+
 def make_inputs(d: Path, chunks: int) -> tuple[Path, Path]:
+    _f16_without_llama_cpp()
     from eval_models import make_hf_model, write_model_gguf
     from gguf import GGMLQuantizationType as Q
 
@@ -57,9 +101,9 @@ def make_inputs(d: Path, chunks: int) -> tuple[Path, Path]:
     return path, text
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
+def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
     t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)  # not the checkout: its ggufkit/ is not the package
     wall = time.perf_counter() - t
     if r.returncode != 0:
         raise RuntimeError(f"{cmd[0]} exited {r.returncode}: {(r.stdout + r.stderr)[-1500:]}")
@@ -86,6 +130,8 @@ def _ggufkit_json(log: str) -> dict[str, object]:
 def compare(tool: str, model: Path, text: Path, chunks: int, rounds: int, bin_dir: Path, d: Path,
             device: str = "cuda", llama_args: tuple[str, ...] = ("-ngl", "99")) -> None:
     env = {**os.environ, "LD_LIBRARY_PATH": f"{bin_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    # a build linked against a driver stub may lack libcuda.so.1 among its needed libraries: load the driver first
+    llama_env = {**env, "LD_PRELOAD": "libcuda.so.1"} if device == "cuda" else env
     common = ["-f", str(text), "-c", str(CTX), "--chunks", str(chunks)]
     name = "llama-imatrix" if tool == "imatrix" else "llama-perplexity"
     theirs = [str(bin_dir / name), "-m", str(model), *common, *llama_args]
@@ -98,8 +144,9 @@ def compare(tool: str, model: Path, text: Path, chunks: int, rounds: int, bin_di
     logs: dict[str, str] = {}
     for r in range(rounds + 1):  # round 0 warms caches (numba, CUDA modules, page cache) and is not counted
         for side, cmd in (("llama.cpp", theirs), ("ggufkit", ours)):
-            wall, log = _run(cmd, env)
+            wall, log = _run(cmd, llama_env if side == "llama.cpp" else env, d)
             logs[side] = log
+            print(f"# {tool} round {r} {side}: {wall:.2f} s", file=sys.stderr, flush=True)
             rate = _llama_eval_rate(log, wall, CTX * chunks) if side == "llama.cpp" else float(
                 _ggufkit_json(log).get("tokens_per_second", float("nan")))  # type: ignore[arg-type]
             if r:
@@ -140,6 +187,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         model, text = make_inputs(d, args.chunks)
+        print(f"# model and text written: {model.stat().st_size} bytes", file=sys.stderr, flush=True)
         for tool in args.tools.split(","):
             try:
                 compare(tool, model, text, args.chunks, args.rounds, args.llama_bin.resolve(), d, args.device,
