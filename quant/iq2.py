@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType
 
 from ggufkit.quant.fp import fp16_to_fp32
 from ggufkit.quant.iq_common import (
+    FLT_MAX,
     NEGATIVE_SCALE,
     NO_GRID_POINT,
     QK_K,
@@ -35,7 +36,7 @@ from ggufkit.quant.iq_common import (
     put_u16,
     signs_with_parity,
 )
-from ggufkit.quant.iq_grids import iq_tables, ksigns_iq2xs
+from ggufkit.quant.iq_grids import NeighbourLanes, iq_tables, ksigns_iq2xs, neighbour_lanes
 from ggufkit.quant.kquants_math import GROUP_MAX_EPS, make_qp_quants, nearest_int_full
 
 T = GGMLQuantizationType
@@ -43,6 +44,10 @@ GROUP_MAX_EPS_IQ2_S = np.float32(1e-8)
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
+_FLT_MAX_BITS = 0x7F7FFFFF
+_NO_KEY = _FLT_MAX_BITS << 32
+#: Scratch lanes for one neighbour list (the longest IQ2 list pads to 296 lanes, IQ2_XS).
+_MAX_PAD = 512
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
@@ -79,28 +84,86 @@ def _fit(n: int, weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[n
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
-               kmap: np.ndarray, neigh: np.ndarray, L: np.ndarray, Laux: np.ndarray,
-               terms: np.ndarray) -> tuple[np.float32, int]:
+               kmap: np.ndarray, neigh: np.ndarray, L: np.ndarray, Laux: np.ndarray, terms: np.ndarray,
+               lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray, d2: np.ndarray,
+               d2bits: np.ndarray) -> tuple[np.float32, int]:
     """The scale search of IQ2_XS / IQ2_S over 16 weights (two groups of 8): returns (scale, fail)."""
     best = _F0
     scale = mx / np.float32(5.0)
     on0 = True
     on1 = True
+    # The trial loop writes out _round_levels, find_best_neighbour and _fit: Numba reference-counts every
+    # array passed to an inlined helper on each call, which dominated this innermost loop.
     for is_ in range(-9, 10):
         iscale = (np.float32(5.0) + np.float32(is_) * np.float32(0.1)) / mx
         this_scale = _F1 / iscale
         aux0 = True
         aux1 = True
         for k in range(2):
-            u = _round_levels(xval, 8 * k, iscale, Laux)
-            if kmap[u] < 0:
+            o = 8 * k
+            u = 0
+            for i in range(8):
+                lv = nearest_int_full(_HALF * (iscale * xval[o + i] - _F1))
+                lv = max(0, min(2, lv))
+                Laux[o + i] = lv
+                u |= lv << (2 * i)
+            gk = np.int64(kmap[u])
+            if gk < 0:
                 if k == 0:
                     aux0 = False
                 else:
                     aux1 = False
-                if find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, this_scale, Laux, terms) < 0:
+                # iq2_find_best_neighbour (ggml-quants.c) with the candidates of the list side by side over
+                # neighbour_lanes' layout, as iq3.py's _trials does it: each candidate's distance with
+                # ggml's float32 operations in element order (from +0, so >= +0; NaN and anything not below
+                # FLT_MAX, which never wins in ggml, become FLT_MAX), and the smallest (bits << 32 | lane)
+                # key is ggml's first strictly-smallest candidate (padding lanes repeat the last one).
+                p = np.uint64(lpad[u])
+                s0 = np.uint64(lstart[u])
+                bb = np.uint64(8) * s0
+                x0 = xval[o]
+                x1 = xval[o + 1]
+                x2 = xval[o + 2]
+                x3 = xval[o + 3]
+                x4 = xval[o + 4]
+                x5 = xval[o + 5]
+                x6 = xval[o + 6]
+                x7 = xval[o + 7]
+                w0 = waux[o]
+                w1 = waux[o + 1]
+                w2 = waux[o + 2]
+                w3 = waux[o + 3]
+                w4 = waux[o + 4]
+                w5 = waux[o + 5]
+                w6 = waux[o + 6]
+                w7 = waux[o + 7]
+                for j in range(p):
+                    e0 = this_scale * lvalues[bb + j] - x0
+                    e1 = this_scale * lvalues[bb + p + j] - x1
+                    e2 = this_scale * lvalues[bb + np.uint64(2) * p + j] - x2
+                    e3 = this_scale * lvalues[bb + np.uint64(3) * p + j] - x3
+                    e4 = this_scale * lvalues[bb + np.uint64(4) * p + j] - x4
+                    e5 = this_scale * lvalues[bb + np.uint64(5) * p + j] - x5
+                    e6 = this_scale * lvalues[bb + np.uint64(6) * p + j] - x6
+                    e7 = this_scale * lvalues[bb + np.uint64(7) * p + j] - x7
+                    dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
+                            + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
+                    d2[j] = dd if dd < FLT_MAX else FLT_MAX
+                key = np.int64(_NO_KEY)
+                for j in range(p):
+                    key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
+                if (key >> 32) >= _FLT_MAX_BITS:
                     return scale, NO_GRID_POINT
-        sumqx, sumq2 = _fit(16, weight, xval, Laux)
+                gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
+                for i in range(8):
+                    Laux[o + i] = (qgrid[gi, i] - 1) // 2
+        sumqx = _F0
+        sumq2 = _F0
+        for i in range(16):
+            w = weight[i]
+            q = np.float32(2 * Laux[i] + 1)
+            sumqx += w * xval[i] * q
+            sumq2 += w * q * q
         if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
             scale = sumqx / sumq2
             best = scale * sumqx
@@ -130,12 +193,21 @@ def _sumx2(xbl: np.ndarray) -> np.float32:
     return s
 
 
+def _lanes(qtype: GGMLQuantizationType) -> NeighbourLanes:
+    """``neighbour_lanes(qtype)``, checked to fit the kernels' ``_MAX_PAD`` scratch lanes."""
+    n = neighbour_lanes(qtype)
+    if int(n.pad.max()) > _MAX_PAD:
+        raise AssertionError(f"{qtype.name}: a neighbour list of {int(n.pad.max())} lanes exceeds {_MAX_PAD}")
+    return n
+
+
 # --- IQ2_XXS ---------------------------------------------------------------------------------------
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                   neigh: np.ndarray) -> int:
+                   neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
+                   lvalues: np.ndarray) -> int:
     """quantize_row_iq2_xxs_impl for one super-block: writes ``y`` (66 bytes); returns a failure code."""
     scales = np.zeros(8, np.float32)
     weight = np.empty(32, np.float32)
@@ -147,6 +219,8 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
     terms = np.empty(32, np.float32)
     bsigns = np.zeros(4, np.int64)
     q2 = np.zeros(16, np.int64)
+    d2 = np.empty(_MAX_PAD, np.float32)
+    d2bits = d2.view(np.int32)
     sigma2 = _sumx2(xbl) / np.float32(QK_K)
     max_scale = _F0
     for ib in range(8):
@@ -172,12 +246,63 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
         for is_ in range(-6, 7):
             iscale = (np.float32(5.0) + np.float32(is_) * np.float32(0.1)) / eff_max
             this_scale = _F1 / iscale
+            # _round_levels, iq2_find_best_neighbour and _fit written out, as in _search_16
             for k in range(4):
-                u = _round_levels(xval, 8 * k, iscale, Laux)
-                if (kmap[u] < 0
-                        and find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, this_scale, Laux, terms) < 0):
+                o = 8 * k
+                u = 0
+                for i in range(8):
+                    lv = nearest_int_full(_HALF * (iscale * xval[o + i] - _F1))
+                    lv = max(0, min(2, lv))
+                    Laux[o + i] = lv
+                    u |= lv << (2 * i)
+                if kmap[u] >= 0:
+                    continue
+                p = np.uint64(lpad[u])
+                s0 = np.uint64(lstart[u])
+                bb = np.uint64(8) * s0
+                x0 = xval[o]
+                x1 = xval[o + 1]
+                x2 = xval[o + 2]
+                x3 = xval[o + 3]
+                x4 = xval[o + 4]
+                x5 = xval[o + 5]
+                x6 = xval[o + 6]
+                x7 = xval[o + 7]
+                w0 = waux[o]
+                w1 = waux[o + 1]
+                w2 = waux[o + 2]
+                w3 = waux[o + 3]
+                w4 = waux[o + 4]
+                w5 = waux[o + 5]
+                w6 = waux[o + 6]
+                w7 = waux[o + 7]
+                for j in range(p):
+                    e0 = this_scale * lvalues[bb + j] - x0
+                    e1 = this_scale * lvalues[bb + p + j] - x1
+                    e2 = this_scale * lvalues[bb + np.uint64(2) * p + j] - x2
+                    e3 = this_scale * lvalues[bb + np.uint64(3) * p + j] - x3
+                    e4 = this_scale * lvalues[bb + np.uint64(4) * p + j] - x4
+                    e5 = this_scale * lvalues[bb + np.uint64(5) * p + j] - x5
+                    e6 = this_scale * lvalues[bb + np.uint64(6) * p + j] - x6
+                    e7 = this_scale * lvalues[bb + np.uint64(7) * p + j] - x7
+                    dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
+                            + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
+                    d2[j] = dd if dd < FLT_MAX else FLT_MAX
+                key = np.int64(_NO_KEY)
+                for j in range(p):
+                    key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
+                if (key >> 32) >= _FLT_MAX_BITS:
                     return NO_GRID_POINT
-            sumqx, sumq2 = _fit(32, weight, xval, Laux)
+                gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
+                for i in range(8):
+                    Laux[o + i] = (qgrid[gi, i] - 1) // 2
+            sumqx = _F0
+            sumq2 = _F0
+            for i in range(32):
+                w = weight[i]
+                q = np.float32(2 * Laux[i] + 1)
+                sumqx += w * xval[i] * q
+                sumq2 += w * q * q
             if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
                 scale = sumqx / sumq2
                 best = scale * sumqx
@@ -228,13 +353,14 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq2_xxs_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                  neigh: np.ndarray, bad: np.ndarray) -> None:
+                  neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
+                  bad: np.ndarray) -> None:
     nb = x.shape[1] // QK_K
     for t in numba.prange(x.shape[0] * nb):
         r = t // nb
         b = t % nb
         code = _iq2_xxs_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
-                              out[r, 66 * b:66 * (b + 1)], qgrid, kmap, neigh)
+                              out[r, 66 * b:66 * (b + 1)], qgrid, kmap, neigh, lstart, lpad, lindex, lvalues)
         if code:
             bad[r] = code
 
@@ -252,8 +378,9 @@ def quantize_rows_iq2_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> Non
     """
     need_imatrix(qw, "IQ2_XXS")
     t = iq_tables(T.IQ2_XXS)
+    n = _lanes(T.IQ2_XXS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_xxs_rows(x, qw, out, t.qgrid, t.kmap, t.neighbours, bad)
+    _iq2_xxs_rows(x, qw, out, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
     check_rows(bad, "IQ2_XXS")
 
 
@@ -289,7 +416,8 @@ def dequantize_rows_iq2_xxs(blocks: np.ndarray, out: np.ndarray) -> None:
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.ndarray, qgrid: np.ndarray,
-                  kmap: np.ndarray, neigh: np.ndarray) -> int:
+                  kmap: np.ndarray, neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
+                  lvalues: np.ndarray) -> int:
     """quantize_row_iq2_xs_impl (``is_s`` False, 74 bytes) or quantize_row_iq2_s_impl (``is_s``, 82 bytes)
     for one super-block; returns a failure code."""
     scales = np.zeros(16, np.float32)
@@ -300,6 +428,8 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
     Laux = np.zeros(16, np.int8)
     bsigns = np.zeros(2, np.int64)
     terms = np.empty(32, np.float32)
+    d2 = np.empty(_MAX_PAD, np.float32)
+    d2bits = d2.view(np.int32)
     y[:] = 0
     sumx2 = _sumx2(xbl)
     sigma2 = np.float32(2.0) * sumx2 / np.float32(QK_K) if is_s else sumx2 / np.float32(QK_K)
@@ -336,7 +466,8 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
         if mx < eps:
             scales[ib] = _F0
             continue
-        scale, fail = _search_16(xval, weight, waux, mx, qgrid, kmap, neigh, L, Laux, terms)
+        scale, fail = _search_16(xval, weight, waux, mx, qgrid, kmap, neigh, L, Laux, terms, lstart, lpad, lindex,
+                                 lvalues, d2, d2bits)
         if fail:
             return fail
         if scale < _F0:
@@ -377,7 +508,8 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq2_16_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, qgrid: np.ndarray, kmap: np.ndarray,
-                 neigh: np.ndarray, bad: np.ndarray) -> None:
+                 neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
+                 bad: np.ndarray) -> None:
     nb = x.shape[1] // QK_K
     bs = 82 if is_s else 74
     use_qw = qw.size > 0
@@ -386,7 +518,7 @@ def _iq2_16_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, qgr
         b = t % nb
         qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
         code = _iq2_16_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)],
-                             qgrid, kmap, neigh)
+                             qgrid, kmap, neigh, lstart, lpad, lindex, lvalues)
         if code:
             bad[r] = code
 
@@ -399,8 +531,9 @@ def quantize_rows_iq2_xs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None
     """
     need_imatrix(qw, "IQ2_XS")
     t = iq_tables(T.IQ2_XS)
+    n = _lanes(T.IQ2_XS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_16_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, bad)
+    _iq2_16_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
     check_rows(bad, "IQ2_XS")
 
 
@@ -411,8 +544,9 @@ def quantize_rows_iq2_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         QuantizationError: a row on which ggml aborts.
     """
     t = iq_tables(T.IQ2_S)
+    n = _lanes(T.IQ2_S)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_16_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, bad)
+    _iq2_16_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
     check_rows(bad, "IQ2_S")
 
 
