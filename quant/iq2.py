@@ -84,12 +84,126 @@ def _fit(n: int, weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[n
     return sumqx, sumq2
 
 
+_LANES = 32  # trial scales side by side in _trials_16 (19 used; the extra lanes repeat the last)
+_MAGIC = np.float32(12582912.0)  # 1.5 * 2^23: v + _MAGIC - _MAGIC rounds half to even for |v| < 2^22
+_ROUND_OK = np.float32(4194304.0)  # 2^22
+
+
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
-               kmap: np.ndarray, neigh: np.ndarray, L: np.ndarray, Laux: np.ndarray, terms: np.ndarray,
-               lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray, d2: np.ndarray,
-               d2bits: np.ndarray) -> tuple[np.float32, int]:
-    """The scale search of IQ2_XS / IQ2_S over 16 weights (two groups of 8): returns (scale, fail)."""
+def _trials_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
+               kmap: np.ndarray, L: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
+               lvalues: np.ndarray, d2: np.ndarray, d2bits: np.ndarray, isv: np.ndarray, q: np.ndarray,
+               u: np.ndarray, on_aux: np.ndarray, sx: np.ndarray, s2: np.ndarray
+               ) -> tuple[np.float32, int, bool, bool, bool]:
+    """The 19 trial scales of _search_16 side by side (as iq3.py's _trials does for IQ3): the roundings
+    and the two sums of every trial are vector lanes, each trial's float32 operations in ggml's order; the
+    neighbour searches run per trial and group, the winner is picked in ggml's trial order with ggml's
+    comparison. Only where every ``0.5*(iscale*xval - 1)`` is below 2^22 in magnitude (``nearest_int`` is
+    then plain round-half-even): otherwise returns ok=False and the caller runs the sequential loop.
+
+    Returns:
+        (scale, failure code, ok, on-grid flag of group 0, of group 1); the winning levels in ``L``.
+    """
+    nt = 19
+    for t in range(_LANES):
+        isv[t] = (np.float32(5.0) + np.float32(min(t, nt - 1) - 9) * np.float32(0.1)) / mx
+    for t in range(_LANES):
+        u[0, t] = 0
+        u[1, t] = 0
+    bad = 0
+    for i in range(16):
+        xi = xval[i]
+        sh = 2 * (i % 8)
+        k = i // 8
+        for t in range(_LANES):
+            v = _HALF * (isv[t] * xi - _F1)
+            bad |= np.int32(not (abs(v) < _ROUND_OK))
+            r = (v + _MAGIC) - _MAGIC
+            r = min(max(r, _F0), np.float32(2.0))
+            q[i, t] = np.float32(2.0) * r + _F1
+            u[k, t] |= np.int32(r) << sh
+    if bad:
+        return _F0, 0, False, True, True
+    for t in range(nt):
+        this_scale = _F1 / isv[t]
+        for k in range(2):
+            uu = u[k, t]
+            on_aux[t, k] = kmap[uu] >= 0
+            if on_aux[t, k]:
+                continue
+            o = 8 * k
+            # iq2_find_best_neighbour over neighbour_lanes' layout, as in _search_16
+            p = np.uint64(lpad[uu])
+            s0 = np.uint64(lstart[uu])
+            bb = np.uint64(8) * s0
+            x0 = xval[o]
+            x1 = xval[o + 1]
+            x2 = xval[o + 2]
+            x3 = xval[o + 3]
+            x4 = xval[o + 4]
+            x5 = xval[o + 5]
+            x6 = xval[o + 6]
+            x7 = xval[o + 7]
+            w0 = waux[o]
+            w1 = waux[o + 1]
+            w2 = waux[o + 2]
+            w3 = waux[o + 3]
+            w4 = waux[o + 4]
+            w5 = waux[o + 5]
+            w6 = waux[o + 6]
+            w7 = waux[o + 7]
+            for j in range(p):
+                e0 = this_scale * np.float32(lvalues[bb + j]) - x0
+                e1 = this_scale * np.float32(lvalues[bb + p + j]) - x1
+                e2 = this_scale * np.float32(lvalues[bb + np.uint64(2) * p + j]) - x2
+                e3 = this_scale * np.float32(lvalues[bb + np.uint64(3) * p + j]) - x3
+                e4 = this_scale * np.float32(lvalues[bb + np.uint64(4) * p + j]) - x4
+                e5 = this_scale * np.float32(lvalues[bb + np.uint64(5) * p + j]) - x5
+                e6 = this_scale * np.float32(lvalues[bb + np.uint64(6) * p + j]) - x6
+                e7 = this_scale * np.float32(lvalues[bb + np.uint64(7) * p + j]) - x7
+                dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
+                        + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
+                d2[j] = dd if dd < FLT_MAX else FLT_MAX
+            key = np.int64(_NO_KEY)
+            for j in range(p):
+                key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
+            if (key >> 32) >= _FLT_MAX_BITS:
+                return _F0, NO_GRID_POINT, True, True, True
+            gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
+            for i in range(8):
+                q[o + i, t] = np.float32(qgrid[gi, i])
+    for t in range(_LANES):
+        sx[t] = _F0
+        s2[t] = _F0
+    for i in range(16):
+        wx = weight[i] * xval[i]
+        w = weight[i]
+        for t in range(_LANES):
+            qi = q[i, t]
+            sx[t] += wx * qi
+            s2[t] += w * qi * qi
+    best = _F0
+    scale = mx / np.float32(5.0)
+    bt = -1
+    for t in range(nt):
+        if s2[t] > _F0 and sx[t] * sx[t] > best * s2[t]:
+            scale = sx[t] / s2[t]
+            best = scale * sx[t]
+            bt = t
+    if bt < 0:
+        return scale, 0, True, True, True
+    for i in range(16):
+        L[i] = np.int8((np.int64(q[i, bt]) - 1) // 2)
+    return scale, 0, True, on_aux[bt, 0], on_aux[bt, 1]
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _trials_16_seq(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
+                   kmap: np.ndarray, L: np.ndarray, Laux: np.ndarray, lstart: np.ndarray, lpad: np.ndarray,
+                   lindex: np.ndarray, lvalues: np.ndarray, d2: np.ndarray,
+                   d2bits: np.ndarray) -> tuple[np.float32, int, bool, bool]:
+    """_trials_16 one trial after another with ggml's ``nearest_int`` over every input (huge or NaN
+    ``iscale*xval``): (scale, failure code, on-grid flags of the winner's two groups)."""
     best = _F0
     scale = mx / np.float32(5.0)
     on0 = True
@@ -155,7 +269,7 @@ def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.fl
                 for j in range(p):
                     key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
                 if (key >> 32) >= _FLT_MAX_BITS:
-                    return scale, NO_GRID_POINT
+                    return scale, NO_GRID_POINT, True, True
                 gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
                 for i in range(8):
                     Laux[o + i] = (qgrid[gi, i] - 1) // 2
@@ -173,6 +287,25 @@ def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.fl
                 L[i] = Laux[i]
             on0 = aux0
             on1 = aux1
+    return scale, 0, on0, on1
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
+               kmap: np.ndarray, neigh: np.ndarray, L: np.ndarray, Laux: np.ndarray, terms: np.ndarray,
+               lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray, d2: np.ndarray,
+               d2bits: np.ndarray, isv: np.ndarray, q: np.ndarray, uk: np.ndarray, on_aux: np.ndarray,
+               sx: np.ndarray, s2: np.ndarray) -> tuple[np.float32, int]:
+    """The scale search of IQ2_XS / IQ2_S over 16 weights (two groups of 8): returns (scale, fail)."""
+    scale, fail, ok, on0, on1 = _trials_16(xval, weight, waux, mx, qgrid, kmap, L, lstart, lpad, lindex, lvalues,
+                                           d2, d2bits, isv, q, uk, on_aux, sx, s2)
+    if fail:
+        return scale, fail
+    if not ok:
+        scale, fail, on0, on1 = _trials_16_seq(xval, weight, waux, mx, qgrid, kmap, L, Laux, lstart, lpad,
+                                               lindex, lvalues, d2, d2bits)
+        if fail:
+            return scale, fail
     if (not on0 or not on1) and scale > _F0:
         iscale = _F1 / scale
         for k in range(2):
@@ -438,6 +571,12 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
     terms = np.empty(32, np.float32)
     d2 = np.empty(_MAX_PAD, np.float32)
     d2bits = d2.view(np.int32)
+    isv = np.empty(_LANES, np.float32)
+    q = np.empty((16, _LANES), np.float32)
+    uk = np.empty((2, _LANES), np.int32)
+    on_aux = np.zeros((_LANES, 2), np.bool_)
+    sx = np.empty(_LANES, np.float32)
+    s2 = np.empty(_LANES, np.float32)
     y[:] = 0
     sumx2 = _sumx2(xbl)
     sigma2 = np.float32(2.0) * sumx2 / np.float32(QK_K) if is_s else sumx2 / np.float32(QK_K)
@@ -475,7 +614,7 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
             scales[ib] = _F0
             continue
         scale, fail = _search_16(xval, weight, waux, mx, qgrid, kmap, neigh, L, Laux, terms, lstart, lpad, lindex,
-                                 lvalues, d2, d2bits)
+                                 lvalues, d2, d2bits, isv, q, uk, on_aux, sx, s2)
         if fail:
             return fail
         if scale < _F0:
