@@ -84,34 +84,36 @@ def _fit(n: int, weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[n
     return sumqx, sumq2
 
 
-_LANES = 32  # trial scales side by side in _trials_16 (19 used; the extra lanes repeat the last)
+_LANES = 32  # trial scales side by side in _trials (19 or 13 used; the extra lanes repeat the last)
 _MAGIC = np.float32(12582912.0)  # 1.5 * 2^23: v + _MAGIC - _MAGIC rounds half to even for |v| < 2^22
 _ROUND_OK = np.float32(4194304.0)  # 2^22
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _trials_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
-               kmap: np.ndarray, L: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
+def _trials(n: int, n_try: int, xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32,
+            scale0: np.float32, qgrid: np.ndarray, kmap: np.ndarray, L: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
                lvalues: np.ndarray, d2: np.ndarray, d2bits: np.ndarray, isv: np.ndarray, q: np.ndarray,
                u: np.ndarray, on_aux: np.ndarray, sx: np.ndarray, s2: np.ndarray
                ) -> tuple[np.float32, int, bool, bool, bool]:
-    """The 19 trial scales of _search_16 side by side (as iq3.py's _trials does for IQ3): the roundings
+    """The ``2*n_try + 1`` trial scales ``(5 + 0.1*is)/mx`` over ``n`` weights (IQ2_XS/IQ2_S: 16 and 9,
+    IQ2_XXS: 32 and 6) side by side (as iq3.py's _trials does for IQ3): the roundings
     and the two sums of every trial are vector lanes, each trial's float32 operations in ggml's order; the
     neighbour searches run per trial and group, the winner is picked in ggml's trial order with ggml's
     comparison. Only where every ``0.5*(iscale*xval - 1)`` is below 2^22 in magnitude (``nearest_int`` is
     then plain round-half-even): otherwise returns ok=False and the caller runs the sequential loop.
 
     Returns:
-        (scale, failure code, ok, on-grid flag of group 0, of group 1); the winning levels in ``L``.
+        (scale, failure code, ok, on-grid flag of group 0, of group 1); the winning levels in ``L`` (no
+        winner: ``scale0``, ``L`` untouched).
     """
-    nt = 19
+    nt = 2 * n_try + 1
     for t in range(_LANES):
-        isv[t] = (np.float32(5.0) + np.float32(min(t, nt - 1) - 9) * np.float32(0.1)) / mx
-    for t in range(_LANES):
-        u[0, t] = 0
-        u[1, t] = 0
+        isv[t] = (np.float32(5.0) + np.float32(min(t, nt - 1) - n_try) * np.float32(0.1)) / mx
+    for k in range(n // 8):
+        for t in range(_LANES):
+            u[k, t] = 0
     bad = 0
-    for i in range(16):
+    for i in range(n):
         xi = xval[i]
         sh = 2 * (i % 8)
         k = i // 8
@@ -123,10 +125,10 @@ def _trials_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.fl
             q[i, t] = np.float32(2.0) * r + _F1
             u[k, t] |= np.int32(r) << sh
     if bad:
-        return _F0, 0, False, True, True
+        return scale0, 0, False, True, True
     for t in range(nt):
         this_scale = _F1 / isv[t]
-        for k in range(2):
+        for k in range(n // 8):
             uu = u[k, t]
             on_aux[t, k] = kmap[uu] >= 0
             if on_aux[t, k]:
@@ -175,7 +177,7 @@ def _trials_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.fl
     for t in range(_LANES):
         sx[t] = _F0
         s2[t] = _F0
-    for i in range(16):
+    for i in range(n):
         wx = weight[i] * xval[i]
         w = weight[i]
         for t in range(_LANES):
@@ -183,7 +185,7 @@ def _trials_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.fl
             sx[t] += wx * qi
             s2[t] += w * qi * qi
     best = _F0
-    scale = mx / np.float32(5.0)
+    scale = scale0
     bt = -1
     for t in range(nt):
         if s2[t] > _F0 and sx[t] * sx[t] > best * s2[t]:
@@ -192,7 +194,7 @@ def _trials_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.fl
             bt = t
     if bt < 0:
         return scale, 0, True, True, True
-    for i in range(16):
+    for i in range(n):
         L[i] = np.int8((np.int64(q[i, bt]) - 1) // 2)
     return scale, 0, True, on_aux[bt, 0], on_aux[bt, 1]
 
@@ -202,7 +204,7 @@ def _trials_16_seq(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: n
                    kmap: np.ndarray, L: np.ndarray, Laux: np.ndarray, lstart: np.ndarray, lpad: np.ndarray,
                    lindex: np.ndarray, lvalues: np.ndarray, d2: np.ndarray,
                    d2bits: np.ndarray) -> tuple[np.float32, int, bool, bool]:
-    """_trials_16 one trial after another with ggml's ``nearest_int`` over every input (huge or NaN
+    """_trials one trial after another with ggml's ``nearest_int`` over every input (huge or NaN
     ``iscale*xval``): (scale, failure code, on-grid flags of the winner's two groups)."""
     best = _F0
     scale = mx / np.float32(5.0)
@@ -297,8 +299,8 @@ def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.fl
                d2bits: np.ndarray, isv: np.ndarray, q: np.ndarray, uk: np.ndarray, on_aux: np.ndarray,
                sx: np.ndarray, s2: np.ndarray) -> tuple[np.float32, int]:
     """The scale search of IQ2_XS / IQ2_S over 16 weights (two groups of 8): returns (scale, fail)."""
-    scale, fail, ok, on0, on1 = _trials_16(xval, weight, waux, mx, qgrid, kmap, L, lstart, lpad, lindex, lvalues,
-                                           d2, d2bits, isv, q, uk, on_aux, sx, s2)
+    scale, fail, ok, on0, on1 = _trials(16, 9, xval, weight, waux, mx, mx / np.float32(5.0), qgrid, kmap, L, lstart,
+                                        lpad, lindex, lvalues, d2, d2bits, isv, q, uk, on_aux, sx, s2)
     if fail:
         return scale, fail
     if not ok:
@@ -362,6 +364,12 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
     q2 = np.zeros(16, np.int64)
     d2 = np.empty(_MAX_PAD, np.float32)
     d2bits = d2.view(np.int32)
+    isv = np.empty(_LANES, np.float32)
+    qv = np.empty((32, _LANES), np.float32)
+    uk = np.empty((4, _LANES), np.int32)
+    on_aux = np.zeros((_LANES, 4), np.bool_)
+    sx = np.empty(_LANES, np.float32)
+    s2 = np.empty(_LANES, np.float32)
     sigma2 = _sumx2(xbl) / np.float32(QK_K)
     max_scale = _F0
     for ib in range(8):
@@ -383,72 +391,77 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
         if eff_max <= _F0:
             scales[ib] = _F0
             continue
-        best = _F0
-        for is_ in range(-6, 7):
-            iscale = (np.float32(5.0) + np.float32(is_) * np.float32(0.1)) / eff_max
-            this_scale = _F1 / iscale
-            # _round_levels, iq2_find_best_neighbour and _fit written out, as in _search_16
-            for k in range(4):
-                o = 8 * k
-                u = 0
-                for i in range(8):
-                    lv = nearest_int_full(_HALF * (iscale * xval[o + i] - _F1))
-                    lv = max(0, min(2, lv))
-                    Laux[o + i] = lv
-                    u |= lv << (2 * i)
-                if kmap[u] >= 0:
-                    continue
-                p = np.uint64(lpad[u])
-                s0 = np.uint64(lstart[u])
-                bb = np.uint64(8) * s0
-                x0 = xval[o]
-                x1 = xval[o + 1]
-                x2 = xval[o + 2]
-                x3 = xval[o + 3]
-                x4 = xval[o + 4]
-                x5 = xval[o + 5]
-                x6 = xval[o + 6]
-                x7 = xval[o + 7]
-                w0 = waux[o]
-                w1 = waux[o + 1]
-                w2 = waux[o + 2]
-                w3 = waux[o + 3]
-                w4 = waux[o + 4]
-                w5 = waux[o + 5]
-                w6 = waux[o + 6]
-                w7 = waux[o + 7]
-                for j in range(p):
-                    e0 = this_scale * np.float32(lvalues[bb + j]) - x0
-                    e1 = this_scale * np.float32(lvalues[bb + p + j]) - x1
-                    e2 = this_scale * np.float32(lvalues[bb + np.uint64(2) * p + j]) - x2
-                    e3 = this_scale * np.float32(lvalues[bb + np.uint64(3) * p + j]) - x3
-                    e4 = this_scale * np.float32(lvalues[bb + np.uint64(4) * p + j]) - x4
-                    e5 = this_scale * np.float32(lvalues[bb + np.uint64(5) * p + j]) - x5
-                    e6 = this_scale * np.float32(lvalues[bb + np.uint64(6) * p + j]) - x6
-                    e7 = this_scale * np.float32(lvalues[bb + np.uint64(7) * p + j]) - x7
-                    dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
-                            + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
-                    d2[j] = dd if dd < FLT_MAX else FLT_MAX
-                key = np.int64(_NO_KEY)
-                for j in range(p):
-                    key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
-                if (key >> 32) >= _FLT_MAX_BITS:
-                    return NO_GRID_POINT
-                gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
-                for i in range(8):
-                    Laux[o + i] = (qgrid[gi, i] - 1) // 2
-            sumqx = _F0
-            sumq2 = _F0
-            for i in range(32):
-                w = weight[i]
-                q = np.float32(2 * Laux[i] + 1)
-                sumqx += w * xval[i] * q
-                sumq2 += w * q * q
-            if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
-                scale = sumqx / sumq2
-                best = scale * sumqx
+        scale, fail, ok, _, _ = _trials(32, 6, xval, weight, waux, eff_max, scale, qgrid, kmap, L, lstart, lpad,
+                                        lindex, lvalues, d2, d2bits, isv, qv, uk, on_aux, sx, s2)
+        if fail:
+            return fail
+        if not ok:  # ggml's nearest_int beyond plain rounding: the trials one after another
+            best = _F0
+            for is_ in range(-6, 7):
+                iscale = (np.float32(5.0) + np.float32(is_) * np.float32(0.1)) / eff_max
+                this_scale = _F1 / iscale
+                # _round_levels, iq2_find_best_neighbour and _fit written out, as in _search_16
+                for k in range(4):
+                    o = 8 * k
+                    u = 0
+                    for i in range(8):
+                        lv = nearest_int_full(_HALF * (iscale * xval[o + i] - _F1))
+                        lv = max(0, min(2, lv))
+                        Laux[o + i] = lv
+                        u |= lv << (2 * i)
+                    if kmap[u] >= 0:
+                        continue
+                    p = np.uint64(lpad[u])
+                    s0 = np.uint64(lstart[u])
+                    bb = np.uint64(8) * s0
+                    x0 = xval[o]
+                    x1 = xval[o + 1]
+                    x2 = xval[o + 2]
+                    x3 = xval[o + 3]
+                    x4 = xval[o + 4]
+                    x5 = xval[o + 5]
+                    x6 = xval[o + 6]
+                    x7 = xval[o + 7]
+                    w0 = waux[o]
+                    w1 = waux[o + 1]
+                    w2 = waux[o + 2]
+                    w3 = waux[o + 3]
+                    w4 = waux[o + 4]
+                    w5 = waux[o + 5]
+                    w6 = waux[o + 6]
+                    w7 = waux[o + 7]
+                    for j in range(p):
+                        e0 = this_scale * np.float32(lvalues[bb + j]) - x0
+                        e1 = this_scale * np.float32(lvalues[bb + p + j]) - x1
+                        e2 = this_scale * np.float32(lvalues[bb + np.uint64(2) * p + j]) - x2
+                        e3 = this_scale * np.float32(lvalues[bb + np.uint64(3) * p + j]) - x3
+                        e4 = this_scale * np.float32(lvalues[bb + np.uint64(4) * p + j]) - x4
+                        e5 = this_scale * np.float32(lvalues[bb + np.uint64(5) * p + j]) - x5
+                        e6 = this_scale * np.float32(lvalues[bb + np.uint64(6) * p + j]) - x6
+                        e7 = this_scale * np.float32(lvalues[bb + np.uint64(7) * p + j]) - x7
+                        dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
+                                + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
+                        d2[j] = dd if dd < FLT_MAX else FLT_MAX
+                    key = np.int64(_NO_KEY)
+                    for j in range(p):
+                        key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
+                    if (key >> 32) >= _FLT_MAX_BITS:
+                        return NO_GRID_POINT
+                    gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
+                    for i in range(8):
+                        Laux[o + i] = (qgrid[gi, i] - 1) // 2
+                sumqx = _F0
+                sumq2 = _F0
                 for i in range(32):
-                    L[i] = Laux[i]
+                    w = weight[i]
+                    q = np.float32(2 * Laux[i] + 1)
+                    sumqx += w * xval[i] * q
+                    sumq2 += w * q * q
+                if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+                    scale = sumqx / sumq2
+                    best = scale * sumqx
+                    for i in range(32):
+                        L[i] = Laux[i]
         if scale > _F0:
             iscale = _F1 / scale
             for k in range(4):
@@ -574,7 +587,7 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
     isv = np.empty(_LANES, np.float32)
     q = np.empty((16, _LANES), np.float32)
     uk = np.empty((2, _LANES), np.int32)
-    on_aux = np.zeros((_LANES, 2), np.bool_)
+    on_aux = np.zeros((_LANES, 4), np.bool_)
     sx = np.empty(_LANES, np.float32)
     s2 = np.empty(_LANES, np.float32)
     y[:] = 0
