@@ -40,6 +40,14 @@ order), and ``iq3_find_best_neighbour`` evaluates a list's candidates side by si
 for it (``ggufkit.quant.iq_grids.neighbour_lanes``), written out inside the trial loop (Numba reference-
 counts arrays passed to an ``inline="always"`` helper on every call). IQ1_M gained only ~10%: its time
 is ggml's split search (already prefix sums in ggml), which a vector-lane version did not speed up.
+
+IQ2 (``ggufkit.quant.iq2``), same machine, 2026-11-27, imatrix path, single runs (not medians), 512 x 4096,
+bytes equal in every run. Before: 1 thread 1.22 (IQ2_XXS), 1.03 (IQ2_XS), 1.59 (IQ2_S) on a quiet machine.
+After, load average 2.7-3.1: 1 thread 0.57 / 0.32 / 0.62, 2 threads 0.47 / 0.29 / 0.87 (IQ2_S's 2-thread
+run disturbed by the other jobs; 256-row runs gave it 0.50-0.65 on 1 thread). What changed: the same
+trial-side-by-side loop and lane-laid-out neighbour search as IQ3, written out in the loop, and the lane
+values stored as uint8 (the grid levels 1/3/5): the IQ2 lists are long (up to 296 candidates) and as
+float32 they were 12-21 MB, which the searches streamed from memory (IQ2_XXS 0.98 -> 0.61 from that alone).
 """
 
 from __future__ import annotations
