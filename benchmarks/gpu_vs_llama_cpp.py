@@ -5,6 +5,8 @@ with ``-DGGML_CUDA=ON`` from the sources vendored in llama-cpp-python 0.3.36::
 
     python benchmarks/gpu_vs_llama_cpp.py --llama-bin DIR [--chunks 256] [--rounds 2]
 
+``benchmarks/build_llama_cuda.sh`` builds the two tools (here, without a GPU) and packs them for the trip.
+
 The model is benchmarks/bench_imatrix.py's: SmolLM2-135M's shape (30 layers, d=576, vocab 49152, tied head) with
 random weights written as F16, and a text of words ``t<i>`` (one token each in both tokenizers). Each tool runs
 as a whole process with every layer on the GPU (llama.cpp: ``-ngl 99`` and its defaults, flash attention
