@@ -27,7 +27,6 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16_x86, fsub
 from ggufkit.quant.kquants_math import (
-    GROUP_MAX_EPS,
     make_q3_quants,
     make_qkx_quants,
     make_qkx_quants_lanes,
@@ -37,6 +36,7 @@ from ggufkit.quant.kquants_math import (
     nearest_int_full,
     round_clamp,
 )
+from ggufkit.quant.q3k_cpu import SCRATCH_ROWS, q3k_ref_chunk
 
 QK_K = 256
 Q2_K_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K][1]  # 84
@@ -319,218 +319,7 @@ def q3k_dequantize_block(blk: np.ndarray, y: np.ndarray) -> None:
                     y[128 * h + 32 * sh + m] = fmul(dl, np.float32(q))
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _q3_passes(nl: int, passes: int, xt: np.ndarray, lf: np.ndarray, sumlx: np.ndarray, suml2: np.ndarray,
-               alive: np.ndarray, nch: np.ndarray, bad: np.ndarray, lo: np.float32, hi: np.float32) -> int:
-    # Up to ``passes`` refinement passes of make_q3_quants over the lanes (see make_q3_quants_lanes); returns
-    # how many lanes are still alive (changed something in the last pass run).
-    zero = np.float32(0.0)
-    one = np.float32(1.0)
-    flag = np.float32(1000.0)  # added to a lane's change count when it leaves the exact range
-    n_alive = 0
-    for _ in range(passes):
-        for j in range(nl):
-            nch[j] = zero
-        for i in range(16):
-            b = i * nl
-            for j in range(nl):
-                # (Few arrays written here: with more, LLVM gives up its runtime alias checks and does not
-                # vectorize the loop.)
-                xi = xt[b + j]
-                fl = lf[b + j]
-                w = fmul(xi, xi)
-                wx = fmul(w, xi)
-                slx = fsub(sumlx[j], fmul(wx, fl))
-                sl2 = fsub(suml2[j], fmul(fmul(w, fl), fl))
-                v = fmul(xi, sl2) / slx
-                act = (alive[j] > zero) & (slx > zero)
-                ok = abs(v) < np.float32(4e6)
-                new = round_clamp(v if ok else zero, lo, hi)
-                slx2 = fadd(slx, fmul(wx, new))
-                sl22 = fadd(sl2, fmul(fmul(w, new), new))
-                acc = (act & ok & (new != fl) & (sl22 > zero)
-                       & (fmul(fmul(slx2, slx2), suml2[j]) > fmul(fmul(sumlx[j], sumlx[j]), sl22)))
-                lf[b + j] = new if acc else fl
-                sumlx[j] = slx2 if acc else sumlx[j]
-                suml2[j] = sl22 if acc else suml2[j]
-                nch[j] = fadd(nch[j], one if acc else (flag if act & (not ok) else zero))
-        n_alive = 0
-        for j in range(nl):
-            bad[j] = 1 if nch[j] >= flag else bad[j]
-            a = (alive[j] > zero) & (nch[j] > zero)
-            alive[j] = one if a else zero
-            n_alive += a
-        if n_alive == 0:
-            break
-    return n_alive
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def make_q3_quants_lanes(nl: int, nmax: int, xt: np.ndarray, st: np.ndarray, lf: np.ndarray,
-                         bad: np.ndarray) -> None:
-    """:func:`~ggufkit.quant.kquants_math.make_q3_quants` on ``nl`` groups of 16 at once (CPU only).
-
-    The technique of :func:`~ggufkit.quant.kquants_math.make_qkx_quants_lanes`: innermost loops over the
-    groups ("lanes"), each lane doing the scalar function's float32 operations in its order; the C's
-    branches become per-lane selects, and a lane leaves the refinement passes after a pass that changes
-    nothing, as the C breaks out. A lane whose candidate ``x*sl2/slx`` leaves round_clamp's exact range
-    (|v| >= 4e6, NaN) is flagged in ``bad``: its outputs are meaningless and the caller must run the scalar
-    function on it.
-
-    Args:
-        nl: number of groups.
-        nmax: 4 (Q3_K).
-        xt: float32[16*nl], weight i of group j at ``i*nl + j``.
-        st: float32[>=8, >=nl] scratch; on return row 0 holds the scales.
-        lf: float32[16*nl] out: the quants (``l + nmax``, or 0 for an all-zero group), same layout.
-        bad: int64[>=nl] out.
-    """
-    zero = np.float32(0.0)
-    one = np.float32(1.0)
-    lo = np.float32(-nmax)
-    hi = np.float32(nmax - 1)
-    sc = st[0]
-    amax = st[1]
-    mx = st[2]
-    sumlx = st[3]
-    suml2 = st[4]
-    alive = st[5]
-    nch = st[6]
-    isc = st[7]
-    for j in range(nl):
-        amax[j] = zero
-        mx[j] = zero
-        bad[j] = 0
-    # The C keeps the first x of largest |x| (strict >). Two loops that each write one array (LLVM then
-    # vectorizes them): the largest |x|, then, from the last weight back to the first, the x reaching it.
-    for i in range(16):
-        b = i * nl
-        for j in range(nl):
-            ax = abs(xt[b + j])
-            amax[j] = ax if ax > amax[j] else amax[j]
-    for i in range(15, -1, -1):
-        b = i * nl
-        for j in range(nl):
-            xi = xt[b + j]
-            mx[j] = xi if abs(xi) == amax[j] else mx[j]
-    for j in range(nl):
-        isc[j] = lo / mx[j] if amax[j] >= GROUP_MAX_EPS else zero  # all-zero lanes are replaced at the end
-        sumlx[j] = zero
-        suml2[j] = zero
-        alive[j] = one
-    for i in range(16):
-        b = i * nl
-        for j in range(nl):
-            xi = xt[b + j]
-            li = round_clamp(fmul(isc[j], xi), lo, hi)  # |iscale*x| <= nmax: the exact range
-            lf[b + j] = li
-            w = fmul(xi, xi)
-            sumlx[j] = fadd(sumlx[j], fmul(fmul(w, xi), li))
-            suml2[j] = fadd(suml2[j], fmul(fmul(w, li), li))
-    # One refinement pass over every lane; after it most lanes have stopped (about 80 % of the groups of
-    # random weights), so the remaining passes run on the lanes still changing, copied side by side.
-    n_alive = _q3_passes(nl, 1, xt, lf, sumlx, suml2, alive, nch, bad, lo, hi)
-    if n_alive > 0:
-        na = n_alive
-        idx = np.empty(na, np.int64)
-        k = 0
-        for j in range(nl):
-            if alive[j] > zero:
-                idx[k] = j
-                k += 1
-        xc = np.empty(16 * na, np.float32)
-        lc = np.empty(16 * na, np.float32)
-        sc2 = np.empty((5, na), np.float32)
-        bc = np.zeros(na, np.int64)
-        for i in range(16):
-            for k in range(na):
-                xc[i * na + k] = xt[i * nl + idx[k]]
-                lc[i * na + k] = lf[i * nl + idx[k]]
-        for k in range(na):
-            sc2[0, k] = sumlx[idx[k]]
-            sc2[1, k] = suml2[idx[k]]
-            sc2[2, k] = one
-        _q3_passes(na, 4, xc, lc, sc2[0], sc2[1], sc2[2], sc2[3], bc, lo, hi)
-        for i in range(16):
-            for k in range(na):
-                lf[i * nl + idx[k]] = lc[i * na + k]
-        for k in range(na):
-            sumlx[idx[k]] = sc2[0, k]
-            suml2[idx[k]] = sc2[1, k]
-            bad[idx[k]] |= bc[k]
-    fnmax = np.float32(nmax)
-    for j in range(nl):
-        s = sumlx[j] / suml2[j] if suml2[j] > zero else zero
-        sc[j] = zero if amax[j] < GROUP_MAX_EPS else s
-    for i in range(16):
-        b = i * nl
-        for j in range(nl):
-            lf[b + j] = zero if amax[j] < GROUP_MAX_EPS else fadd(lf[b + j], fnmax)
-
-
 # --- CPU kernels (the registry's entry points) -------------------------------------------------------
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
-def _q3k_finish_ref_cpu(x: np.ndarray, out: np.ndarray, L: np.ndarray, scales: np.ndarray, ls: np.ndarray) -> None:
-    # _q3k_finish_block's reference path (use_qw False), same bytes, for the CPU kernel only: inlined (no
-    # calls with array arguments), the 6-bit scales kept as ints instead of read back from the packed bytes
-    # (they are the same numbers), loops ordered so the compiler vectorizes the requantization, high-bit
-    # mask and 2-bit packing. ls: int64[32] scratch.
-    max_scale = np.float32(0.0)
-    amax = np.float32(0.0)
-    for j in range(16):
-        a = abs(scales[j])
-        if a > amax:
-            amax = a
-            max_scale = scales[j]
-    if max_scale != np.float32(0.0):
-        iscale = np.float32(-32.0) / max_scale
-        for j in range(16):
-            li = _c_int8(nearest_int_full(fmul(iscale, scales[j])))  # int8_t l = nearest_int(...)
-            ls[j] = max(-32, min(31, li)) + 32
-        d16 = fp32_to_fp16_x86(np.float32(1.0) / iscale)
-    else:
-        for j in range(16):
-            ls[j] = 0
-        d16 = 0
-    for j in range(8):  # quantize_row_q3_K_ref's scale bytes, ORed together from zero
-        out[96 + j] = (ls[j] & 0xF) | ((ls[8 + j] & 0xF) << 4)
-    for j in range(4):
-        out[104 + j] = ((ls[j] >> 4) | ((ls[4 + j] >> 4) << 2) | ((ls[8 + j] >> 4) << 4)
-                        | ((ls[12 + j] >> 4) << 6))
-    _store_f16(out, 108, d16)
-    d = fp16_to_fp32(d16)
-    for j in range(16):
-        dj = fmul(d, np.float32(ls[j] - 32))
-        if dj == np.float32(0.0):
-            continue
-        # round_clamp is nearest_int clamped to [-4, 3] where |x/dj| < 2^22 (NaN clamps to -4: no poison);
-        # a sub-block with any quotient outside takes the exact bit-trick path instead.
-        n_ok = 0
-        for i in range(16):
-            vi = x[16 * j + i] / dj
-            n_ok += 1 if abs(vi) < np.float32(4e6) else 0
-            L[16 * j + i] = np.int64(round_clamp(vi, np.float32(-4.0), np.float32(3.0))) + 4
-        if n_ok != 16:
-            for i in range(16):
-                L[16 * j + i] = max(-4, min(3, nearest_int_full(x[16 * j + i] / dj))) + 4
-    for m in range(32):  # the high bit of quant j goes to bit j // 32 of hmask[j % 32]
-        ls[m] = 0
-    for bit in range(8):
-        for m in range(32):
-            lj = np.int64(L[32 * bit + m])
-            hi = 1 if lj > 3 else 0
-            ls[m] |= hi << bit
-            L[32 * bit + m] = lj - 4 * hi
-    for m in range(32):
-        out[m] = ls[m]
-    for h in range(2):  # _pack_2bit
-        for i in range(32):
-            e = 128 * h + i
-            out[32 + 32 * h + i] = (np.int64(L[e]) | (np.int64(L[e + 32]) << 2) | (np.int64(L[e + 64]) << 4)
-                                    | (np.int64(L[e + 96]) << 6)) & 0xFF
-
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
@@ -639,9 +428,10 @@ def quantize_rows_q3_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     ``qw`` float32[n_per_row] is the imatrix (``quantize_row_q3_K_impl``), or float32[0] for the reference
     path (``quantize_row_q3_K_ref``). Byte-identical to ``ggml_quantize_chunk(GGML_TYPE_Q3_K)``.
 
-    The 16*_CHUNK sub-blocks of a chunk are fitted side by side (:func:`make_q3_quants_lanes`, or
-    :func:`~ggufkit.quant.kquants_math.make_qx_quants_lanes` with an imatrix; same roundings); a block with a
-    sub-block the lanes cannot do exactly takes ``q3k_quantize_block``.
+    The 16*_CHUNK sub-blocks of a chunk are fitted side by side (reference path:
+    :func:`ggufkit.quant.q3k_cpu.q3k_ref_chunk`; imatrix:
+    :func:`~ggufkit.quant.kquants_math.make_qx_quants_lanes`; same roundings); a block with a sub-block the
+    lanes cannot do exactly takes ``q3k_quantize_block``.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_K
@@ -654,24 +444,32 @@ def quantize_rows_q3_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         sw = np.empty(16, np.float32)
         Ls = np.empty(16, np.uint8)
         buf = np.empty(64, np.float32)
-        ls32 = np.empty(32, np.int64)
-        # Lane 16*k + j is sub-block j of the chunk's k-th block; weight i of a lane at i*nl + lane.
         t0 = c * _CHUNK
         nblk = min(total, t0 + _CHUNK) - t0
         nl = 16 * nblk
-        xt = np.empty(16 * nl, np.float32)
-        wt = np.empty(16 * nl, np.float32)
-        wxt = np.empty(16 * nl, np.float32)
-        lf = np.empty(16 * nl, np.float32)
-        st = np.empty((8, nl), np.float32)
-        bad = np.zeros(nl, np.int64)
-        swc = np.empty(nl, np.float32)
-        for k in range(nblk):
-            t = t0 + k
-            r = t // nb
-            b = t - r * nb
-            xb = x[r, b * QK_K:(b + 1) * QK_K]
-            if use_qw:
+        if not use_qw:
+            bad = np.empty(nblk, np.int64)
+            q3k_ref_chunk(x, out, t0, nblk, np.empty(SCRATCH_ROWS * nl, np.float32), bad)
+            for k in range(nblk):
+                if bad[k] != 0:  # the scalar fits, with ggml's exact nearest_int
+                    t = t0 + k
+                    r = t // nb
+                    b = t - r * nb
+                    q3k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw, use_qw,
+                                       out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES], L, w, scales, sw, Ls, buf)
+        else:
+            # Lane 16*k + j is sub-block j of the chunk's k-th block; weight i of a lane at i*nl + lane.
+            xt = np.empty(16 * nl, np.float32)
+            wt = np.empty(16 * nl, np.float32)
+            wxt = np.empty(16 * nl, np.float32)
+            lf = np.empty(16 * nl, np.float32)
+            st = np.empty((8, nl), np.float32)
+            swc = np.empty(nl, np.float32)
+            for k in range(nblk):
+                t = t0 + k
+                r = t // nb
+                b = t - r * nb
+                xb = x[r, b * QK_K:(b + 1) * QK_K]
                 sigma2 = fmul(np.float32(2.0), _row_sigma2_sum(xb)) / np.float32(256.0)
                 for j in range(16):
                     sumw = np.float32(0.0)
@@ -683,35 +481,18 @@ def quantize_rows_q3_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
                         wt[i * nl + 16 * k + j] = wi
                         wxt[i * nl + 16 * k + j] = fmul(wi, xi)
                     swc[16 * k + j] = sumw
-            else:
-                for j in range(16):
-                    for i in range(16):
-                        xt[i * nl + 16 * k + j] = xb[16 * j + i]
-        if use_qw:
             make_qx_quants_lanes(nl, 4, xt, wt, wxt, st, lf)
-        else:
-            make_q3_quants_lanes(nl, 4, xt, st, lf, bad)
-        for k in range(nblk):
-            t = t0 + k
-            r = t // nb
-            b = t - r * nb
-            xb = x[r, b * QK_K:(b + 1) * QK_K]
-            ob = out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES]
-            n_bad = 0
-            for j in range(16):
-                n_bad += bad[16 * k + j]
-            if n_bad > 0:  # the scalar fits, with ggml's exact nearest_int
-                q3k_quantize_block(xb, qw, use_qw, ob, L, w, scales, sw, Ls, buf)
-                continue
-            for j in range(16):
-                scales[j] = st[0, 16 * k + j]
-                sw[j] = swc[16 * k + j]
-                for i in range(16):
-                    L[16 * j + i] = np.int64(lf[i * nl + 16 * k + j])
-            if use_qw:
-                _q3k_finish_block(use_qw, xb, ob, L, scales, sw, Ls, buf)
-            else:
-                _q3k_finish_ref_cpu(xb, ob, L, scales, ls32)
+            for k in range(nblk):
+                t = t0 + k
+                r = t // nb
+                b = t - r * nb
+                for j in range(16):
+                    scales[j] = st[0, 16 * k + j]
+                    sw[j] = swc[16 * k + j]
+                    for i in range(16):
+                        L[16 * j + i] = np.int64(lf[i * nl + 16 * k + j])
+                _q3k_finish_block(use_qw, x[r, b * QK_K:(b + 1) * QK_K], out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES],
+                                  L, scales, sw, Ls, buf)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

@@ -1,0 +1,307 @@
+"""Q3_K's reference quantizer (``quantize_row_q3_K_ref``, no imatrix) for the CPU kernel: many blocks at once.
+
+:func:`q3k_ref_chunk` quantizes a run of super-blocks with the same bytes as ggml's
+``quantize_row_q3_K_ref`` (ggml-quants.c): its 16 ``make_q3_quants`` fits per block (:func:`_q3_lanes`)
+run side by side, one sub-block per "lane", every lane doing the C's float32 operations in the C's order,
+so LLVM vectorizes across sub-blocks without changing a rounding; the scale quantization, requantization
+and packing follow per block. CPU only: :func:`ggufkit.quant.kquants_low.quantize_rows_q3_K` calls it,
+and the per-block functions there (also compiled for CUDA) stay the reference for blocks the lanes cannot
+do exactly (extreme weights; see ``bad`` below).
+
+Layout: lane ``16*k + j`` is sub-block j of the chunk's k-th block; weight i of a lane sits at
+``i*nl + lane`` (``nl`` lanes), so each loop over lanes reads and writes contiguous memory.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16_x86, fsub
+from ggufkit.quant.kquants_math import GROUP_MAX_EPS, nearest_int_full, round_clamp
+
+QK_K = 256
+Q3_K_BYTES = 110
+#: Rows of :func:`q3k_ref_chunk`'s float32 scratch per lane (see there).
+SCRATCH_ROWS = 81
+
+_LO = np.float32(-4.0)  # make_q3_quants(16, 4, ...): quants l in [-4, 3]
+_HI = np.float32(3.0)
+_FLAG = np.float32(1000.0)  # added to a lane's change count when it leaves round_clamp's exact range
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _q3_pass(nl: int, stride: int, xt: np.ndarray, lf: np.ndarray, sumlx: np.ndarray, suml2: np.ndarray,
+             tx: np.ndarray, t2: np.ndarray, alive: np.ndarray, nch: np.ndarray, bad: np.ndarray) -> int:
+    # One refinement pass of make_q3_quants (its ``for itry`` loop body) over lanes 0..nl-1, rows ``stride``
+    # apart. A lane with ``alive`` 0 has stopped (the C's break) and is left as it is. Returns how many
+    # lanes changed a quant, which stay alive. tx, t2: scratch like sumlx, suml2.
+    zero = np.float32(0.0)
+    one = np.float32(1.0)
+    for j in range(nl):
+        nch[j] = zero
+    for i in range(16):
+        # (Row slices: an index j from range(nl) is known not to be negative, so there is no wraparound
+        # branch and LLVM vectorizes the loop; so does its keeping to few written arrays.)
+        xr = xt[i * stride:]
+        lr = lf[i * stride:]
+        # The sums go back and forth between two pairs of arrays, every store unconditional: a store that
+        # keeps the old value becomes a masked store, and a load from a masked store (the next row's) stalls.
+        # 16 rows: the last row writes sumlx, suml2.
+        if i % 2 == 0:
+            sxi, s2i, sxo, s2o = sumlx, suml2, tx, t2
+        else:
+            sxi, s2i, sxo, s2o = tx, t2, sumlx, suml2
+        for j in range(nl):
+            xi = xr[j]
+            fl = lr[j]
+            sx0 = sxi[j]
+            s20 = s2i[j]
+            w = fmul(xi, xi)
+            wx = fmul(w, xi)
+            slx = fsub(sx0, fmul(wx, fl))
+            sl2 = fsub(s20, fmul(fmul(w, fl), fl))
+            v = fmul(xi, sl2) / slx
+            act = (alive[j] > zero) & (slx > zero)
+            ok = abs(v) < np.float32(4e6)
+            new = round_clamp(v if ok else zero, _LO, _HI)
+            slx2 = fadd(slx, fmul(wx, new))
+            sl22 = fadd(sl2, fmul(fmul(w, new), new))
+            acc = (act & ok & (new != fl) & (sl22 > zero)
+                   & (fmul(fmul(slx2, slx2), s20) > fmul(fmul(sx0, sx0), sl22)))
+            lr[j] = new if acc else fl
+            sxo[j] = slx2 if acc else sx0
+            s2o[j] = sl22 if acc else s20
+            nch[j] = fadd(nch[j], one if acc else (_FLAG if act & (not ok) else zero))
+    n_alive = 0
+    for j in range(nl):
+        bad[j] = one if nch[j] >= _FLAG else bad[j]
+        a = (alive[j] > zero) & (nch[j] > zero)
+        alive[j] = one if a else zero
+        n_alive += a
+    return n_alive
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _q3_lanes(nl: int, xt: np.ndarray, lf: np.ndarray, ls: np.ndarray, sc: np.ndarray) -> None:
+    # make_q3_quants(16, 4, x, L, true) on nl lanes (ggml-quants.c): on return lf holds each lane's quants
+    # l in [-4, 3] (as floats, before the C's final ``L[i] += nmax``; an all-zero lane's are meaningless),
+    # sc[j] its scale, ls row 0 its largest |x| and row 7 its ``bad`` flag: 1 where a candidate
+    # ``x*sl2/slx`` left round_clamp's exact range (|v| >= 4e6, NaN), whose outputs are then meaningless
+    # (the caller takes the scalar function instead). ls: float32[>=16, >=nl] scratch; xt, lf: float32[32*nl],
+    # the second halves for the compacted lanes of the later passes.
+    zero = np.float32(0.0)
+    one = np.float32(1.0)
+    amax = ls[0]
+    mx = ls[1]
+    sumlx = ls[2]
+    suml2 = ls[3]
+    alive = ls[4]
+    nch = ls[5]
+    isc = ls[6]
+    bad = ls[7]
+    tx = ls[8]
+    t2 = ls[9]
+    for j in range(nl):
+        amax[j] = zero
+        mx[j] = zero
+        bad[j] = zero
+    # The C keeps the first x of largest |x| (strict >): a select per lane, back and forth between two pairs
+    # of arrays as in _q3_pass (the last of the 16 rows writes amax, mx).
+    for i in range(16):
+        xr = xt[i * nl:]
+        if i % 2 == 0:
+            ai, mi, ao, mo = amax, mx, tx, t2
+        else:
+            ai, mi, ao, mo = tx, t2, amax, mx
+        for j in range(nl):
+            xi = xr[j]
+            ax = abs(xi)
+            a0 = ai[j]
+            take = ax > a0
+            ao[j] = ax if take else a0
+            mo[j] = xi if take else mi[j]
+    for j in range(nl):
+        isc[j] = _LO / mx[j] if amax[j] >= GROUP_MAX_EPS else zero  # an all-zero lane then stops at once
+        sumlx[j] = zero
+        suml2[j] = zero
+        alive[j] = one
+    for i in range(16):
+        xr = xt[i * nl:]
+        lr = lf[i * nl:]
+        for j in range(nl):
+            xi = xr[j]
+            li = round_clamp(fmul(isc[j], xi), _LO, _HI)  # |iscale*x| <= nmax: the exact range
+            lr[j] = li
+            w = fmul(xi, xi)
+            sumlx[j] = fadd(sumlx[j], fmul(fmul(w, xi), li))
+            suml2[j] = fadd(suml2[j], fmul(fmul(w, li), li))
+    # The first pass runs over every lane; after it about 80 % of the lanes of random weights have stopped
+    # (14 % stop after the second pass, 4 % after the third). The later passes run on the lanes still
+    # changing, copied side by side and squeezed together again after each pass; a lane that stops is copied
+    # back when it is squeezed out or at the end.
+    na = _q3_pass(nl, nl, xt, lf, sumlx, suml2, tx, t2, alive, nch, bad)
+    if na > 0:
+        stride = na
+        xc = xt[16 * nl:]
+        lc = lf[16 * nl:]
+        csx = ls[10]
+        cs2 = ls[11]
+        cal = ls[12]
+        cnch = ls[13]
+        cbad = ls[14]
+        idx = ls[15]  # lane numbers, exact as float32 (nl < 2^24)
+        k = 0
+        for j in range(nl):
+            if alive[j] > zero:
+                idx[k] = np.float32(j)
+                k += 1
+        for i in range(16):
+            for k in range(na):
+                xc[i * stride + k] = xt[i * nl + np.int64(idx[k])]
+                lc[i * stride + k] = lf[i * nl + np.int64(idx[k])]
+        for k in range(na):
+            j = np.int64(idx[k])
+            csx[k] = sumlx[j]
+            cs2[k] = suml2[j]
+            cal[k] = one
+            cbad[k] = zero
+        n_pass = 1
+        while True:
+            n_alive = _q3_pass(na, stride, xc, lc, csx, cs2, tx, t2, cal, cnch, cbad)
+            n_pass += 1
+            last = n_alive == 0 or n_pass == 5
+            if n_alive == na and not last:
+                continue
+            # Copy the lanes that stopped back (all of them after the last pass), squeeze the others.
+            m = 0
+            for k in range(na):
+                j = np.int64(idx[k])
+                if last or cal[k] == zero:
+                    for i in range(16):
+                        lf[i * nl + j] = lc[i * stride + k]
+                    sumlx[j] = csx[k]
+                    suml2[j] = cs2[k]
+                    bad[j] = cbad[k]
+                else:
+                    if m != k:
+                        for i in range(16):
+                            xc[i * stride + m] = xc[i * stride + k]
+                            lc[i * stride + m] = lc[i * stride + k]
+                        csx[m] = csx[k]
+                        cs2[m] = cs2[k]
+                        cbad[m] = cbad[k]
+                        idx[m] = idx[k]
+                    cal[m] = one
+                    m += 1
+            if last:
+                break
+            na = m
+    for j in range(nl):
+        s = sumlx[j] / suml2[j] if suml2[j] > zero else zero
+        sc[j] = zero if amax[j] < GROUP_MAX_EPS else s
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def q3k_ref_chunk(x: np.ndarray, out: np.ndarray, t0: int, nblk: int, buf: np.ndarray, bad: np.ndarray) -> None:
+    """Q3_K reference quantization (``quantize_row_q3_K_ref``) of blocks ``t0 .. t0+nblk-1`` of ``x``.
+
+    Block t is ``x[t // nb, 256*(t % nb):][:256]`` with ``nb = x.shape[1] // 256``; its 110 bytes go to
+    the same place of ``out``.
+
+    Args:
+        x: float32[n_rows, n_per_row] weights.
+        out: uint8[n_rows, n_per_row / 256 * 110].
+        t0: first block.
+        nblk: number of blocks (lanes: ``nl = 16 * nblk``).
+        buf: float32[>= SCRATCH_ROWS * nl] scratch.
+        bad: int64[>= nblk] out: 1 for a block the lanes cannot do exactly (its bytes are not written: the
+            caller runs the scalar block function on it), else 0.
+    """
+    nb = x.shape[1] // QK_K
+    nl = 16 * nblk
+    xt = buf[:32 * nl]  # weights (and the compacted lanes' weights from 16*nl on)
+    lf = buf[32 * nl:64 * nl]
+    ls2 = buf[64 * nl:81 * nl].reshape((17, nl))  # per-lane values of the fit
+    for k in range(nblk):
+        t = t0 + k
+        r = t // nb
+        b = t - r * nb
+        xb = x[r, b * QK_K:(b + 1) * QK_K]
+        for i in range(16):  # (a 16-wide write per weight index: the fastest form of this transposition)
+            o = xt[i * nl + 16 * k:i * nl + 16 * k + 16]
+            for j in range(16):
+                o[j] = xb[16 * j + i]
+    sc = ls2[16]
+    _q3_lanes(nl, xt, lf, ls2, sc)
+    amax = ls2[0]
+    badl = ls2[7]
+    L = np.empty(QK_K, np.uint8)
+    ls = np.empty(16, np.int64)
+    # The rest of quantize_row_q3_K_ref, block by block (in this loop, not a function taking arrays: each
+    # call would count references to them): the 6-bit scales and the f16 super-scale, the requantization
+    # with them, the high-bit mask and the 2-bit packing.
+    for k in range(nblk):
+        n_bad = 0
+        for j in range(16):
+            n_bad += badl[16 * k + j] > np.float32(0.0)
+        bad[k] = 1 if n_bad > 0 else 0
+        if n_bad > 0:
+            continue
+        t = t0 + k
+        r = t // nb
+        b = t - r * nb
+        xb = x[r, b * QK_K:(b + 1) * QK_K]
+        ob = out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES]
+        max_scale = np.float32(0.0)
+        amx = np.float32(0.0)
+        for j in range(16):
+            a = abs(sc[16 * k + j])
+            if a > amx:
+                amx = a
+                max_scale = sc[16 * k + j]
+        if max_scale != np.float32(0.0):
+            iscale = np.float32(-32.0) / max_scale
+            for j in range(16):
+                # int8_t l = nearest_int(iscale*scales[j]), clamped to [-32, 31]
+                li = ((nearest_int_full(fmul(iscale, sc[16 * k + j])) + 128) & 0xFF) - 128
+                ls[j] = max(-32, min(31, li)) + 32
+            d16 = fp32_to_fp16_x86(np.float32(1.0) / iscale)
+        else:
+            for j in range(16):
+                ls[j] = 0
+            d16 = 0
+        for j in range(8):  # the 12 scale bytes, ORed together from zero as the C does
+            ob[96 + j] = (ls[j] & 0xF) | ((ls[8 + j] & 0xF) << 4)
+        for j in range(4):
+            ob[104 + j] = ((ls[j] >> 4) | ((ls[4 + j] >> 4) << 2) | ((ls[8 + j] >> 4) << 4)
+                           | ((ls[12 + j] >> 4) << 6))
+        ob[108] = d16 & 0xFF
+        ob[109] = (d16 >> 8) & 0xFF
+        d = fp16_to_fp32(d16)
+        for j in range(16):
+            dj = fmul(d, np.float32(ls[j] - 32))
+            if dj == np.float32(0.0):  # the C skips the sub-block: it keeps make_q3_quants' L (0 if all zero)
+                z = amax[16 * k + j] < GROUP_MAX_EPS
+                for i in range(16):
+                    L[16 * j + i] = 0 if z else np.int64(lf[i * nl + 16 * k + j]) + 4
+                continue
+            # round_clamp is nearest_int clamped to [-4, 3] where |x/dj| < 2^22 (NaN clamps to -4: no
+            # poison); a sub-block with any quotient outside takes the exact bit-trick path instead.
+            n_ok = 0
+            for i in range(16):
+                vi = xb[16 * j + i] / dj
+                n_ok += 1 if abs(vi) < np.float32(4e6) else 0
+                L[16 * j + i] = np.int64(round_clamp(vi, _LO, _HI)) + 4
+            if n_ok != 16:
+                for i in range(16):
+                    L[16 * j + i] = max(-4, min(3, nearest_int_full(xb[16 * j + i] / dj))) + 4
+        for m in range(32):  # the high bit of quant e goes to bit e // 32 of hmask[e % 32]
+            ob[m] = ((L[m] >> 2) | ((L[32 + m] >> 2) << 1) | ((L[64 + m] >> 2) << 2) | ((L[96 + m] >> 2) << 3)
+                     | ((L[128 + m] >> 2) << 4) | ((L[160 + m] >> 2) << 5) | ((L[192 + m] >> 2) << 6)
+                     | ((L[224 + m] >> 2) << 7))
+        for h in range(2):  # qs[32h + l]: the low 2 bits of quants 128h + l + 32s in bits 2s
+            for m in range(32):
+                e = 128 * h + m
+                ob[32 + 32 * h + m] = ((L[e] & 3) | ((L[e + 32] & 3) << 2) | ((L[e + 64] & 3) << 4)
+                                       | ((L[e + 96] & 3) << 6))
