@@ -32,11 +32,10 @@ from ggufkit.quant.kquants_math import (
     make_qkx_quants_lanes,
     make_qp_quants,
     make_qx_quants,
-    make_qx_quants_lanes,
     nearest_int_full,
     round_clamp,
 )
-from ggufkit.quant.q3k_cpu import SCRATCH_ROWS, q3k_ref_chunk
+from ggufkit.quant.q3k_cpu import SCRATCH_ROWS, q3k_chunk
 
 QK_K = 256
 Q2_K_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K][1]  # 84
@@ -428,71 +427,27 @@ def quantize_rows_q3_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     ``qw`` float32[n_per_row] is the imatrix (``quantize_row_q3_K_impl``), or float32[0] for the reference
     path (``quantize_row_q3_K_ref``). Byte-identical to ``ggml_quantize_chunk(GGML_TYPE_Q3_K)``.
 
-    The 16*_CHUNK sub-blocks of a chunk are fitted side by side (reference path:
-    :func:`ggufkit.quant.q3k_cpu.q3k_ref_chunk`; imatrix:
-    :func:`~ggufkit.quant.kquants_math.make_qx_quants_lanes`; same roundings); a block with a sub-block the
-    lanes cannot do exactly takes ``q3k_quantize_block``.
+    The _CHUNK blocks of a prange step are quantized together by :func:`ggufkit.quant.q3k_cpu.q3k_chunk`
+    (their sub-block fits side by side, same roundings); a block with a sub-block the lanes cannot do
+    exactly (reference path, extreme weights) takes ``q3k_quantize_block``.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_K
     total = n_rows * nb
-    use_qw = qw.shape[0] > 0
     for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
-        L = np.empty(QK_K, np.uint8)
-        w = np.empty(16, np.float32)
-        scales = np.empty(16, np.float32)
-        sw = np.empty(16, np.float32)
-        Ls = np.empty(16, np.uint8)
-        buf = np.empty(64, np.float32)
         t0 = c * _CHUNK
         nblk = min(total, t0 + _CHUNK) - t0
-        nl = 16 * nblk
-        if not use_qw:
-            bad = np.empty(nblk, np.int64)
-            q3k_ref_chunk(x, out, t0, nblk, np.empty(SCRATCH_ROWS * nl, np.float32), bad)
-            for k in range(nblk):
-                if bad[k] != 0:  # the scalar fits, with ggml's exact nearest_int
-                    t = t0 + k
-                    r = t // nb
-                    b = t - r * nb
-                    q3k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw, use_qw,
-                                       out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES], L, w, scales, sw, Ls, buf)
-        else:
-            # Lane 16*k + j is sub-block j of the chunk's k-th block; weight i of a lane at i*nl + lane.
-            xt = np.empty(16 * nl, np.float32)
-            wt = np.empty(16 * nl, np.float32)
-            wxt = np.empty(16 * nl, np.float32)
-            lf = np.empty(16 * nl, np.float32)
-            st = np.empty((8, nl), np.float32)
-            swc = np.empty(nl, np.float32)
-            for k in range(nblk):
+        bad = np.empty(nblk, np.int64)
+        q3k_chunk(x, qw, out, t0, nblk, np.empty(SCRATCH_ROWS * 16 * nblk, np.float32), bad)
+        for k in range(nblk):
+            if bad[k] != 0:  # the scalar fits, with ggml's exact nearest_int
                 t = t0 + k
                 r = t // nb
                 b = t - r * nb
-                xb = x[r, b * QK_K:(b + 1) * QK_K]
-                sigma2 = fmul(np.float32(2.0), _row_sigma2_sum(xb)) / np.float32(256.0)
-                for j in range(16):
-                    sumw = np.float32(0.0)
-                    for i in range(16):
-                        xi = xb[16 * j + i]
-                        wi = fmul(qw[b * QK_K + 16 * j + i], np.float32(math.sqrt(fadd(sigma2, fmul(xi, xi)))))
-                        sumw = fadd(sumw, wi)
-                        xt[i * nl + 16 * k + j] = xi
-                        wt[i * nl + 16 * k + j] = wi
-                        wxt[i * nl + 16 * k + j] = fmul(wi, xi)
-                    swc[16 * k + j] = sumw
-            make_qx_quants_lanes(nl, 4, xt, wt, wxt, st, lf)
-            for k in range(nblk):
-                t = t0 + k
-                r = t // nb
-                b = t - r * nb
-                for j in range(16):
-                    scales[j] = st[0, 16 * k + j]
-                    sw[j] = swc[16 * k + j]
-                    for i in range(16):
-                        L[16 * j + i] = np.int64(lf[i * nl + 16 * k + j])
-                _q3k_finish_block(use_qw, x[r, b * QK_K:(b + 1) * QK_K], out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES],
-                                  L, scales, sw, Ls, buf)
+                q3k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw, False,
+                                   out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES], np.empty(QK_K, np.uint8),
+                                   np.empty(16, np.float32), np.empty(16, np.float32), np.empty(16, np.float32),
+                                   np.empty(16, np.uint8), np.empty(64, np.float32))
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

@@ -18,7 +18,7 @@ import numba
 import numpy as np
 
 from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16_x86, fsub
-from ggufkit.quant.kquants_math import GROUP_MAX_EPS, nearest_int_full, round_clamp
+from ggufkit.quant.kquants_math import GROUP_MAX_EPS, make_qx_quants_lanes, nearest_int_full, round_clamp
 
 QK_K = 256
 Q3_K_BYTES = 110
@@ -203,24 +203,28 @@ def _q3_lanes(nl: int, xt: np.ndarray, lf: np.ndarray, ls: np.ndarray, sc: np.nd
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def q3k_ref_chunk(x: np.ndarray, out: np.ndarray, t0: int, nblk: int, buf: np.ndarray, bad: np.ndarray) -> None:
-    """Q3_K reference quantization (``quantize_row_q3_K_ref``) of blocks ``t0 .. t0+nblk-1`` of ``x``.
+def q3k_chunk(x: np.ndarray, qw: np.ndarray, out: np.ndarray, t0: int, nblk: int, buf: np.ndarray,
+              bad: np.ndarray) -> None:
+    """Q3_K quantization of blocks ``t0 .. t0+nblk-1`` of ``x``, as ``quantize_row_q3_K_ref`` (``qw`` of
+    length 0) or ``quantize_row_q3_K_impl`` (``qw`` the imatrix row) quantize them.
 
     Block t is ``x[t // nb, 256*(t % nb):][:256]`` with ``nb = x.shape[1] // 256``; its 110 bytes go to
     the same place of ``out``.
 
     Args:
         x: float32[n_rows, n_per_row] weights.
+        qw: float32[n_per_row] imatrix, or float32[0].
         out: uint8[n_rows, n_per_row / 256 * 110].
         t0: first block.
         nblk: number of blocks (lanes: ``nl = 16 * nblk``).
         buf: float32[>= SCRATCH_ROWS * nl] scratch.
-        bad: int64[>= nblk] out: 1 for a block the lanes cannot do exactly (its bytes are not written: the
-            caller runs the scalar block function on it), else 0.
+        bad: int64[>= nblk] out: 1 for a block the lanes cannot do exactly (reference path only; its bytes
+            are not written: the caller runs the scalar block function on it), else 0.
     """
     nb = x.shape[1] // QK_K
     nl = 16 * nblk
-    xt = buf[:32 * nl]  # weights (and the compacted lanes' weights from 16*nl on)
+    use_qw = qw.shape[0] > 0
+    xt = buf[:32 * nl]  # weights (and, reference path, the compacted lanes' weights from 16*nl on)
     lf = buf[32 * nl:64 * nl]
     ls2 = buf[64 * nl:81 * nl].reshape((17, nl))  # per-lane values of the fit
     for k in range(nblk):
@@ -232,19 +236,47 @@ def q3k_ref_chunk(x: np.ndarray, out: np.ndarray, t0: int, nblk: int, buf: np.nd
             o = xt[i * nl + 16 * k:i * nl + 16 * k + 16]
             for j in range(16):
                 o[j] = xb[16 * j + i]
-    sc = ls2[16]
-    _q3_lanes(nl, xt, lf, ls2, sc)
+    ls = np.empty((nblk, 16), np.int64)  # the 6-bit scales (0..63) of each block
+    d16s = np.empty(nblk, np.int64)
+    if use_qw:
+        _imatrix_fits(nl, nblk, t0, nb, qw, buf, ls, d16s)
+        off = 0  # make_qx_quants_lanes' quants are L already (0 for an all-zero lane)
+    else:
+        sc = ls2[16]
+        _q3_lanes(nl, xt, lf, ls2, sc)
+        off = 4
+        for k in range(nblk):
+            # quantize_row_q3_K_ref: the 16 scales to 6 bits against the one of largest |scale| (first of
+            # equals), and the f16 super-scale.
+            max_scale = np.float32(0.0)
+            amx = np.float32(0.0)
+            for j in range(16):
+                a = abs(sc[16 * k + j])
+                if a > amx:
+                    amx = a
+                    max_scale = sc[16 * k + j]
+            if max_scale != np.float32(0.0):
+                iscale = np.float32(-32.0) / max_scale
+                for j in range(16):
+                    # int8_t l = nearest_int(iscale*scales[j]), clamped to [-32, 31]
+                    li = ((nearest_int_full(fmul(iscale, sc[16 * k + j])) + 128) & 0xFF) - 128
+                    ls[k, j] = max(-32, min(31, li)) + 32
+                d16s[k] = fp32_to_fp16_x86(np.float32(1.0) / iscale)
+            else:
+                for j in range(16):
+                    ls[k, j] = 0
+                d16s[k] = 0
     amax = ls2[0]
     badl = ls2[7]
     L = np.empty(QK_K, np.uint8)
-    ls = np.empty(16, np.int64)
-    # The rest of quantize_row_q3_K_ref, block by block (in this loop, not a function taking arrays: each
-    # call would count references to them): the 6-bit scales and the f16 super-scale, the requantization
-    # with them, the high-bit mask and the 2-bit packing.
+    # The rest, block by block (in this loop, not a function taking arrays: each call would count
+    # references to them): the scale bytes, the requantization with the 6-bit scales and the f16
+    # super-scale, the high-bit mask and the 2-bit packing (the same code in both of ggml's functions).
     for k in range(nblk):
         n_bad = 0
-        for j in range(16):
-            n_bad += badl[16 * k + j] > np.float32(0.0)
+        if not use_qw:
+            for j in range(16):
+                n_bad += badl[16 * k + j] > np.float32(0.0)
         bad[k] = 1 if n_bad > 0 else 0
         if n_bad > 0:
             continue
@@ -253,38 +285,22 @@ def q3k_ref_chunk(x: np.ndarray, out: np.ndarray, t0: int, nblk: int, buf: np.nd
         b = t - r * nb
         xb = x[r, b * QK_K:(b + 1) * QK_K]
         ob = out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES]
-        max_scale = np.float32(0.0)
-        amx = np.float32(0.0)
-        for j in range(16):
-            a = abs(sc[16 * k + j])
-            if a > amx:
-                amx = a
-                max_scale = sc[16 * k + j]
-        if max_scale != np.float32(0.0):
-            iscale = np.float32(-32.0) / max_scale
-            for j in range(16):
-                # int8_t l = nearest_int(iscale*scales[j]), clamped to [-32, 31]
-                li = ((nearest_int_full(fmul(iscale, sc[16 * k + j])) + 128) & 0xFF) - 128
-                ls[j] = max(-32, min(31, li)) + 32
-            d16 = fp32_to_fp16_x86(np.float32(1.0) / iscale)
-        else:
-            for j in range(16):
-                ls[j] = 0
-            d16 = 0
+        lsk = ls[k]
+        d16 = d16s[k]
         for j in range(8):  # the 12 scale bytes, ORed together from zero as the C does
-            ob[96 + j] = (ls[j] & 0xF) | ((ls[8 + j] & 0xF) << 4)
+            ob[96 + j] = (lsk[j] & 0xF) | ((lsk[8 + j] & 0xF) << 4)
         for j in range(4):
-            ob[104 + j] = ((ls[j] >> 4) | ((ls[4 + j] >> 4) << 2) | ((ls[8 + j] >> 4) << 4)
-                           | ((ls[12 + j] >> 4) << 6))
+            ob[104 + j] = ((lsk[j] >> 4) | ((lsk[4 + j] >> 4) << 2) | ((lsk[8 + j] >> 4) << 4)
+                           | ((lsk[12 + j] >> 4) << 6))
         ob[108] = d16 & 0xFF
         ob[109] = (d16 >> 8) & 0xFF
         d = fp16_to_fp32(d16)
         for j in range(16):
-            dj = fmul(d, np.float32(ls[j] - 32))
-            if dj == np.float32(0.0):  # the C skips the sub-block: it keeps make_q3_quants' L (0 if all zero)
-                z = amax[16 * k + j] < GROUP_MAX_EPS
+            dj = fmul(d, np.float32(lsk[j] - 32))
+            if dj == np.float32(0.0):  # the C skips the sub-block: it keeps the fit's L (0 if all zero)
+                z = (not use_qw) and amax[16 * k + j] < GROUP_MAX_EPS
                 for i in range(16):
-                    L[16 * j + i] = 0 if z else np.int64(lf[i * nl + 16 * k + j]) + 4
+                    L[16 * j + i] = 0 if z else np.int64(lf[i * nl + 16 * k + j]) + off
                 continue
             # round_clamp is nearest_int clamped to [-4, 3] where |x/dj| < 2^22 (NaN clamps to -4: no
             # poison); a sub-block with any quotient outside takes the exact bit-trick path instead.
@@ -305,3 +321,71 @@ def q3k_ref_chunk(x: np.ndarray, out: np.ndarray, t0: int, nblk: int, buf: np.nd
                 e = 128 * h + m
                 ob[32 + 32 * h + m] = ((L[e] & 3) | ((L[e + 32] & 3) << 2) | ((L[e + 64] & 3) << 4)
                                        | ((L[e + 96] & 3) << 6))
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _imatrix_fits(nl: int, nblk: int, t0: int, nb: int, qw: np.ndarray, buf: np.ndarray, ls: np.ndarray,
+                  d16s: np.ndarray) -> None:
+    # quantize_row_q3_K_impl up to the packing: the weights qw*sqrt(sigma2 + x^2) and their sums per
+    # sub-block, make_qx_quants(16, 4, ...) on every sub-block (lanes, into lf: L already shifted), then
+    # make_qx_quants(16, 32, scales, Ls, 1, sw) on the 16 scales of every block, the blocks side by side
+    # (lane k is block k, its "weight" j sub-block j): ls[k] gets Ls, d16s[k] the f16 of d_block.
+    # buf as q3k_chunk lays it out: x in lane order at 0, lf at 32*nl.
+    xt = buf[:16 * nl]
+    wt = buf[16 * nl:32 * nl]
+    lf = buf[32 * nl:48 * nl]
+    wxt = buf[48 * nl:64 * nl]
+    st = buf[64 * nl:72 * nl].reshape((8, nl))
+    sw = buf[72 * nl:73 * nl]
+    sig = buf[73 * nl:74 * nl]
+    s2 = buf[74 * nl:74 * nl + nblk]
+    xs = buf[75 * nl:76 * nl]  # nl = 16*nblk: the second fit's 16 values of nblk lanes
+    ws = buf[76 * nl:77 * nl]
+    wxs = buf[77 * nl:78 * nl]
+    lfs = buf[78 * nl:79 * nl]
+    st2 = buf[79 * nl:79 * nl + 8 * nblk].reshape((8, nblk))
+    # sigma2 = 2*sum(x^2)/256 per block, each sum in index order; the blocks as independent chains.
+    for k in range(nblk):
+        s2[k] = np.float32(0.0)
+    for j in range(16):
+        for i in range(16):
+            xr = xt[i * nl + j:]
+            for k in range(nblk):
+                xi = xr[16 * k]
+                s2[k] = fadd(s2[k], fmul(xi, xi))
+    for k in range(nblk):
+        sg = fmul(np.float32(2.0), s2[k]) / np.float32(256.0)
+        for j in range(16):
+            sig[16 * k + j] = sg
+            sw[16 * k + j] = np.float32(0.0)
+    for k in range(nblk):  # the imatrix slice of each block into lane order, like x
+        b = (t0 + k) % nb
+        qb = qw[b * QK_K:(b + 1) * QK_K]
+        for i in range(16):
+            o = wt[i * nl + 16 * k:i * nl + 16 * k + 16]
+            for j in range(16):
+                o[j] = qb[16 * j + i]
+    for i in range(16):
+        xr = xt[i * nl:]
+        wr = wt[i * nl:]
+        wxr = wxt[i * nl:]
+        for j in range(nl):
+            xi = xr[j]
+            w = fmul(wr[j], np.sqrt(fadd(sig[j], fmul(xi, xi))))  # sqrtf: correctly rounded either way
+            wr[j] = w
+            wxr[j] = fmul(w, xi)
+            sw[j] = fadd(sw[j], w)
+    make_qx_quants_lanes(nl, 4, xt, wt, wxt, st, lf)
+    # The second fit: 16 "weights" (the scales) per block, lanes = blocks.
+    for j in range(16):
+        for k in range(nblk):
+            v = st[0, 16 * k + j]
+            w = sw[16 * k + j]
+            xs[j * nblk + k] = v
+            ws[j * nblk + k] = w
+            wxs[j * nblk + k] = fmul(w, v)
+    make_qx_quants_lanes(nblk, 32, xs, ws, wxs, st2, lfs)
+    for k in range(nblk):
+        d16s[k] = fp32_to_fp16_x86(st2[0, k])
+        for j in range(16):
+            ls[k, j] = np.int64(lfs[j * nblk + k])
