@@ -13,7 +13,8 @@ Quantization follows ``ggml_quantize_chunk``: without an imatrix (``qw`` of leng
 ``quantize_row_q2_K_ref`` / ``quantize_row_q3_K_ref``; with one, ``quantize_row_q2_K_impl`` /
 ``quantize_row_q3_K_impl`` (ggml-quants.c). The per-block functions (``*_block``) are plain ``@numba.njit``
 functions over one block, run by the ``prange`` kernels below and, recompiled, by
-:mod:`ggufkit.quant.cuda_lowbit`. A block's bytes depend only on its own weights and imatrix slice, so the
+:mod:`ggufkit.quant.cuda_lowbit`; the CPU kernel of Q3_K quantizes most blocks with the CPU-only
+:mod:`ggufkit.quant.q3k_cpu` (same bytes). A block's bytes depend only on its own weights and imatrix slice, so the
 thread count cannot change the output.
 """
 

@@ -1,15 +1,24 @@
-"""Q3_K's reference quantizer (``quantize_row_q3_K_ref``, no imatrix) for the CPU kernel: many blocks at once.
+"""Q3_K quantization for the CPU kernel, many super-blocks at once (CPU only).
 
-:func:`q3k_ref_chunk` quantizes a run of super-blocks with the same bytes as ggml's
-``quantize_row_q3_K_ref`` (ggml-quants.c): its 16 ``make_q3_quants`` fits per block (:func:`_q3_lanes`)
-run side by side, one sub-block per "lane", every lane doing the C's float32 operations in the C's order,
-so LLVM vectorizes across sub-blocks without changing a rounding; the scale quantization, requantization
-and packing follow per block. CPU only: :func:`ggufkit.quant.kquants_low.quantize_rows_q3_K` calls it,
-and the per-block functions there (also compiled for CUDA) stay the reference for blocks the lanes cannot
-do exactly (extreme weights; see ``bad`` below).
+:func:`q3k_chunk` quantizes a run of super-blocks with the same bytes as ggml's ``quantize_row_q3_K_ref``
+(no imatrix) or ``quantize_row_q3_K_impl`` (with one; ggml-quants.c). The 16 sub-block fits of every block
+(``make_q3_quants``: :func:`_q3_lanes`; ``make_qx_quants``:
+:func:`~ggufkit.quant.kquants_math.make_qx_quants_lanes`) run side by side, one sub-block per "lane", each
+lane doing the C's float32 operations in the C's order, so LLVM vectorizes across sub-blocks without
+changing a rounding; the imatrix path fits the 16 scales of all blocks side by side the same way. The
+scale bytes, requantization and packing follow block by block.
+:func:`ggufkit.quant.kquants_low.quantize_rows_q3_K` calls it; the per-block functions there (also
+compiled for CUDA) stay the reference, and run on blocks the lanes cannot do exactly (reference path,
+extreme weights; see ``bad``).
 
 Layout: lane ``16*k + j`` is sub-block j of the chunk's k-th block; weight i of a lane sits at
 ``i*nl + lane`` (``nl`` lanes), so each loop over lanes reads and writes contiguous memory.
+
+Written for LLVM's loop vectorizer (measured on a Xeon with AVX-512): no store in a lane loop keeps an old
+value (it becomes a masked store, and loading it back in the next row stalls: running values go back and
+forth between two arrays instead); lane loops index row slices (an index from ``range`` is known not to be
+negative, so there is no wraparound branch); no function taking arrays is called per block (each call
+counts references).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from ggufkit.quant.kquants_math import GROUP_MAX_EPS, make_qx_quants_lanes, near
 
 QK_K = 256
 Q3_K_BYTES = 110
-#: Rows of :func:`q3k_ref_chunk`'s float32 scratch per lane (see there).
+#: Rows of :func:`q3k_chunk`'s float32 scratch per lane (``SCRATCH_ROWS * nl`` floats).
 SCRATCH_ROWS = 81
 
 _LO = np.float32(-4.0)  # make_q3_quants(16, 4, ...): quants l in [-4, 3]
