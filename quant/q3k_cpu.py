@@ -1,11 +1,10 @@
 """Q3_K quantization for the CPU kernel, many super-blocks at once (CPU only).
 
 :func:`q3k_chunk` quantizes a run of super-blocks with the same bytes as ggml's ``quantize_row_q3_K_ref``
-(no imatrix) or ``quantize_row_q3_K_impl`` (with one; ggml-quants.c). The 16 sub-block fits of every block
-(``make_q3_quants``: :func:`_q3_lanes`; ``make_qx_quants``:
-:func:`~ggufkit.quant.kquants_math.make_qx_quants_lanes`) run side by side, one sub-block per "lane", each
-lane doing the C's float32 operations in the C's order, so LLVM vectorizes across sub-blocks without
-changing a rounding; the imatrix path fits the 16 scales of all blocks side by side the same way. The
+(no imatrix) or ``quantize_row_q3_K_impl`` (with one; ggml-quants.c). The 16 sub-block fits of every
+block (``make_q3_quants``: :func:`_q3_lanes`; ``make_qx_quants``: :func:`_qx_lanes`) run side by side, one
+sub-block per "lane", each lane doing the C's float32 operations in the C's order, so LLVM vectorizes
+across sub-blocks without changing a rounding; the imatrix path fits the 16 scales of all blocks side by side the same way. The
 scale bytes, requantization and packing follow block by block.
 :func:`ggufkit.quant.kquants_low.quantize_rows_q3_K` calls it; the per-block functions there (also
 compiled for CUDA) stay the reference, and run on blocks the lanes cannot do exactly (reference path,
@@ -27,7 +26,7 @@ import numba
 import numpy as np
 
 from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16_x86, fsub
-from ggufkit.quant.kquants_math import GROUP_MAX_EPS, make_qx_quants_lanes, nearest_int_full, round_clamp
+from ggufkit.quant.kquants_math import GROUP_MAX_EPS, nearest_int_full, round_clamp
 
 QK_K = 256
 Q3_K_BYTES = 110
@@ -249,7 +248,7 @@ def q3k_chunk(x: np.ndarray, qw: np.ndarray, out: np.ndarray, t0: int, nblk: int
     d16s = np.empty(nblk, np.int64)
     if use_qw:
         _imatrix_fits(nl, nblk, t0, nb, qw, buf, ls, d16s)
-        off = 0  # make_qx_quants_lanes' quants are L already (0 for an all-zero lane)
+        off = 0  # _qx_lanes' quants are L already (0 for an all-zero lane)
     else:
         sc = ls2[16]
         _q3_lanes(nl, xt, lf, ls2, sc)
@@ -344,15 +343,16 @@ def _imatrix_fits(nl: int, nblk: int, t0: int, nb: int, qw: np.ndarray, buf: np.
     wt = buf[16 * nl:32 * nl]
     lf = buf[32 * nl:48 * nl]
     wxt = buf[48 * nl:64 * nl]
-    st = buf[64 * nl:72 * nl].reshape((8, nl))
-    sw = buf[72 * nl:73 * nl]
-    sig = buf[73 * nl:74 * nl]
-    s2 = buf[74 * nl:74 * nl + nblk]
-    xs = buf[75 * nl:76 * nl]  # nl = 16*nblk: the second fit's 16 values of nblk lanes
-    ws = buf[76 * nl:77 * nl]
-    wxs = buf[77 * nl:78 * nl]
-    lfs = buf[78 * nl:79 * nl]
-    st2 = buf[79 * nl:79 * nl + 8 * nblk].reshape((8, nblk))
+    st = buf[64 * nl:76 * nl].reshape((12, nl))
+    sw = buf[76 * nl:77 * nl]
+    sig = buf[77 * nl:78 * nl]
+    s2 = buf[78 * nl:78 * nl + nblk]
+    # The second fit's 16 values of nblk lanes (nl = 16*nblk each), where wt was.
+    xs = buf[16 * nl:17 * nl]
+    ws = buf[17 * nl:18 * nl]
+    wxs = buf[18 * nl:19 * nl]
+    lfs = buf[19 * nl:20 * nl]
+    st2 = buf[20 * nl:20 * nl + 12 * nblk].reshape((12, nblk))
     # sigma2 = 2*sum(x^2)/256 per block, each sum in index order; the blocks as independent chains.
     for k in range(nblk):
         s2[k] = np.float32(0.0)
@@ -384,7 +384,7 @@ def _imatrix_fits(nl: int, nblk: int, t0: int, nb: int, qw: np.ndarray, buf: np.
             wr[j] = w
             wxr[j] = fmul(w, xi)
             sw[j] = fadd(sw[j], w)
-    make_qx_quants_lanes(nl, 4, xt, wt, wxt, st, lf)
+    _qx_lanes(nl, 4, xt, wt, wxt, st, lf)
     # The second fit: 16 "weights" (the scales) per block, lanes = blocks.
     for j in range(16):
         for k in range(nblk):
@@ -393,8 +393,110 @@ def _imatrix_fits(nl: int, nblk: int, t0: int, nb: int, qw: np.ndarray, buf: np.
             xs[j * nblk + k] = v
             ws[j * nblk + k] = w
             wxs[j * nblk + k] = fmul(w, v)
-    make_qx_quants_lanes(nblk, 32, xs, ws, wxs, st2, lfs)
+    _qx_lanes(nblk, 32, xs, ws, wxs, st2, lfs)
     for k in range(nblk):
         d16s[k] = fp32_to_fp16_x86(st2[0, k])
         for j in range(16):
             ls[k, j] = np.int64(lfs[j * nblk + k])
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _qx_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, wxt: np.ndarray, st: np.ndarray,
+              lf: np.ndarray) -> None:
+    # make_qx_quants_lanes (kquants_math: same arguments, same results, see there) with its 18 trial scales
+    # two to a pass over the weights, which then loads each weight once for both, and its maxima without
+    # masked stores (as _q3_lanes). st: float32[>=12, >=nl] scratch, row 0 the scales on return.
+    zero = np.float32(0.0)
+    lo = np.float32(-nmax)
+    hi = np.float32(nmax - 1)
+    fnmax = np.float32(nmax)
+    sc = st[0]
+    amax = st[1]
+    mx = st[2]
+    be = st[3]
+    bis = st[4]
+    sxa = st[5]
+    s2a = st[6]
+    isa = st[7]
+    sxb = st[8]
+    s2b = st[9]
+    isb = st[10]
+    ta = st[11]
+    for j in range(nl):
+        amax[j] = zero
+        mx[j] = zero
+    for i in range(16):
+        xr = xt[i * nl:]
+        if i % 2 == 0:
+            ai, mi, ao, mo = amax, mx, ta, sxa
+        else:
+            ai, mi, ao, mo = ta, sxa, amax, mx
+        for j in range(nl):
+            xi = xr[j]
+            ax = abs(xi)
+            a0 = ai[j]
+            take = ax > a0
+            ao[j] = ax if take else a0
+            mo[j] = xi if take else mi[j]
+    for j in range(nl):
+        isa[j] = lo / mx[j]
+        sxa[j] = zero
+        s2a[j] = zero
+    for i in range(16):
+        xr = xt[i * nl:]
+        wr = wt[i * nl:]
+        wxr = wxt[i * nl:]
+        for j in range(nl):
+            lv = round_clamp(fmul(isa[j], xr[j]), lo, hi)
+            sxa[j] = fadd(sxa[j], fmul(wxr[j], lv))
+            s2a[j] = fadd(s2a[j], fmul(fmul(wr[j], lv), lv))
+    for j in range(nl):
+        s = sxa[j] / s2a[j] if s2a[j] != zero else zero
+        sc[j] = s
+        be[j] = fmul(s, sxa[j])
+        bis[j] = isa[j]
+    for p in range(9):  # the C's is = -9..-1, 1..9, judged in that order
+        va = 2 * p - 9 if 2 * p < 9 else 2 * p - 8
+        vb = 2 * p - 8 if 2 * p + 1 < 9 else 2 * p - 7
+        na = -fadd(fnmax, fmul(np.float32(0.1), np.float32(va)))
+        nb_ = -fadd(fnmax, fmul(np.float32(0.1), np.float32(vb)))
+        for j in range(nl):
+            isa[j] = na / mx[j]
+            isb[j] = nb_ / mx[j]
+            sxa[j] = zero
+            s2a[j] = zero
+            sxb[j] = zero
+            s2b[j] = zero
+        for i in range(16):
+            xr = xt[i * nl:]
+            wr = wt[i * nl:]
+            wxr = wxt[i * nl:]
+            for j in range(nl):
+                xi = xr[j]
+                wi = wr[j]
+                wxi = wxr[j]
+                la = round_clamp(fmul(isa[j], xi), lo, hi)
+                lb = round_clamp(fmul(isb[j], xi), lo, hi)
+                sxa[j] = fadd(sxa[j], fmul(wxi, la))
+                s2a[j] = fadd(s2a[j], fmul(fmul(wi, la), la))
+                sxb[j] = fadd(sxb[j], fmul(wxi, lb))
+                s2b[j] = fadd(s2b[j], fmul(fmul(wi, lb), lb))
+        for j in range(nl):
+            take = (s2a[j] > zero) & (fmul(sxa[j], sxa[j]) > fmul(be[j], s2a[j]))
+            s = sxa[j] / s2a[j]
+            sc[j] = s if take else sc[j]
+            be[j] = fmul(s, sxa[j]) if take else be[j]
+            bis[j] = isa[j] if take else bis[j]
+            take = (s2b[j] > zero) & (fmul(sxb[j], sxb[j]) > fmul(be[j], s2b[j]))
+            s = sxb[j] / s2b[j]
+            sc[j] = s if take else sc[j]
+            be[j] = fmul(s, sxb[j]) if take else be[j]
+            bis[j] = isb[j] if take else bis[j]
+    for j in range(nl):
+        sc[j] = zero if amax[j] < GROUP_MAX_EPS else sc[j]
+    for i in range(16):
+        xr = xt[i * nl:]
+        lr = lf[i * nl:]
+        for j in range(nl):
+            lv = fadd(round_clamp(fmul(bis[j], xr[j]), lo, hi), fnmax)
+            lr[j] = zero if amax[j] < GROUP_MAX_EPS else lv
