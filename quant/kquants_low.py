@@ -14,8 +14,8 @@ Quantization follows ``ggml_quantize_chunk``: without an imatrix (``qw`` of leng
 ``quantize_row_q3_K_impl`` (ggml-quants.c). The per-block functions (``*_block``) are plain ``@numba.njit``
 functions over one block, run by the ``prange`` kernels below and, recompiled, by
 :mod:`ggufkit.quant.cuda_lowbit`; the CPU kernel of Q3_K quantizes most blocks with the CPU-only
-:mod:`ggufkit.quant.q3k_cpu` (same bytes). A block's bytes depend only on its own weights and imatrix slice, so the
-thread count cannot change the output.
+:mod:`ggufkit.quant.q3k_cpu` (same bytes). A block's bytes depend only on its own weights and imatrix
+slice, so the thread count cannot change the output.
 """
 
 from __future__ import annotations
@@ -445,10 +445,12 @@ def quantize_rows_q3_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
                 t = t0 + k
                 r = t // nb
                 b = t - r * nb
+                w = np.empty(16, np.float32)
+                scales = np.empty(16, np.float32)
+                sw = np.empty(16, np.float32)
                 q3k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw, False,
                                    out[r, b * Q3_K_BYTES:(b + 1) * Q3_K_BYTES], np.empty(QK_K, np.uint8),
-                                   np.empty(16, np.float32), np.empty(16, np.float32), np.empty(16, np.float32),
-                                   np.empty(16, np.uint8), np.empty(64, np.float32))
+                                   w, scales, sw, np.empty(16, np.uint8), np.empty(64, np.float32))
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

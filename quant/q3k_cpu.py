@@ -4,8 +4,8 @@
 (no imatrix) or ``quantize_row_q3_K_impl`` (with one; ggml-quants.c). The 16 sub-block fits of every
 block (``make_q3_quants``: :func:`_q3_lanes`; ``make_qx_quants``: :func:`_qx_lanes`) run side by side, one
 sub-block per "lane", each lane doing the C's float32 operations in the C's order, so LLVM vectorizes
-across sub-blocks without changing a rounding; the imatrix path fits the 16 scales of all blocks side by side the same way. The
-scale bytes, requantization and packing follow block by block.
+across sub-blocks without changing a rounding; the imatrix path fits the 16 scales of all blocks side by
+side the same way. The scale bytes, requantization and packing follow block by block.
 :func:`ggufkit.quant.kquants_low.quantize_rows_q3_K` calls it; the per-block functions there (also
 compiled for CUDA) stay the reference, and run on blocks the lanes cannot do exactly (reference path,
 extreme weights; see ``bad``).
