@@ -62,26 +62,27 @@ machine) the lane fit took ~4.5 (group maxima ~1.5, first rounding ~0.4, first r
 later passes on the compacted lanes ~1.7), copying the quants back into block order ~1.1, the
 requantization, bit packing and scales ~1.3, the transposition into lanes ~0.9.
 
-Remeasured 2026-11-27 on the same 2-core Xeon (AVX-512), load average 2.9-3.4 (other jobs on both cores),
+Remeasured 2026-11-27 on the same 2-core Xeon (AVX-512), load average 2.0-3.4 (other jobs on both cores),
 after Q3_K moved to ``ggufkit.quant.q3k_cpu`` (no masked stores in the lane loops, so the group maxima
 take ~0.2 ms per 1M weights instead of ~1.5; vectorized compacted passes; no copy of the fitted quants
-back into block order; no per-block calls taking arrays; the imatrix path's 16-scale fits side by side).
-An A/B run outside this script (the old kernel module taken from git, the new one and ggml alternating
-round by round, same array and thread count), 4.2M weights, 9 rounds, median of the per-round ratios
-(in brackets: best time over best time),
-bytes equal on all three:
+back into block order; no per-block calls taking arrays; imatrix path: weights in lane order, two trial
+scales per pass over the weights, the 16-scale fits of all blocks side by side). An A/B run outside this
+script (the old kernel module taken from git, the new one and ggml alternating round by round, same
+array and thread count), 4.2M weights, 9 rounds, median of the per-round ratios (in brackets: best time
+over best time), bytes equal on all three, load 2.0-2.8:
 
 =======  =======  ===========================  ===========================
 type     path     1 thread, before -> after    2 threads, before -> after
 =======  =======  ===========================  ===========================
-Q3_K     ref      0.60 (0.44) -> 0.29 (0.27)   0.56 (0.45) -> 0.32 (0.27)
-Q3_K     imatrix  0.51 (0.46) -> 0.30 (0.20)   0.42 (0.38) -> 0.34 (0.28)
+Q3_K     ref      0.50 (0.36) -> 0.32 (0.26)   0.53 (0.52) -> 0.33 (0.33)
+Q3_K     imatrix  0.34 (0.34) -> 0.24 (0.22)   0.39 (0.39) -> 0.25 (0.24)
 =======  =======  ===========================  ===========================
 
-This script (16.8M weights, best of 3, same load): 2 threads Q3_K 0.27 ref / 0.44 imatrix, Q2_K 0.28 /
-0.32; 1 thread Q3_K 0.32 / 0.43, Q2_K 0.30 / 0.29 (one side after the other: the imatrix runs took the
-load). Earlier on a quiet machine (load ~1.5, 1 thread, 4.2M weights): Q3_K ref 0.53 -> 0.33 (7.6 -> 4.8
-ms per 1M weights, ggml 14.3).
+(An earlier A/B of the reference path at load ~3: 1 thread 0.60 -> 0.29, 2 threads 0.56 -> 0.32.) This
+script (16.8M weights, one side after the other, so single runs swing with the load): 2 threads Q3_K ref
+0.27-0.28, imatrix 0.22; 1 thread (three runs) ref 0.22-0.40, imatrix 0.17-0.29. Q2_K, not changed: 2
+threads 0.28 ref / 0.32 imatrix, 1 thread 0.30 / 0.29. At load ~2 (1 thread, 4.2M weights, best of 7
+alternating) the reference path went from 7.6 to 4.8 ms per 1M weights (ggml 14.3).
 """
 
 from __future__ import annotations
