@@ -25,6 +25,9 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ggufkit.quant.fp import fp16_to_fp32
+from ggufkit.quant.iq1_split import DELTA, iq1_s_search, split_scratch
+from ggufkit.quant.iq1_split import X_M as _X_M
+from ggufkit.quant.iq1_split import X_P as _X_P
 from ggufkit.quant.iq_common import (
     FLT_MAX,
     NEGATIVE_SCALE,
@@ -42,12 +45,9 @@ from ggufkit.quant.kquants_math import nearest_int_full
 T = GGMLQuantizationType
 GROUP_MAX_EPS_IQ1_S = np.float32(1e-12)
 GROUP_MAX_EPS_IQ1_M = np.float32(1e-7)
-DELTA = np.float32(0.125)  # IQ1S_DELTA == IQ1M_DELTA
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
-_X_P = np.array([-_F1 + DELTA, DELTA, _F1 + DELTA], np.float32)
-_X_M = np.array([-_F1 - DELTA, -DELTA, _F1 - DELTA], np.float32)
 #: Scratch lanes for one neighbour list (the longest reachable IQ1 list pads to 208 lanes).
 _MAX_LANES = 256
 _MASKS = np.array([0x00, 0x80, 0x08, 0x88], np.int64)
@@ -185,6 +185,7 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
     idx = np.empty(32, np.int64)
     terms = np.empty(32, np.float32)
     d2 = np.empty(_MAX_LANES, np.float32)
+    scratch = split_scratch(33, 2)
     L = np.zeros(32, np.int8)
     index = np.zeros(4, np.int64)
     qh = np.zeros(8, np.int64)
@@ -203,25 +204,7 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
             i = idx[j]
             sumx[j + 1] = sumx[j] + weight[i] * xb[i]
             sumw[j + 1] = sumw[j] + weight[i]
-        best = -FLT_MAX
-        scale = _amax(xb)
-        besti1 = -1
-        besti2 = -1
-        best_shift = 0
-        for i1 in range(33):
-            for i2 in range(i1, 33):
-                for sgn in range(2):
-                    xx = _X_P if sgn == 0 else _X_M
-                    sumqx = ((sumx[i1] - sumx[0]) * xx[0] + (sumx[i2] - sumx[i1]) * xx[1]
-                             + (sumx[32] - sumx[i2]) * xx[2])
-                    sumq2 = ((sumw[i1] - sumw[0]) * xx[0] * xx[0] + (sumw[i2] - sumw[i1]) * xx[1] * xx[1]
-                             + (sumw[32] - sumw[i2]) * xx[2] * xx[2])
-                    if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
-                        scale = sumqx / sumq2
-                        best = scale * sumqx
-                        besti1 = i1
-                        besti2 = i2
-                        best_shift = 1 if sgn == 0 else -1
+        scale, besti1, besti2, best_shift = iq1_s_search(sumx, sumw, _amax(xb), scratch)
         if besti1 < 0 or besti2 < 0 or best_shift == 0:
             scales[ib] = _F0
             shifts[ib] = 1
