@@ -18,11 +18,16 @@ order, as the stable insertion sort here does. Dequantization: ``dequantize_row_
 
 from __future__ import annotations
 
+from functools import cache
+
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from ggufkit.quant.fp import fp16_to_fp32
+from ggufkit.quant.iq1_split import DELTA, iq1_s_search, split_scratch
+from ggufkit.quant.iq1_split import X_M as _X_M
+from ggufkit.quant.iq1_split import X_P as _X_P
 from ggufkit.quant.iq_common import (
     FLT_MAX,
     NEGATIVE_SCALE,
@@ -34,67 +39,110 @@ from ggufkit.quant.iq_common import (
     need_imatrix,
     put_u16,
 )
-from ggufkit.quant.iq_grids import iq_tables
+from ggufkit.quant.iq_grids import NeighbourLanes, iq_tables
 from ggufkit.quant.kquants_math import nearest_int_full
 
 T = GGMLQuantizationType
 GROUP_MAX_EPS_IQ1_S = np.float32(1e-12)
 GROUP_MAX_EPS_IQ1_M = np.float32(1e-7)
-DELTA = np.float32(0.125)  # IQ1S_DELTA == IQ1M_DELTA
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
-_X_P = np.array([-_F1 + DELTA, DELTA, _F1 + DELTA], np.float32)
-_X_M = np.array([-_F1 - DELTA, -DELTA, _F1 - DELTA], np.float32)
+#: Scratch lanes for one neighbour list (the longest reachable IQ1 list pads to 208 lanes).
+_MAX_LANES = 256
 _MASKS = np.array([0x00, 0x80, 0x08, 0x88], np.int64)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _stable_order(xb: np.ndarray, idx: np.ndarray) -> None:
-    """Indices of ``xb`` sorted ascending by value, ties in index order (glibc's merge-sort ``qsort``)."""
+    """Indices of ``xb`` sorted ascending by value, ties in index order (glibc's merge-sort ``qsort``).
+
+    By rank: ``xb[i]`` goes to the number of values below it plus the equal ones before it. The counts
+    are branch-free vector loops (int32 lanes); an insertion sort mispredicts most of its comparisons."""
     n = xb.size
-    for j in range(n):
-        idx[j] = j
-    for j in range(1, n):
-        v = idx[j]
-        k = j - 1
-        while k >= 0 and xb[idx[k]] > xb[v]:
-            idx[k + 1] = idx[k]
-            k -= 1
-        idx[k + 1] = v
+    for i in range(n):
+        xi = xb[i]
+        r = np.int32(0)
+        for j in range(n):
+            r += np.int32((xb[j] < xi) | ((xb[j] == xi) & (j < i)))
+        idx[r] = i
+
+
+@cache
+def _iq1_lanes() -> NeighbourLanes:
+    """The IQ1 neighbour lists laid out for a side-by-side search (the layout of
+    :func:`~ggufkit.quant.iq_grids.neighbour_lanes`), with each element stored as its level 0/1/2 (uint8)
+    and only for the packed indices a split can produce (every 2-bit field <= 2: 4513 of the 41644 lists,
+    ~1.3 MB instead of ~48 MB as float32 grid values)."""
+    t = iq_tables(T.IQ1_S)  # IQ1_M shares IQ1_S's grid
+    u = np.arange(t.kmap.size)
+    fields = (u[:, None] >> (2 * np.arange(8))) & 3
+    lists = np.flatnonzero((t.kmap < 0) & (fields.max(axis=1) <= 2))
+    first = (-t.kmap[lists] - 1).astype(np.int64)
+    counts = t.neighbours[first].astype(np.int64)
+    pads = (counts + 7) // 8 * 8
+    starts = np.cumsum(pads) - pads
+    owner = np.repeat(np.arange(lists.size), pads)
+    pos = np.arange(int(pads.sum())) - starts[owner]
+    index = t.neighbours[first[owner] + 1 + np.minimum(pos, counts[owner] - 1)].astype(np.int32)
+    levels = ((t.qgrid[index].astype(np.int64) - 1) // 2).astype(np.uint8)  # [lanes, 8]
+    values = np.empty(8 * index.size, np.uint8)
+    for i in range(8):
+        values[8 * starts[owner] + i * pads[owner] + pos] = levels[:, i]
+    start = np.full(t.kmap.size, -1, np.int32)
+    count = np.zeros(t.kmap.size, np.int32)
+    pad = np.zeros(t.kmap.size, np.int32)
+    start[lists] = starts
+    count[lists] = counts
+    pad[lists] = pads
+    if int(pads.max()) > _MAX_LANES:
+        raise AssertionError(f"IQ1: a neighbour list of {int(pads.max())} lanes exceeds {_MAX_LANES}")
+    return NeighbourLanes(start, count, pad, index, values)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _find_best_neighbour2(neigh: np.ndarray, start: int, qgrid: np.ndarray, xb: np.ndarray, off: int,
-                          weight: np.ndarray, scale: np.float32, xx: np.ndarray, L: np.ndarray,
-                          terms: np.ndarray) -> int:
-    """``iq1_find_best_neighbour2``: closest listed grid point to ``xb[off:off+8]`` with levels mapped
-    through ``xx``; writes its levels into ``L[off:off+8]``. Returns -1 where ggml would fall back to a
-    (buggy, out-of-bounds) full search and then assert."""
-    num = np.int64(neigh[start])
-    best = FLT_MAX
-    gi = -1
-    # each element's term w*diff*diff for each of the 3 levels, once (same operands and operations as
-    # ggml's inner loop), then summed per neighbour in ggml's element order: the same bits, fewer flops
-    # (``terms``: float32[32] scratch of the caller; a plain call, as arrays passed to an inlined helper
-    # are reference-counted on every call)
+def _find_best_neighbour2(lanes: NeighbourLanes, u: int, xb: np.ndarray, off: int, weight: np.ndarray,
+                          scale: np.float32, xx: np.ndarray, L: np.ndarray, terms: np.ndarray,
+                          d2: np.ndarray) -> int:
+    """``iq1_find_best_neighbour2``: closest grid point listed for the off-grid packed index ``u`` to
+    ``xb[off:off+8]`` with levels mapped through ``xx``; writes its levels into ``L[off:off+8]``. Returns
+    -1 where ggml would fall back to a (buggy, out-of-bounds) full search and then assert.
+
+    Each element's term ``w*diff*diff`` for each of the 3 levels once (ggml's operands and operations),
+    then every candidate's sum in ggml's element order, candidates side by side (``d2``: float32 scratch
+    of at least the longest list's lanes; ``terms``: float32[32])."""
     for i in range(8):
         for lv in range(3):
             diff = scale * xx[lv] - xb[off + i]
             terms[4 * i + lv] = weight[off + i] * diff * diff
-    for j in range(1, num + 1):
-        g = np.int64(neigh[start + j])
-        d2 = _F0
-        for i in range(8):
-            d2 += terms[4 * i + ((qgrid[g, i] - 1) >> 1)]
-        if d2 < best:
-            best = d2
-            gi = g
-    if gi < 0:
+    p = np.uint64(lanes.pad[u])
+    base = np.uint64(8) * np.uint64(lanes.start[u])  # unsigned: no wrap-around test per element
+    lv_of = lanes.values
+    t0 = terms[0]
+    t1 = terms[1]
+    t2 = terms[2]
+    for j in range(p):
+        lv = lv_of[base + j]
+        d2[j] = t0 if lv == 0 else (t1 if lv == 1 else t2)
+    for i in range(1, 8):
+        t0 = terms[4 * i]
+        t1 = terms[4 * i + 1]
+        t2 = terms[4 * i + 2]
+        b = base + np.uint64(i) * p
+        for j in range(p):
+            lv = lv_of[b + j]
+            d2[j] += t0 if lv == 0 else (t1 if lv == 1 else t2)
+    best = FLT_MAX
+    bj = -1
+    for j in range(lanes.n_cand[u]):
+        if d2[j] < best:
+            best = d2[j]
+            bj = j
+    if bj < 0:
         return -1
     for i in range(8):
-        L[off + i] = (qgrid[gi, i] - 1) // 2
-    return gi
+        L[off + i] = lv_of[base + np.uint64(i) * p + np.uint64(bj)]
+    return np.int64(lanes.grid_index[lanes.start[u] + bj])
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
@@ -127,7 +175,7 @@ def _sigma2(xbl: np.ndarray) -> np.float32:
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                 neigh: np.ndarray) -> int:
+                 lanes: NeighbourLanes) -> int:
     """quantize_row_iq1_s_impl for one super-block (50 bytes); returns a failure code."""
     scales = np.zeros(8, np.float32)
     shifts = np.ones(8, np.int64)
@@ -136,6 +184,8 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
     sumw = np.zeros(33, np.float32)
     idx = np.empty(32, np.int64)
     terms = np.empty(32, np.float32)
+    d2 = np.empty(_MAX_LANES, np.float32)
+    scratch = split_scratch(33, 2)
     L = np.zeros(32, np.int8)
     index = np.zeros(4, np.int64)
     qh = np.zeros(8, np.int64)
@@ -154,25 +204,7 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
             i = idx[j]
             sumx[j + 1] = sumx[j] + weight[i] * xb[i]
             sumw[j + 1] = sumw[j] + weight[i]
-        best = -FLT_MAX
-        scale = _amax(xb)
-        besti1 = -1
-        besti2 = -1
-        best_shift = 0
-        for i1 in range(33):
-            for i2 in range(i1, 33):
-                for sgn in range(2):
-                    xx = _X_P if sgn == 0 else _X_M
-                    sumqx = ((sumx[i1] - sumx[0]) * xx[0] + (sumx[i2] - sumx[i1]) * xx[1]
-                             + (sumx[32] - sumx[i2]) * xx[2])
-                    sumq2 = ((sumw[i1] - sumw[0]) * xx[0] * xx[0] + (sumw[i2] - sumw[i1]) * xx[1] * xx[1]
-                             + (sumw[32] - sumw[i2]) * xx[2] * xx[2])
-                    if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
-                        scale = sumqx / sumq2
-                        best = scale * sumqx
-                        besti1 = i1
-                        besti2 = i2
-                        best_shift = 1 if sgn == 0 else -1
+        scale, besti1, besti2, best_shift = iq1_s_search(sumx, sumw, _amax(xb), scratch)
         if besti1 < 0 or besti2 < 0 or best_shift == 0:
             scales[ib] = _F0
             shifts[ib] = 1
@@ -193,7 +225,7 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
             g = np.int64(kmap[u])
             if g < 0:
                 all_on_grid = False
-                g = _find_best_neighbour2(neigh, -kmap[u] - 1, qgrid, xb, 8 * k, weight, scale, xx, L, terms)
+                g = _find_best_neighbour2(lanes, u, xb, 8 * k, weight, scale, xx, L, terms, d2)
                 if g < 0:
                     return NO_GRID_POINT
             index[k] = g
@@ -234,13 +266,13 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq1_s_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                neigh: np.ndarray, bad: np.ndarray) -> None:
+                lanes: NeighbourLanes, bad: np.ndarray) -> None:
     nb = x.shape[1] // QK_K
     for t in numba.prange(x.shape[0] * nb):
         r = t // nb
         b = t % nb
         code = _iq1_s_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
-                            out[r, 50 * b:50 * (b + 1)], qgrid, kmap, neigh)
+                            out[r, 50 * b:50 * (b + 1)], qgrid, kmap, lanes)
         if code:
             bad[r] = code
 
@@ -259,7 +291,7 @@ def quantize_rows_iq1_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     need_imatrix(qw, "IQ1_S")
     t = iq_tables(T.IQ1_S)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq1_s_rows(x, qw, out, t.qgrid, t.kmap, t.neighbours, bad)
+    _iq1_s_rows(x, qw, out, t.qgrid, t.kmap, _iq1_lanes(), bad)
     check_rows(bad, "IQ1_S")
 
 
@@ -328,7 +360,7 @@ def _iq1_m_split(xb: np.ndarray, weight: np.ndarray, idx: np.ndarray, px: np.nda
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, qgrid: np.ndarray,
-                 kmap: np.ndarray, neigh: np.ndarray) -> int:
+                 kmap: np.ndarray, lanes: NeighbourLanes) -> int:
     """quantize_row_iq1_m_impl for one super-block (56 bytes); returns a failure code."""
     scales = np.zeros(16, np.float32)
     shifts = np.zeros(16, np.int64)
@@ -340,6 +372,7 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
     L = np.zeros(16, np.int8)
     index = np.zeros(2, np.int64)
     sc = np.zeros(4, np.int64)
+    d2 = np.empty(_MAX_LANES, np.float32)
     y[:] = 0
     sigma2 = _sigma2(xbl)
     max_scale = _F0
@@ -371,7 +404,7 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
             g = np.int64(kmap[u])
             if g < 0:
                 all_on_grid = False
-                g = _find_best_neighbour2(neigh, -kmap[u] - 1, qgrid, xb, 8 * k, weight, scale, xx, L, terms)
+                g = _find_best_neighbour2(lanes, u, xb, 8 * k, weight, scale, xx, L, terms, d2)
                 if g < 0:
                     return NO_GRID_POINT
             index[k] = g
@@ -430,7 +463,7 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq1_m_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                neigh: np.ndarray, bad: np.ndarray) -> None:
+                lanes: NeighbourLanes, bad: np.ndarray) -> None:
     nb = x.shape[1] // QK_K
     use_qw = qw.size > 0
     for t in numba.prange(x.shape[0] * nb):
@@ -438,7 +471,7 @@ def _iq1_m_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarra
         b = t % nb
         qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
         code = _iq1_m_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, out[r, 56 * b:56 * (b + 1)],
-                            qgrid, kmap, neigh)
+                            qgrid, kmap, lanes)
         if code:
             bad[r] = code
 
@@ -451,7 +484,7 @@ def quantize_rows_iq1_m(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     """
     t = iq_tables(T.IQ1_M)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq1_m_rows(x, qw, out, t.qgrid, t.kmap, t.neighbours, bad)
+    _iq1_m_rows(x, qw, out, t.qgrid, t.kmap, _iq1_lanes(), bad)
     check_rows(bad, "IQ1_M")
 
 

@@ -1,0 +1,254 @@
+"""IQ1_S's exhaustive three-level split search: ggml's winner, found without ggml's scan.
+
+ggml (ggml-quants.c: ``quantize_row_iq1_s_impl``) sorts a group's 32 weights and tries every split
+``i1 <= i2`` of the sorted order into the levels (-1, 0, +1) + shift, for both shift signs (33*34/2 splits,
+2 signs). A candidate replaces the best one when ``sumq2 > 0 && sumqx*sumqx > best*sumq2`` (``best =
+scale*sumqx``, ``scale = sumqx/sumq2``), in the order (i1, i2, sign): a chain of dependent comparisons.
+
+Here every candidate's ``sumqx`` and ``sumq2`` are computed side by side (vector lanes over ``i2``, each
+with ggml's float32 operations in ggml's order, so the same bits), and with them the ratio
+``r = sumqx*sumqx/sumq2`` (within a few float32 roundings of what ggml's comparisons compare). Only the
+*contenders* — candidates with ``r >= T = M*(1 - 2**-16)``, ``M`` the largest ratio — are then replayed with
+ggml's exact comparison, in ggml's order, starting from ggml's initial state. This gives ggml's winner:
+
+* once a contender has won, ``best`` is within a few roundings of a ratio >= T, so a candidate with
+  ``r < T*(1 - 2**-18)`` cannot win after it (the rounding errors are ~2**-22 relative);
+* before any contender has won, ``best`` belongs to such a non-contender or is ``-FLT_MAX``; either way the
+  next contender wins, as it does in the replay, where ``best`` is still ``-FLT_MAX``;
+* the last winner of ggml's scan is therefore a contender (the candidate with ratio ``M`` is one), and the
+  replay meets the contenders with the same ``best`` as ggml's scan did.
+
+The argument needs a gap between contenders and the rest and no overflow or underflow in the compared
+products: when some ratio falls in ``[T*(1 - 2**-18), T)``, or the group's sums leave ``[2**-50, 2**50]``
+(``sumq2`` lies within [W/64, 1.27 W] of the total weight W, ``|sumqx|`` below 1.125 W max|x|), or there is
+no valid candidate, the search falls back to ggml's scan (``iq1_s_scan``). On random data ~1% of the
+groups fall back.
+
+IQ1_M keeps ggml's scan (``ggufkit.quant.iq1``): its scan is already collapsed to a few operations per
+candidate, and the side-by-side form measured no faster there.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+from ggufkit.quant.iq_common import FLT_MAX
+
+_F0 = np.float32(0.0)
+_NO_RATIO = np.float32(-1.0)
+_CONTENDER = np.float32(1.0 - 2.0**-16)
+_GAP = np.float32(1.0 - 2.0**-18)
+_LO = np.float32(2.0**-50)
+_HI = np.float32(2.0**50)
+_INF_BITS = 0x7F800000
+DELTA = np.float32(0.125)  # IQ1S_DELTA == IQ1M_DELTA
+_F1 = np.float32(1.0)
+X_P = np.array([-_F1 + DELTA, DELTA, _F1 + DELTA], np.float32)
+X_M = np.array([-_F1 - DELTA, -DELTA, _F1 - DELTA], np.float32)
+
+
+class SplitScratch(NamedTuple):
+    """Per-thread scratch of the split searches (``split_scratch``)."""
+
+    ratios: np.ndarray  # float32: every candidate's sumqx**2/sumq2, -1 where invalid
+    ratio_bits: np.ndarray  # its int32 view
+    col_max: np.ndarray  # float32: per (sign, i2) column, the largest ratio over i1
+    col_bits: np.ndarray  # its int32 view
+    keys: np.ndarray  # int64[16]: the contenders' order keys
+    cvt: np.ndarray  # float32[1]
+    cvt_bits: np.ndarray  # its int32 view
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def split_scratch(n_split: int, n_signs: int) -> SplitScratch:
+    """Scratch for ``n_split`` split points (17 for IQ1_M, 33 for IQ1_S) and ``n_signs`` sign choices."""
+    ratios = np.empty(n_split * (n_split - 1) * n_signs, np.float32)
+    col_max = np.empty(n_split * n_signs, np.float32)
+    cvt = np.empty(1, np.float32)
+    return SplitScratch(ratios, ratios.view(np.int32), col_max, col_max.view(np.int32), np.empty(16, np.int64),
+                        cvt, cvt.view(np.int32))
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _first_lane(i1: int, step: int) -> np.uint64:
+    """First lane (i2 - 1) of row i1 worth computing: lanes below i1 - 1 hold no valid split (i2 < i1).
+    Rows start on a multiple of ``step`` lanes (8 for IQ1_S's 32-lane rows: measured faster than 16 or
+    than whole rows)."""
+    return np.uint64(max(i1 - 1, 0) // step * step)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _column_max(ratios: np.ndarray, col_max: np.ndarray, n: int, n_signs: int, step: int) -> None:
+    """Per column (sign, i2 - 1) of the [n, n_signs, n - 1] ratios, the largest over the rows that computed
+    it (rows skip the lanes before ``_first_lane``: their values there are stale)."""
+    nl = np.uint64(n - 1)
+    cols = np.uint64(n_signs) * nl
+    for c in range(cols):
+        col_max[c] = ratios[c]
+    for i1 in range(1, n):
+        j0 = _first_lane(i1, step)
+        for sg in range(n_signs):
+            o = np.uint64(i1) * cols + np.uint64(sg) * nl + j0
+            oc = np.uint64(sg) * nl + j0
+            for jj in range(nl - j0):
+                r = ratios[o + jj]
+                col_max[oc + jj] = r if r > col_max[oc + jj] else col_max[oc + jj]
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _contenders(sc: SplitScratch, n: int, n_signs: int) -> int:
+    """The contenders among ``sc.ratios`` (``[i1, sign, i2 - 1]``, ``n`` split points) and the splits
+    (0, 0) (``sc.col_max[n_signs*(n-1) + sign]``), as order keys ``(i1*n + i2)*n_signs + sign`` sorted into
+    ``sc.keys``; returns their count, or -1 where the gap argument does not hold (fall back to the scan).
+    ``sc.col_max`` holds each column's largest ratio."""
+    nl = n - 1
+    cols = n_signs * nl
+    bits = sc.ratio_bits
+    col_bits = sc.col_bits
+    keys = sc.keys
+    m_bits = np.int32(-1)
+    for c in range(np.uint64(cols + n_signs)):
+        m_bits = max(m_bits, col_bits[c])
+    if m_bits < 0 or m_bits >= _INF_BITS:
+        return -1
+    sc.cvt_bits[0] = m_bits
+    top = sc.cvt[0]
+    if not (_LO <= top <= _HI):
+        return -1
+    sc.cvt[0] = top * _CONTENDER
+    t_bits = sc.cvt_bits[0]
+    sc.cvt[0] = top * _CONTENDER * _GAP
+    g_bits = sc.cvt_bits[0]
+    nk = 0
+    for c in range(cols + n_signs):
+        rb = col_bits[c]
+        if rb < g_bits:
+            continue
+        if c >= cols:  # the split (0, 0)
+            if rb < t_bits or nk == keys.size:
+                return -1
+            keys[nk] = c - cols
+            nk += 1
+            continue
+        for i1 in range(c % nl + 2):  # rows i1 <= i2 (the others' lanes may hold stale values)
+            rb = bits[cols * i1 + c]
+            if rb < g_bits:
+                continue
+            if rb < t_bits or nk == keys.size:
+                return -1
+            keys[nk] = (i1 * n + c % nl + 1) * n_signs + c // nl  # ggml's order: i1, then i2, then sign
+            nk += 1
+    for j in range(1, nk):  # sort the few keys
+        v = keys[j]
+        i = j - 1
+        while i >= 0 and keys[i] > v:
+            keys[i + 1] = keys[i]
+            i -= 1
+        keys[i + 1] = v
+    return nk
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _s_pair(sumx: np.ndarray, sumw: np.ndarray, i1: int, i2: int, sg: int) -> tuple[np.float32, np.float32]:
+    """(sumqx, sumq2) of split (i1, i2) with shift sign sg (0: +delta, 1: -delta), as
+    quantize_row_iq1_s_impl computes them."""
+    xx = X_P if sg == 0 else X_M
+    n = sumx.size - 1
+    sumqx = (sumx[i1] - sumx[0]) * xx[0] + (sumx[i2] - sumx[i1]) * xx[1] + (sumx[n] - sumx[i2]) * xx[2]
+    sumq2 = ((sumw[i1] - sumw[0]) * xx[0] * xx[0] + (sumw[i2] - sumw[i1]) * xx[1] * xx[1]
+             + (sumw[n] - sumw[i2]) * xx[2] * xx[2])
+    return sumqx, sumq2
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def iq1_s_scan(sumx: np.ndarray, sumw: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
+    """ggml's scan over every candidate: (scale, besti1, besti2, best_shift), best_shift 0 when none."""
+    best = -FLT_MAX
+    besti1 = -1
+    besti2 = -1
+    best_shift = 0
+    for i1 in range(sumx.size):
+        for i2 in range(i1, sumx.size):
+            for sg in range(2):
+                sumqx, sumq2 = _s_pair(sumx, sumw, i1, i2, sg)
+                if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+                    scale = sumqx / sumq2
+                    best = scale * sumqx
+                    besti1 = i1
+                    besti2 = i2
+                    best_shift = 1 if sg == 0 else -1
+    return scale, besti1, besti2, best_shift
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
+                 sc: SplitScratch) -> tuple[np.float32, int, int, int]:
+    """``iq1_s_scan``'s result through the contender replay (module docstring).
+
+    ``sumx``/``sumw``: float32[33] prefix sums of ``w*x`` / ``w`` over the sorted weights. Ratios of the
+    splits (i1, i2 >= 1) are laid out ``[64*i1 + 32*sign + i2 - 1]``; the split (0, 0) goes to
+    ``sc.col_max[64 + sign]``.
+    """
+    n = sumx.size  # 33 split points
+    nl = n - 1
+    ratios = sc.ratios
+    p0, p1, p2 = X_P[0], X_P[1], X_P[2]
+    m0, m1, m2 = X_M[0], X_M[1], X_M[2]
+    tx = sumx[nl]
+    tw = sumw[nl]
+    if not (_LO <= tw <= _HI and tw * amax <= _HI):
+        return iq1_s_scan(sumx, sumw, amax)
+    for i1 in range(n):
+        ax = sumx[i1] - sumx[0]
+        aw = sumw[i1] - sumw[0]
+        axp = ax * p0
+        axm = ax * m0
+        awp = aw * p0 * p0
+        awm = aw * m0 * m0
+        bx = sumx[i1]
+        bw = sumw[i1]
+        o = np.uint64(2 * nl * i1)  # unsigned: no wrap-around test per element
+        j0 = _first_lane(i1, 8)
+        for jj in range(np.uint64(nl) - j0):  # i2 = j + 1 (not range(1, n): LLVM leaves that one scalar)
+            j = j0 + jj
+            dx = sumx[j + np.uint64(1)] - bx
+            ex = tx - sumx[j + np.uint64(1)]
+            dw = sumw[j + np.uint64(1)] - bw
+            ew = tw - sumw[j + np.uint64(1)]
+            after = j + np.uint64(1) >= np.uint64(i1)
+            s = axp + dx * p1 + ex * p2
+            t = awp + dw * p1 * p1 + ew * p2 * p2
+            r = s * s / t
+            ratios[o + j] = r if after & (t > _F0) else _NO_RATIO
+            s = axm + dx * m1 + ex * m2
+            t = awm + dw * m1 * m1 + ew * m2 * m2
+            r = s * s / t
+            ratios[o + np.uint64(nl) + j] = r if after & (t > _F0) else _NO_RATIO
+    _column_max(ratios, sc.col_max, n, 2, 8)
+    for sg in range(2):
+        s, t = _s_pair(sumx, sumw, 0, 0, sg)
+        sc.col_max[2 * nl + sg] = s * s / t if t > _F0 else _NO_RATIO
+    nk = _contenders(sc, n, 2)
+    if nk < 0:
+        return iq1_s_scan(sumx, sumw, amax)
+    keys = sc.keys
+    best = -FLT_MAX
+    scale = amax
+    besti1 = -1
+    besti2 = -1
+    best_shift = 0
+    for j in range(nk):
+        sg = keys[j] % 2
+        i2 = (keys[j] // 2) % n
+        i1 = keys[j] // (2 * n)
+        sumqx, sumq2 = _s_pair(sumx, sumw, i1, i2, sg)
+        if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+            scale = sumqx / sumq2
+            best = scale * sumqx
+            besti1 = i1
+            besti2 = i2
+            best_shift = 1 if sg == 0 else -1
+    return scale, besti1, besti2, best_shift

@@ -1,0 +1,56 @@
+"""IQ1_S's split search by contender replay (``ggufkit.quant.iq1_split``) returns exactly what ggml's scan
+returns, on every group: the scan (``iq1_s_scan``, ggml's loop, itself checked byte for byte against ggml in
+test_quant_iq.py through the whole kernel) is the reference here, group by group, over data that reaches the
+fast path, its gap fall-back and its range fall-backs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggufkit.quant.iq1_split import iq1_s_scan, iq1_s_search, split_scratch
+
+
+def _prefix_sums(xb: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's sorted prefix sums of w*x and w (stable sort, float32 sums in order)."""
+    order = np.argsort(xb, kind="stable")
+    sumx = np.zeros(33, np.float32)
+    sumw = np.zeros(33, np.float32)
+    for j, i in enumerate(order):
+        sumx[j + 1] = sumx[j] + w[i] * xb[i]
+        sumw[j + 1] = sumw[j] + w[i]
+    return sumx, sumw
+
+
+def _groups(kind: str, n: int, rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = []
+    for _ in range(n):
+        x = (rng.standard_normal(32) * 0.02).astype(np.float32)
+        w = rng.gamma(0.5, 2.0, 32).astype(np.float32)
+        if kind == "ties":  # few distinct values: equal ratios among neighbouring splits
+            x = rng.choice(np.float32([-0.02, -0.01, 0.0, 0.01, 0.02]), 32).astype(np.float32)
+            w = np.ones(32, np.float32)
+        elif kind == "zero_weights":  # splits across zero-weight entries give identical sums
+            w[rng.random(32) < 0.5] = 0
+        elif kind == "skewed":
+            x = np.abs(x) * np.where(rng.random(32) < 0.9, 1, -30).astype(np.float32)
+        elif kind == "tiny":  # total weight below the fast path's range: the fall-back
+            x = x * np.float32(1e-20)
+            w = w * np.float32(1e-20)
+        elif kind == "huge":
+            x = x * np.float32(1e18)
+        out.append(_prefix_sums(x, w))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "zero_weights", "skewed", "tiny", "huge"])
+def test_contender_replay_equals_ggmls_scan(kind: str) -> None:
+    rng = np.random.default_rng(11)
+    sc = split_scratch(33, 2)
+    groups = _groups(kind, 3000 if kind == "normal" else 500, rng)
+    for sumx, sumw in groups:
+        amax = np.float32(0.05)
+        got = iq1_s_search(sumx, sumw, amax, sc)
+        want = iq1_s_scan(sumx, sumw, amax)
+        assert got[1:] == want[1:]
+        assert np.float32(got[0]).tobytes() == np.float32(want[0]).tobytes()
