@@ -50,34 +50,34 @@ def lane_search(nt: int, k0: int, k1: int, u: np.ndarray, ts: np.ndarray, xval: 
     ``bits << 32 | lane`` key is ggml's first strictly-smallest candidate (padding lanes repeat the last).
     """
     d2bits = d2.view(np.int32)
-    for t in range(nt):
-        this_scale = ts[t]
-        for k in range(k0, k1):
+    for k in range(k0, k1):
+        o = 8 * k
+        x0 = xval[o]
+        x1 = xval[o + 1]
+        x2 = xval[o + 2]
+        x3 = xval[o + 3]
+        x4 = xval[o + 4]
+        x5 = xval[o + 5]
+        x6 = xval[o + 6]
+        x7 = xval[o + 7]
+        w0 = waux[o]
+        w1 = waux[o + 1]
+        w2 = waux[o + 2]
+        w3 = waux[o + 3]
+        w4 = waux[o + 4]
+        w5 = waux[o + 5]
+        w6 = waux[o + 6]
+        w7 = waux[o + 7]
+        for t in range(nt):
+            this_scale = ts[t]
             uu = u[k, t]
             on = kmap[uu] >= 0
             on_grid[t, k] = on
             if on:
                 continue
-            o = 8 * k
             p = np.uint64(lpad[uu])
             s0 = np.uint64(lstart[uu])
             bb = np.uint64(8) * s0
-            x0 = xval[o]
-            x1 = xval[o + 1]
-            x2 = xval[o + 2]
-            x3 = xval[o + 3]
-            x4 = xval[o + 4]
-            x5 = xval[o + 5]
-            x6 = xval[o + 6]
-            x7 = xval[o + 7]
-            w0 = waux[o]
-            w1 = waux[o + 1]
-            w2 = waux[o + 2]
-            w3 = waux[o + 3]
-            w4 = waux[o + 4]
-            w5 = waux[o + 5]
-            w6 = waux[o + 6]
-            w7 = waux[o + 7]
             for j in range(p):
                 e0 = this_scale * np.float32(lvalues[bb + j]) - x0
                 e1 = this_scale * np.float32(lvalues[bb + p + j]) - x1
