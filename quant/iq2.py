@@ -83,11 +83,12 @@ def _lanes(qtype: GGMLQuantizationType) -> NeighbourLanes:
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per-work-item scratch of the block functions: float32[8 + n, MAX_LANES] (rows: trial iscales,
-    trial scales, the two sums, 4 spare, then the candidate values ``q``), int32[4, MAX_LANES] packed
+    """Per-work-item scratch of the block functions: float32[12 + n, MAX_LANES] (rows: trial iscales,
+    trial scales, the two sums, 4 for the packed indices (and make_qp_quants' lanes before), one for the
+    out-of-range counts, 3 spare, then the candidate values ``q``), int32[4, MAX_LANES] packed
     indices, bool[MAX_LANES, 4] on-grid flags, float32[4, 32] (weight, waux, xval, scales), int8[2, 32]
     (L, Laux), uint8[32], float32[_MAX_PAD] (one list's distances)."""
-    return (np.empty((8 + n, MAX_LANES), np.float32), np.zeros((4, MAX_LANES), np.int32),
+    return (np.empty((12 + n, MAX_LANES), np.float32), np.zeros((4, MAX_LANES), np.int32),
             np.zeros((MAX_LANES, 4), np.bool_), np.zeros((4, 32), np.float32), np.zeros((2, 32), np.int8),
             np.zeros(32, np.uint8), np.zeros(_MAX_PAD, np.float32))
 
@@ -105,7 +106,7 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
     ts = fs[1]
     sx = fs[2]
     s2 = fs[3]
-    q = fs[8:]
+    q = fs[12:]
     weight = fv[0]
     waux = fv[1]
     xval = fv[2]
@@ -137,7 +138,7 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
             scales[ib] = _F0
             continue
         scale, fail, ok, _, _ = trials(32, 6, 16, xval, weight, waux, eff_max, scale, L, isv, ts, q, u, on_grid,
-                                       sx, s2, d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
+                                       sx, s2, fs[4:8], fs[8], d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
         if not ok:  # ggml's nearest_int beyond plain rounding: the trials one after another
             scale, fail, _, _ = trials_seq(32, 6, xval, weight, waux, eff_max, scale, L, ts, q, u, on_grid, d2,
                                            kmap, qgrid, lstart, lpad, lindex, lvalues)
@@ -255,7 +256,7 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
     ts = fs[1]
     sx = fs[2]
     s2 = fs[3]
-    q = fs[8:]
+    q = fs[12:]
     weight = fv[0]
     waux = fv[1]
     xval = fv[2]
@@ -300,7 +301,7 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
             continue
         scale0 = mx / np.float32(5.0)
         scale, fail, ok, on0, on1 = trials(16, 9, 24, xval, weight, waux, mx, scale0, L, isv, ts, q, u, on_grid, sx,
-                                           s2, d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
+                                           s2, fs[4:8], fs[8], d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
         if not ok:  # ggml's nearest_int beyond plain rounding: the trials one after another
             scale, fail, on0, on1 = trials_seq(16, 9, xval, weight, waux, mx, scale0, L, ts, q, u, on_grid, d2,
                                                kmap, qgrid, lstart, lpad, lindex, lvalues)

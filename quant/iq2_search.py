@@ -117,7 +117,8 @@ def _round_groups(k0: int, k1: int, xval: np.ndarray, iscale: np.float32, u: np.
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def trials(n: int, n_try: int, nl: int, xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32,
            scale0: np.float32, L: np.ndarray, isv: np.ndarray, ts: np.ndarray, q: np.ndarray, u: np.ndarray,
-           on_grid: np.ndarray, sx: np.ndarray, s2: np.ndarray, d2: np.ndarray, kmap: np.ndarray, qgrid: np.ndarray,
+           on_grid: np.ndarray, sx: np.ndarray, s2: np.ndarray, uf: np.ndarray, badv: np.ndarray, d2: np.ndarray,
+           kmap: np.ndarray, qgrid: np.ndarray,
            lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
            lvalues: np.ndarray) -> tuple[np.float32, int, bool, bool, bool]:
     """The ``2*n_try + 1`` trial scales ``(5 + 0.1*is)/mx`` over ``n`` weights (IQ2_XS/IQ2_S: 16 and 9,
@@ -135,23 +136,30 @@ def trials(n: int, n_try: int, nl: int, xval: np.ndarray, weight: np.ndarray, wa
         isv[t] = (np.float32(5.0) + np.float32(min(t, nt - 1) - n_try) * np.float32(0.1)) / mx
     for t in range(nl):
         ts[t] = _F1 / isv[t]
+    # all in float32 so that the loop runs 8 lanes wide: the packed index as sum(l_i * 4^i) (exact below
+    # 2^24) and a per-lane count of values not below 2^22
     for k in range(ng):
         for t in range(nl):
-            u[k, t] = 0
-    bad = 0
+            uf[k, t] = _F0
+    for t in range(nl):
+        badv[t] = _F0
     for i in range(n):
         xi = xval[i]
-        sh = 2 * (i % 8)
+        p4 = np.float32(1 << (2 * (i % 8)))
         k = i // 8
         for t in range(nl):
             v = _HALF * (isv[t] * xi - _F1)
-            bad |= np.int32(not (abs(v) < _ROUND_OK))
+            badv[t] += _F0 if abs(v) < _ROUND_OK else _F1
             r = (v + _MAGIC) - _MAGIC
             r = min(max(r, _F0), np.float32(2.0))
             q[i, t] = np.float32(2.0) * r + _F1
-            u[k, t] |= np.int32(r) << sh
-    if bad:
-        return scale0, 0, False, True, True
+            uf[k, t] += r * p4
+    for t in range(nl):
+        if badv[t] != _F0:
+            return scale0, 0, False, True, True
+    for k in range(ng):
+        for t in range(nl):
+            u[k, t] = np.int32(uf[k, t])
     fail = lane_search(nt, 0, ng, u, ts, xval, waux, q, on_grid, d2, kmap, qgrid, lstart,
                        lpad, lindex, lvalues)
     if fail:
@@ -279,7 +287,7 @@ def qp_scale32(nl: int, x: np.ndarray, w: np.ndarray, L: np.ndarray, lanes: np.n
     for t in range(nl):
         scl[t] = _F1 / isc[t]
         mse[t] = _F0
-    bad = 0
+    bad = np.int32(0)
     for i in range(n):
         xi = x[i]
         wi = w[i]
