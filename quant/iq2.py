@@ -132,7 +132,7 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
         if mx < GROUP_MAX_EPS:
             scales[ib] = _F0
             continue
-        scale = qp_scale32(16, xval, weight, Lq, fs[4:8])
+        scale = qp_scale32(16, xval, weight, Lq, fs[4:9])
         eff_max = scale * np.float32(3.0)
         if eff_max <= _F0:
             scales[ib] = _F0

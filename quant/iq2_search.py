@@ -259,7 +259,7 @@ def final_pass(n: int, skip0: bool, skip1: bool, scale: np.float32, xval: np.nda
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def qp_scale32(nl: int, x: np.ndarray, w: np.ndarray, L: np.ndarray, lanes: np.ndarray) -> np.float32:
     """``make_qp_quants(32, 4, x, L, w)`` (ggml-quants.c) as IQ2_XXS calls it: the first fit and the 8 step
-    trials side by side in ``nl`` (>= 9) lanes of ``lanes`` (float32[4, nl] scratch), each with ggml's float32
+    trials side by side in ``nl`` (>= 9) lanes of ``lanes`` (float32[5, nl] scratch), each with ggml's float32
     operations in element order; then ggml's refinement passes. Where some ``iscale*x`` is not below 2^22 in
     magnitude (``nearest_int`` is then not plain rounding) or would wrap the uint8 store by more than 256:
     :func:`~ggufkit.quant.kquants_math.make_qp_quants` itself."""
@@ -277,6 +277,7 @@ def qp_scale32(nl: int, x: np.ndarray, w: np.ndarray, L: np.ndarray, lanes: np.n
     scl = lanes[1]
     mse = lanes[2]
     wrap = lanes[3]
+    badv = lanes[4]
     # lane 0: iscale = nmax/mx with the uint8 store of L (negative quants wrap); lanes 1..8: steps -4..4 but 0
     isc[0] = fnmax / mx
     wrap[0] = np.float32(256.0)
@@ -287,20 +288,21 @@ def qp_scale32(nl: int, x: np.ndarray, w: np.ndarray, L: np.ndarray, lanes: np.n
     for t in range(nl):
         scl[t] = _F1 / isc[t]
         mse[t] = _F0
-    bad = np.int32(0)
+        badv[t] = _F0
     for i in range(n):
         xi = x[i]
         wi = w[i]
         for t in range(nl):
             v = isc[t] * xi
-            bad |= np.int32(not (abs(v) < _ROUND_OK))
+            badv[t] += _F0 if abs(v) < _ROUND_OK else _F1
             r = min((v + _MAGIC) - _MAGIC, fnmax)
             r = r + wrap[t] if r < _F0 else r
-            bad |= np.int32(r < wrap[t] - np.float32(256.0))  # lane 0 wrapping below -256
+            badv[t] += _F1 if r < wrap[t] - np.float32(256.0) else _F0  # lane 0 wrapping below -256
             diff = xi - scl[t] * r
             mse[t] += wi * diff * diff
-    if bad:
-        return make_qp_quants(n, nmax, x, L, w)
+    for t in range(nl):
+        if badv[t] != _F0:
+            return make_qp_quants(n, nmax, x, L, w)
     best_mse = mse[0]
     iscale = isc[0]
     for t in range(1, 9):
