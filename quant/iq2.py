@@ -13,7 +13,8 @@ Block layouts (ggml-common.h; 256 weights, f16 ``d`` at byte 0, little-endian):
 Quantization follows ``ggml_quantize_chunk`` (ggml-quants.c: ``quantize_row_iq2_xxs_impl``,
 ``quantize_row_iq2_xs_impl``, ``quantize_row_iq2_s_impl``). IQ2_XXS and IQ2_XS have no reference path
 (``ggml_quantize_requires_imatrix``): without an imatrix they raise. IQ2_S without one weights each value
-by ``0.25*sigma2 + x*x``. Dequantization: ``dequantize_row_iq2_xxs`` / ``_xs`` / ``_s``.
+by ``0.25*sigma2 + x*x``. Dequantization: ``dequantize_row_iq2_xxs`` / ``_xs`` / ``_s``. The scale
+trials, neighbour searches and IQ2_XXS's ``make_qp_quants`` are in :mod:`ggufkit.quant.iq2_search`.
 """
 
 from __future__ import annotations
