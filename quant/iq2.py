@@ -26,7 +26,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ggufkit.quant.fp import fp16_to_fp32
-from ggufkit.quant.iq2_search import MAX_LANES, final_pass, qp_scale32, trials, trials_seq
+from ggufkit.quant.iq2_search import MAX_LANES, lane_search, qp_scale32, trials, trials_seq
 from ggufkit.quant.iq_common import (
     NEGATIVE_SCALE,
     NO_GRID_POINT,
@@ -145,11 +145,30 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
                                            kmap, qgrid, lstart, lpad, lindex, lvalues)
         if fail:
             return fail
-        if scale > _F0:
-            scale, fail = final_pass(32, False, False, scale, xval, weight, waux, L, ts, q, u, on_grid, d2, kmap,
-                                     qgrid, lstart, lpad, lindex, lvalues)
+        if scale > _F0:  # ggml's final pass, written out as in _iq2_16_block
+            iscale = _F1 / scale
+            ts[0] = scale
+            for k in range(4):
+                uu = 0
+                for i in range(8):
+                    lv = max(0, min(2, nearest_int_full(_HALF * (iscale * xval[8 * k + i] - _F1))))
+                    q[8 * k + i, 0] = np.float32(2 * lv + 1)
+                    uu |= lv << (2 * i)
+                u[k, 0] = uu
+            fail = lane_search(1, 0, 4, u, ts, xval, waux, q, on_grid, d2, kmap, qgrid, lstart, lpad, lindex,
+                               lvalues)
             if fail:
                 return fail
+            sumqx = _F0
+            sumq2 = _F0
+            for i in range(32):
+                L[i] = np.int8((np.int64(q[i, 0]) - 1) // 2)
+                w = weight[i]
+                qi = q[i, 0]
+                sumqx += w * xval[i] * qi
+                sumq2 += w * qi * qi
+            if sumq2 > _F0:
+                scale = sumqx / sumq2
         if scale < _F0:
             scale = -scale
             for k in range(4):
@@ -309,10 +328,35 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
         if fail:
             return fail
         if (not on0 or not on1) and scale > _F0:
-            scale, fail = final_pass(16, on0, on1, scale, xval, weight, waux, L, ts, q, u, on_grid, d2, kmap,
-                                     qgrid, lstart, lpad, lindex, lvalues)
+            # ggml's final pass, written out (a helper's calls cost more than its work here): the sub-groups
+            # off the grid at the winning trial re-rounded at 1/scale and, off the grid, searched at scale;
+            # then the refit
+            k0 = 1 if on0 else 0
+            k1 = 1 if on1 else 2
+            iscale = _F1 / scale
+            ts[0] = scale
+            for k in range(k0, k1):
+                uu = 0
+                for i in range(8):
+                    lv = max(0, min(2, nearest_int_full(_HALF * (iscale * xval[8 * k + i] - _F1))))
+                    q[8 * k + i, 0] = np.float32(2 * lv + 1)
+                    uu |= lv << (2 * i)
+                u[k, 0] = uu
+            fail = lane_search(1, k0, k1, u, ts, xval, waux, q, on_grid, d2, kmap, qgrid, lstart, lpad, lindex,
+                               lvalues)
             if fail:
                 return fail
+            for i in range(8 * k0, 8 * k1):
+                L[i] = np.int8((np.int64(q[i, 0]) - 1) // 2)
+            sumqx = _F0
+            sumq2 = _F0
+            for i in range(16):
+                w = weight[i]
+                qi = np.float32(2 * L[i] + 1)
+                sumqx += w * xval[i] * qi
+                sumq2 += w * qi * qi
+            if sumq2 > _F0:
+                scale = sumqx / sumq2
         if scale < _F0:
             scale = -scale
             for k in range(2):

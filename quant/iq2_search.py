@@ -10,12 +10,12 @@ grid point. Here:
   :func:`trials_seq` is the same one trial after another with ``nearest_int`` over any input (taken where
   ``0.5*(iscale*xval - 1)`` is not below 2^22 in magnitude, where plain rounding is not ``nearest_int``);
 * :func:`lane_search`: every neighbour search of a set of trials and sub-groups, each list's candidates
-  side by side over ``neighbour_lanes``' layout;
-* :func:`final_pass`: ggml's re-rounding at the winning scale (the searches through :func:`lane_search`);
+  side by side over ``neighbour_lanes``' layout (also ggml's final pass at the winning scale, which the
+  block functions in :mod:`ggufkit.quant.iq2` write out around it);
 * :func:`qp_scale32`: ``make_qp_quants(32, 4, ...)``'s scale (IQ2_XXS) with its 8 step trials side by side.
 
-Numba reference-counts every array passed to an ``inline="always"`` helper on each call, so the hot loops
-are written out; the functions here are called once per group or trial.
+Numba reference-counts the array arguments around calls (``inline="always"`` helpers too), so the hot
+loops are written out and the functions here are called about once per group of weights.
 """
 
 from __future__ import annotations
@@ -224,36 +224,6 @@ def trials_seq(n: int, n_try: int, xval: np.ndarray, weight: np.ndarray, waux: n
             on0 = on_grid[0, 0]
             on1 = on_grid[0, 1]
     return scale, 0, on0, on1
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def final_pass(n: int, skip0: bool, skip1: bool, scale: np.float32, xval: np.ndarray, weight: np.ndarray,
-               waux: np.ndarray, L: np.ndarray, ts: np.ndarray, q: np.ndarray, u: np.ndarray, on_grid: np.ndarray,
-               d2: np.ndarray, kmap: np.ndarray, qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
-               lvalues: np.ndarray) -> tuple[np.float32, int]:
-    """ggml's last step for ``scale > 0``: each sub-group (IQ2_S/IQ2_XS: those not on the grid at the
-    winning trial; ``skip0``/``skip1`` name the others) rounded at ``1/scale`` and, off the grid, searched at
-    ``scale``; then the refitted ``sumqx/sumq2`` (or ``scale`` where ``sumq2`` is 0). Levels in ``L``."""
-    k0 = 1 if skip0 else 0
-    k1 = 1 if skip1 else n // 8
-    iscale = _F1 / scale
-    ts[0] = scale
-    _round_groups(k0, k1, xval, iscale, u, q)
-    fail = lane_search(1, k0, k1, u, ts, xval, waux, q, on_grid, d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
-    if fail:
-        return scale, fail
-    for i in range(8 * k0, 8 * k1):
-        L[i] = np.int8((np.int64(q[i, 0]) - 1) // 2)
-    sumqx = _F0
-    sumq2 = _F0
-    for i in range(n):
-        w = weight[i]
-        qi = np.float32(2 * L[i] + 1)
-        sumqx += w * xval[i] * qi
-        sumq2 += w * qi * qi
-    if sumq2 > _F0:
-        scale = sumqx / sumq2
-    return scale, 0
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
