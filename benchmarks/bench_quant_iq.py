@@ -72,6 +72,11 @@ points at per-call costs (Numba reference-counts array arguments around calls; t
 final-pass helper was full of indirect NRT calls, not counted exactly). Writing the final pass out in the
 block functions then gained 3-10% on both types (same-process A/B, 64 rows, 1 thread, CPU time; not in the
 numbers above). Next: fewer array arguments per call. Not measured on a quiet machine.
+
+Final state of that round against the kernel before it, same interleaved runs (256 x 4096, 5 each, bytes
+equal), load average 1.1-1.4: wall clock, fastest runs, 1 thread IQ2_XXS 0.36 (0.63), IQ2_XS 0.23 (0.28),
+IQ2_S 0.46 (0.52); 2 threads 0.44 (0.55) / 0.29 (0.33) / 0.49 (0.56); CPU time, 1 thread 0.44 (0.60) /
+0.23 (0.26) / 0.46 (0.56). IQ2_S stays just above the 0.45 aimed at.
 """
 
 from __future__ import annotations
