@@ -48,6 +48,35 @@ run disturbed by the other jobs; 256-row runs gave it 0.50-0.65 on 1 thread). Wh
 trial-side-by-side loop and lane-laid-out neighbour search as IQ3, written out in the loop, and the lane
 values stored as uint8 (the grid levels 1/3/5): the IQ2 lists are long (up to 296 candidates) and as
 float32 they were 12-21 MB, which the searches streamed from memory (IQ2_XXS 0.98 -> 0.61 from that alone).
+
+IQ2, second round (``ggufkit.quant.iq2_search``), same machine, 2026-11-27, imatrix path, 256 x 4096, the
+kernel before this round ("old") timed in the same process, interleaved old / ggml / new, 5 runs each, bytes
+equal in every run; load average 1.9-3.2 (two other jobs on the 2 cores), so the 2-thread runs are disturbed
+(ggufkit's 2-thread wall time was no lower than its 1-thread time). Ratio of the fastest runs, new (old),
+wall clock: 1 thread IQ2_XXS 0.37 (0.46), IQ2_XS 0.33 (0.34), IQ2_S 0.48 (0.54); 2 threads 0.50 (0.52) /
+0.27 (0.33) / 0.53 (0.65). CPU time (immune to time slicing; at 2 threads the sum over threads): 1 thread
+0.46 (0.66) / 0.28 (0.29) / 0.52 (0.63); 2 threads IQ2_XXS 0.49 (0.56), IQ2_S 0.48 (0.57). This script's
+single runs over this round's last commits, 512 x 4096: 1 thread 0.44-0.52 / 0.28-0.30 / 0.41-0.50, 2
+threads 0.42-0.58 / 0.28-0.39 / 0.49-0.51. What changed: one lane search (``lane_search``) serves the
+side-by-side trials, the sequential fallback and ggml's final pass (which had used the scalar
+``find_best_neighbour``); IQ2_XXS uses 16 trial lanes (13 trials), IQ2_XS/IQ2_S 24 (19); the rounding loop
+is all float32 (the packed index as ``sum(l*4^i)``, exact), which LLVM runs 8 lanes wide instead of 4;
+``make_qp_quants``' first fit and 8 step trials run side by side for IQ2_XXS (its refinement passes stay
+sequential: a side-by-side version that re-swept after each move measured slower); scratch is allocated once
+per 8 super-blocks. Measured and left out: prefetching each search's lines (slower), the distance minimum in
+the distance loop (int64 keys make that loop 4 lanes wide: slower), a second pass recomputing distances to
+find the first minimum (slower). Where the rest goes (1 thread, with the search replaced by taking the first
+candidate): the searches are ~45% of both types' time; skipping IQ2_S's final pass (~1 search per group of
+16 weights against ~22 in the trials) saved 15-45% in two noisy runs, out of proportion to its work, which
+points at per-call costs (Numba reference-counts array arguments around calls; the assembly of the
+final-pass helper was full of indirect NRT calls, not counted exactly). Writing the final pass out in the
+block functions then gained 3-10% on both types (same-process A/B, 64 rows, 1 thread, CPU time; not in the
+numbers above). Next: fewer array arguments per call. Not measured on a quiet machine.
+
+Final state of that round against the kernel before it, same interleaved runs (256 x 4096, 5 each, bytes
+equal), load average 1.1-1.4: wall clock, fastest runs, 1 thread IQ2_XXS 0.36 (0.63), IQ2_XS 0.23 (0.28),
+IQ2_S 0.46 (0.52); 2 threads 0.44 (0.55) / 0.29 (0.33) / 0.49 (0.56); CPU time, 1 thread 0.44 (0.60) /
+0.23 (0.26) / 0.46 (0.56). IQ2_S stays just above the 0.45 aimed at.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ Block layouts (ggml-common.h; 256 weights, f16 ``d`` at byte 0, little-endian):
 Quantization follows ``ggml_quantize_chunk`` (ggml-quants.c: ``quantize_row_iq2_xxs_impl``,
 ``quantize_row_iq2_xs_impl``, ``quantize_row_iq2_s_impl``). IQ2_XXS and IQ2_XS have no reference path
 (``ggml_quantize_requires_imatrix``): without an imatrix they raise. IQ2_S without one weights each value
-by ``0.25*sigma2 + x*x``. Dequantization: ``dequantize_row_iq2_xxs`` / ``_xs`` / ``_s``.
+by ``0.25*sigma2 + x*x``. Dequantization: ``dequantize_row_iq2_xxs`` / ``_xs`` / ``_s``. The scale
+trials, neighbour searches and IQ2_XXS's ``make_qp_quants`` are in :mod:`ggufkit.quant.iq2_search`.
 """
 
 from __future__ import annotations
@@ -25,43 +26,30 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ggufkit.quant.fp import fp16_to_fp32
+from ggufkit.quant.iq2_search import MAX_LANES, lane_search, qp_scale32, trials, trials_seq
 from ggufkit.quant.iq_common import (
-    FLT_MAX,
     NEGATIVE_SCALE,
     NO_GRID_POINT,
     QK_K,
     check_rows,
     f16_bits,
-    find_best_neighbour,
     fmax,
     need_imatrix,
     put_u16,
     signs_with_parity,
 )
 from ggufkit.quant.iq_grids import NeighbourLanes, iq_tables, ksigns_iq2xs, neighbour_lanes
-from ggufkit.quant.kquants_math import GROUP_MAX_EPS, make_qp_quants, nearest_int_full
+from ggufkit.quant.kquants_math import GROUP_MAX_EPS, nearest_int_full
 
 T = GGMLQuantizationType
 GROUP_MAX_EPS_IQ2_S = np.float32(1e-8)
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
-_FLT_MAX_BITS = 0x7F7FFFFF
-_NO_KEY = _FLT_MAX_BITS << 32
 #: Scratch lanes for one neighbour list (the longest IQ2 list pads to 296 lanes, IQ2_XS).
 _MAX_PAD = 512
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
-def _round_levels(xval: np.ndarray, off: int, iscale: np.float32, Lout: np.ndarray) -> int:
-    """``l = clamp(nearest_int(0.5*(id*x - 1)), 0, 2)`` for 8 values; returns their packed 2-bit index."""
-    u = 0
-    for i in range(8):
-        lv = nearest_int_full(_HALF * (iscale * xval[off + i] - _F1))
-        lv = max(0, min(2, lv))
-        Lout[off + i] = lv
-        u |= lv << (2 * i)
-    return u
+#: Super-blocks per work item of the parallel loops (each item allocates its scratch once).
+_CHUNK = 8
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
@@ -70,256 +58,6 @@ def _packed(L: np.ndarray, off: int) -> int:
     for i in range(8):
         u |= np.int64(L[off + i]) << (2 * i)
     return u
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
-def _fit(n: int, weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[np.float32, np.float32]:
-    sumqx = _F0
-    sumq2 = _F0
-    for i in range(n):
-        w = weight[i]
-        q = np.float32(2 * L[i] + 1)
-        sumqx += w * xval[i] * q
-        sumq2 += w * q * q
-    return sumqx, sumq2
-
-
-_LANES = 32  # trial scales side by side in _trials (19 or 13 used; the extra lanes repeat the last)
-_MAGIC = np.float32(12582912.0)  # 1.5 * 2^23: v + _MAGIC - _MAGIC rounds half to even for |v| < 2^22
-_ROUND_OK = np.float32(4194304.0)  # 2^22
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _trials(n: int, n_try: int, xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32,
-            scale0: np.float32, qgrid: np.ndarray, kmap: np.ndarray, L: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
-               lvalues: np.ndarray, d2: np.ndarray, d2bits: np.ndarray, isv: np.ndarray, q: np.ndarray,
-               u: np.ndarray, on_aux: np.ndarray, sx: np.ndarray, s2: np.ndarray
-               ) -> tuple[np.float32, int, bool, bool, bool]:
-    """The ``2*n_try + 1`` trial scales ``(5 + 0.1*is)/mx`` over ``n`` weights (IQ2_XS/IQ2_S: 16 and 9,
-    IQ2_XXS: 32 and 6) side by side (as iq3.py's _trials does for IQ3): the roundings
-    and the two sums of every trial are vector lanes, each trial's float32 operations in ggml's order; the
-    neighbour searches run per trial and group, the winner is picked in ggml's trial order with ggml's
-    comparison. Only where every ``0.5*(iscale*xval - 1)`` is below 2^22 in magnitude (``nearest_int`` is
-    then plain round-half-even): otherwise returns ok=False and the caller runs the sequential loop.
-
-    Returns:
-        (scale, failure code, ok, on-grid flag of group 0, of group 1); the winning levels in ``L`` (no
-        winner: ``scale0``, ``L`` untouched).
-    """
-    nt = 2 * n_try + 1
-    for t in range(_LANES):
-        isv[t] = (np.float32(5.0) + np.float32(min(t, nt - 1) - n_try) * np.float32(0.1)) / mx
-    for k in range(n // 8):
-        for t in range(_LANES):
-            u[k, t] = 0
-    bad = 0
-    for i in range(n):
-        xi = xval[i]
-        sh = 2 * (i % 8)
-        k = i // 8
-        for t in range(_LANES):
-            v = _HALF * (isv[t] * xi - _F1)
-            bad |= np.int32(not (abs(v) < _ROUND_OK))
-            r = (v + _MAGIC) - _MAGIC
-            r = min(max(r, _F0), np.float32(2.0))
-            q[i, t] = np.float32(2.0) * r + _F1
-            u[k, t] |= np.int32(r) << sh
-    if bad:
-        return scale0, 0, False, True, True
-    for t in range(nt):
-        this_scale = _F1 / isv[t]
-        for k in range(n // 8):
-            uu = u[k, t]
-            on_aux[t, k] = kmap[uu] >= 0
-            if on_aux[t, k]:
-                continue
-            o = 8 * k
-            # iq2_find_best_neighbour over neighbour_lanes' layout, as in _search_16
-            p = np.uint64(lpad[uu])
-            s0 = np.uint64(lstart[uu])
-            bb = np.uint64(8) * s0
-            x0 = xval[o]
-            x1 = xval[o + 1]
-            x2 = xval[o + 2]
-            x3 = xval[o + 3]
-            x4 = xval[o + 4]
-            x5 = xval[o + 5]
-            x6 = xval[o + 6]
-            x7 = xval[o + 7]
-            w0 = waux[o]
-            w1 = waux[o + 1]
-            w2 = waux[o + 2]
-            w3 = waux[o + 3]
-            w4 = waux[o + 4]
-            w5 = waux[o + 5]
-            w6 = waux[o + 6]
-            w7 = waux[o + 7]
-            for j in range(p):
-                e0 = this_scale * np.float32(lvalues[bb + j]) - x0
-                e1 = this_scale * np.float32(lvalues[bb + p + j]) - x1
-                e2 = this_scale * np.float32(lvalues[bb + np.uint64(2) * p + j]) - x2
-                e3 = this_scale * np.float32(lvalues[bb + np.uint64(3) * p + j]) - x3
-                e4 = this_scale * np.float32(lvalues[bb + np.uint64(4) * p + j]) - x4
-                e5 = this_scale * np.float32(lvalues[bb + np.uint64(5) * p + j]) - x5
-                e6 = this_scale * np.float32(lvalues[bb + np.uint64(6) * p + j]) - x6
-                e7 = this_scale * np.float32(lvalues[bb + np.uint64(7) * p + j]) - x7
-                dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
-                        + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
-                d2[j] = dd if dd < FLT_MAX else FLT_MAX
-            key = np.int64(_NO_KEY)
-            for j in range(p):
-                key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
-            if (key >> 32) >= _FLT_MAX_BITS:
-                return _F0, NO_GRID_POINT, True, True, True
-            gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
-            for i in range(8):
-                q[o + i, t] = np.float32(qgrid[gi, i])
-    for t in range(_LANES):
-        sx[t] = _F0
-        s2[t] = _F0
-    for i in range(n):
-        wx = weight[i] * xval[i]
-        w = weight[i]
-        for t in range(_LANES):
-            qi = q[i, t]
-            sx[t] += wx * qi
-            s2[t] += w * qi * qi
-    best = _F0
-    scale = scale0
-    bt = -1
-    for t in range(nt):
-        if s2[t] > _F0 and sx[t] * sx[t] > best * s2[t]:
-            scale = sx[t] / s2[t]
-            best = scale * sx[t]
-            bt = t
-    if bt < 0:
-        return scale, 0, True, True, True
-    for i in range(n):
-        L[i] = np.int8((np.int64(q[i, bt]) - 1) // 2)
-    return scale, 0, True, on_aux[bt, 0], on_aux[bt, 1]
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _trials_16_seq(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
-                   kmap: np.ndarray, L: np.ndarray, Laux: np.ndarray, lstart: np.ndarray, lpad: np.ndarray,
-                   lindex: np.ndarray, lvalues: np.ndarray, d2: np.ndarray,
-                   d2bits: np.ndarray) -> tuple[np.float32, int, bool, bool]:
-    """_trials one trial after another with ggml's ``nearest_int`` over every input (huge or NaN
-    ``iscale*xval``): (scale, failure code, on-grid flags of the winner's two groups)."""
-    best = _F0
-    scale = mx / np.float32(5.0)
-    on0 = True
-    on1 = True
-    # _round_levels, find_best_neighbour and _fit written out (Numba reference-counts every array passed
-    # to an inlined helper on each call); measured alone this gained little, the lane search most.
-    for is_ in range(-9, 10):
-        iscale = (np.float32(5.0) + np.float32(is_) * np.float32(0.1)) / mx
-        this_scale = _F1 / iscale
-        aux0 = True
-        aux1 = True
-        for k in range(2):
-            o = 8 * k
-            u = 0
-            for i in range(8):
-                lv = nearest_int_full(_HALF * (iscale * xval[o + i] - _F1))
-                lv = max(0, min(2, lv))
-                Laux[o + i] = lv
-                u |= lv << (2 * i)
-            gk = np.int64(kmap[u])
-            if gk < 0:
-                if k == 0:
-                    aux0 = False
-                else:
-                    aux1 = False
-                # iq2_find_best_neighbour (ggml-quants.c) with the candidates of the list side by side over
-                # neighbour_lanes' layout, as iq3.py's _trials does it: each candidate's distance with
-                # ggml's float32 operations in element order (from +0, so >= +0; NaN and anything not below
-                # FLT_MAX, which never wins in ggml, become FLT_MAX), and the smallest (bits << 32 | lane)
-                # key is ggml's first strictly-smallest candidate (padding lanes repeat the last one).
-                p = np.uint64(lpad[u])
-                s0 = np.uint64(lstart[u])
-                bb = np.uint64(8) * s0
-                x0 = xval[o]
-                x1 = xval[o + 1]
-                x2 = xval[o + 2]
-                x3 = xval[o + 3]
-                x4 = xval[o + 4]
-                x5 = xval[o + 5]
-                x6 = xval[o + 6]
-                x7 = xval[o + 7]
-                w0 = waux[o]
-                w1 = waux[o + 1]
-                w2 = waux[o + 2]
-                w3 = waux[o + 3]
-                w4 = waux[o + 4]
-                w5 = waux[o + 5]
-                w6 = waux[o + 6]
-                w7 = waux[o + 7]
-                for j in range(p):
-                    e0 = this_scale * np.float32(lvalues[bb + j]) - x0
-                    e1 = this_scale * np.float32(lvalues[bb + p + j]) - x1
-                    e2 = this_scale * np.float32(lvalues[bb + np.uint64(2) * p + j]) - x2
-                    e3 = this_scale * np.float32(lvalues[bb + np.uint64(3) * p + j]) - x3
-                    e4 = this_scale * np.float32(lvalues[bb + np.uint64(4) * p + j]) - x4
-                    e5 = this_scale * np.float32(lvalues[bb + np.uint64(5) * p + j]) - x5
-                    e6 = this_scale * np.float32(lvalues[bb + np.uint64(6) * p + j]) - x6
-                    e7 = this_scale * np.float32(lvalues[bb + np.uint64(7) * p + j]) - x7
-                    dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
-                            + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
-                    d2[j] = dd if dd < FLT_MAX else FLT_MAX
-                key = np.int64(_NO_KEY)
-                for j in range(p):
-                    key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
-                if (key >> 32) >= _FLT_MAX_BITS:
-                    return scale, NO_GRID_POINT, True, True
-                gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
-                for i in range(8):
-                    Laux[o + i] = (qgrid[gi, i] - 1) // 2
-        sumqx = _F0
-        sumq2 = _F0
-        for i in range(16):
-            w = weight[i]
-            q = np.float32(2 * Laux[i] + 1)
-            sumqx += w * xval[i] * q
-            sumq2 += w * q * q
-        if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
-            scale = sumqx / sumq2
-            best = scale * sumqx
-            for i in range(16):
-                L[i] = Laux[i]
-            on0 = aux0
-            on1 = aux1
-    return scale, 0, on0, on1
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _search_16(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, qgrid: np.ndarray,
-               kmap: np.ndarray, neigh: np.ndarray, L: np.ndarray, Laux: np.ndarray, terms: np.ndarray,
-               lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray, d2: np.ndarray,
-               d2bits: np.ndarray, isv: np.ndarray, q: np.ndarray, uk: np.ndarray, on_aux: np.ndarray,
-               sx: np.ndarray, s2: np.ndarray) -> tuple[np.float32, int]:
-    """The scale search of IQ2_XS / IQ2_S over 16 weights (two groups of 8): returns (scale, fail)."""
-    scale, fail, ok, on0, on1 = _trials(16, 9, xval, weight, waux, mx, mx / np.float32(5.0), qgrid, kmap, L, lstart,
-                                        lpad, lindex, lvalues, d2, d2bits, isv, q, uk, on_aux, sx, s2)
-    if fail:
-        return scale, fail
-    if not ok:
-        scale, fail, on0, on1 = _trials_16_seq(xval, weight, waux, mx, qgrid, kmap, L, Laux, lstart, lpad,
-                                               lindex, lvalues, d2, d2bits)
-        if fail:
-            return scale, fail
-    if (not on0 or not on1) and scale > _F0:
-        iscale = _F1 / scale
-        for k in range(2):
-            if (on0 if k == 0 else on1):
-                continue
-            u = _round_levels(xval, 8 * k, iscale, L)
-            if kmap[u] < 0 and find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, scale, L, terms) < 0:
-                return scale, NO_GRID_POINT
-        sumqx, sumq2 = _fit(16, weight, xval, L)
-        if sumq2 > _F0:
-            scale = sumqx / sumq2
-    return scale, 0
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
@@ -344,32 +82,39 @@ def _lanes(qtype: GGMLQuantizationType) -> NeighbourLanes:
     return n._replace(values=values)
 
 
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-work-item scratch of the block functions: float32[12 + n, MAX_LANES] (rows: trial iscales,
+    trial scales, the two sums, 4 for the packed indices (and make_qp_quants' lanes before), one for the
+    out-of-range counts, 3 spare, then the candidate values ``q``), int32[4, MAX_LANES] packed
+    indices, bool[MAX_LANES, 4] on-grid flags, float32[4, 32] (weight, waux, xval, scales), int8[2, 32]
+    (L, Laux), uint8[32], float32[_MAX_PAD] (one list's distances)."""
+    return (np.empty((12 + n, MAX_LANES), np.float32), np.zeros((4, MAX_LANES), np.int32),
+            np.zeros((MAX_LANES, 4), np.bool_), np.zeros((4, 32), np.float32), np.zeros((2, 32), np.int8),
+            np.zeros(32, np.uint8), np.zeros(_MAX_PAD, np.float32))
+
+
 # --- IQ2_XXS ---------------------------------------------------------------------------------------
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                   neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
+def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarray, u: np.ndarray,
+                   on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, Lq: np.ndarray, d2: np.ndarray, kmap: np.ndarray,
+                   qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
                    lvalues: np.ndarray) -> int:
     """quantize_row_iq2_xxs_impl for one super-block: writes ``y`` (66 bytes); returns a failure code."""
-    scales = np.zeros(8, np.float32)
-    weight = np.empty(32, np.float32)
-    waux = np.empty(32, np.float32)
-    xval = np.empty(32, np.float32)
-    L = np.zeros(32, np.int8)
-    Laux = np.zeros(32, np.int8)
-    Lq = np.zeros(32, np.uint8)
-    terms = np.empty(32, np.float32)
+    isv = fs[0]
+    ts = fs[1]
+    sx = fs[2]
+    s2 = fs[3]
+    q = fs[12:]
+    weight = fv[0]
+    waux = fv[1]
+    xval = fv[2]
+    scales = fv[3]
+    L = ls[0]
     bsigns = np.zeros(4, np.int64)
     q2 = np.zeros(16, np.int64)
-    d2 = np.empty(_MAX_PAD, np.float32)
-    d2bits = d2.view(np.int32)
-    isv = np.empty(_LANES, np.float32)
-    qv = np.empty((32, _LANES), np.float32)
-    uk = np.empty((4, _LANES), np.int32)
-    on_aux = np.zeros((_LANES, 4), np.bool_)
-    sx = np.empty(_LANES, np.float32)
-    s2 = np.empty(_LANES, np.float32)
     sigma2 = _sumx2(xbl) / np.float32(QK_K)
     max_scale = _F0
     for ib in range(8):
@@ -383,97 +128,45 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
         mx = xval[0]
         for i in range(1, 32):
             mx = fmax(mx, xval[i])
+        for i in range(32):
+            L[i] = 0
         if mx < GROUP_MAX_EPS:
             scales[ib] = _F0
             continue
-        scale = make_qp_quants(32, 4, xval, Lq, weight)
+        scale = qp_scale32(16, xval, weight, Lq, fs[4:9])
         eff_max = scale * np.float32(3.0)
         if eff_max <= _F0:
             scales[ib] = _F0
             continue
-        scale, fail, ok, _, _ = _trials(32, 6, xval, weight, waux, eff_max, scale, qgrid, kmap, L, lstart, lpad,
-                                        lindex, lvalues, d2, d2bits, isv, qv, uk, on_aux, sx, s2)
+        scale, fail, ok, _, _ = trials(32, 6, 16, xval, weight, waux, eff_max, scale, L, isv, ts, q, u, on_grid,
+                                       sx, s2, fs[4:8], fs[8], d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
+        if not ok:  # ggml's nearest_int beyond plain rounding: the trials one after another
+            scale, fail, _, _ = trials_seq(32, 6, xval, weight, waux, eff_max, scale, L, ts, q, u, on_grid, d2,
+                                           kmap, qgrid, lstart, lpad, lindex, lvalues)
         if fail:
             return fail
-        if not ok:  # ggml's nearest_int beyond plain rounding: the trials one after another
-            best = _F0
-            for is_ in range(-6, 7):
-                iscale = (np.float32(5.0) + np.float32(is_) * np.float32(0.1)) / eff_max
-                this_scale = _F1 / iscale
-                # _round_levels, iq2_find_best_neighbour and _fit written out, as in _search_16
-                for k in range(4):
-                    o = 8 * k
-                    u = 0
-                    for i in range(8):
-                        lv = nearest_int_full(_HALF * (iscale * xval[o + i] - _F1))
-                        lv = max(0, min(2, lv))
-                        Laux[o + i] = lv
-                        u |= lv << (2 * i)
-                    if kmap[u] >= 0:
-                        continue
-                    p = np.uint64(lpad[u])
-                    s0 = np.uint64(lstart[u])
-                    bb = np.uint64(8) * s0
-                    x0 = xval[o]
-                    x1 = xval[o + 1]
-                    x2 = xval[o + 2]
-                    x3 = xval[o + 3]
-                    x4 = xval[o + 4]
-                    x5 = xval[o + 5]
-                    x6 = xval[o + 6]
-                    x7 = xval[o + 7]
-                    w0 = waux[o]
-                    w1 = waux[o + 1]
-                    w2 = waux[o + 2]
-                    w3 = waux[o + 3]
-                    w4 = waux[o + 4]
-                    w5 = waux[o + 5]
-                    w6 = waux[o + 6]
-                    w7 = waux[o + 7]
-                    for j in range(p):
-                        e0 = this_scale * np.float32(lvalues[bb + j]) - x0
-                        e1 = this_scale * np.float32(lvalues[bb + p + j]) - x1
-                        e2 = this_scale * np.float32(lvalues[bb + np.uint64(2) * p + j]) - x2
-                        e3 = this_scale * np.float32(lvalues[bb + np.uint64(3) * p + j]) - x3
-                        e4 = this_scale * np.float32(lvalues[bb + np.uint64(4) * p + j]) - x4
-                        e5 = this_scale * np.float32(lvalues[bb + np.uint64(5) * p + j]) - x5
-                        e6 = this_scale * np.float32(lvalues[bb + np.uint64(6) * p + j]) - x6
-                        e7 = this_scale * np.float32(lvalues[bb + np.uint64(7) * p + j]) - x7
-                        dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
-                                + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
-                        d2[j] = dd if dd < FLT_MAX else FLT_MAX
-                    key = np.int64(_NO_KEY)
-                    for j in range(p):
-                        key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
-                    if (key >> 32) >= _FLT_MAX_BITS:
-                        return NO_GRID_POINT
-                    gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
-                    for i in range(8):
-                        Laux[o + i] = (qgrid[gi, i] - 1) // 2
-                sumqx = _F0
-                sumq2 = _F0
-                for i in range(32):
-                    w = weight[i]
-                    q = np.float32(2 * Laux[i] + 1)
-                    sumqx += w * xval[i] * q
-                    sumq2 += w * q * q
-                if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
-                    scale = sumqx / sumq2
-                    best = scale * sumqx
-                    for i in range(32):
-                        L[i] = Laux[i]
-        if scale > _F0:
+        if scale > _F0:  # ggml's final pass, written out as in _iq2_16_block
             iscale = _F1 / scale
+            ts[0] = scale
             for k in range(4):
-                u = _round_levels(xval, 8 * k, iscale, L)
-                g = kmap[u]
-                if g < 0:
-                    g = find_best_neighbour(neigh, -kmap[u] - 1, qgrid, xval, 8 * k, waux, scale, L, terms)
-                    if g < 0:
-                        return NO_GRID_POINT
+                uu = 0
                 for i in range(8):
-                    L[8 * k + i] = (qgrid[g, i] - 1) // 2
-            sumqx, sumq2 = _fit(32, weight, xval, L)
+                    lv = max(0, min(2, nearest_int_full(_HALF * (iscale * xval[8 * k + i] - _F1))))
+                    q[8 * k + i, 0] = np.float32(2 * lv + 1)
+                    uu |= lv << (2 * i)
+                u[k, 0] = uu
+            fail = lane_search(1, 0, 4, u, ts, xval, waux, q, on_grid, d2, kmap, qgrid, lstart, lpad, lindex,
+                               lvalues)
+            if fail:
+                return fail
+            sumqx = _F0
+            sumq2 = _F0
+            for i in range(32):
+                L[i] = np.int8((np.int64(q[i, 0]) - 1) // 2)
+                w = weight[i]
+                qi = q[i, 0]
+                sumqx += w * xval[i] * qi
+                sumq2 += w * qi * qi
             if sumq2 > _F0:
                 scale = sumqx / sumq2
         if scale < _F0:
@@ -506,17 +199,21 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.nda
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
-def _iq2_xxs_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                  neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
+def _iq2_xxs_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, kmap: np.ndarray, qgrid: np.ndarray,
+                  lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
                   bad: np.ndarray) -> None:
     nb = x.shape[1] // QK_K
-    for t in numba.prange(x.shape[0] * nb):
-        r = t // nb
-        b = t % nb
-        code = _iq2_xxs_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
-                              out[r, 66 * b:66 * (b + 1)], qgrid, kmap, neigh, lstart, lpad, lindex, lvalues)
-        if code:
-            bad[r] = code
+    total = x.shape[0] * nb
+    for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
+        fs, u, on_grid, fv, ls, Lq, d2 = _scratch(32)
+        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+            r = t // nb
+            b = t % nb
+            code = _iq2_xxs_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
+                                  out[r, 66 * b:66 * (b + 1)], fs, u, on_grid, fv, ls, Lq, d2, kmap, qgrid, lstart,
+                                  lpad, lindex, lvalues)
+            if code:
+                bad[r] = code
 
 
 def quantize_rows_iq2_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
@@ -534,7 +231,7 @@ def quantize_rows_iq2_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> Non
     t = iq_tables(T.IQ2_XXS)
     n = _lanes(T.IQ2_XXS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_xxs_rows(x, qw, out, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq2_xxs_rows(x, qw, out, t.kmap, t.qgrid, n.start, n.pad, n.grid_index, n.values, bad)
     check_rows(bad, "IQ2_XXS")
 
 
@@ -569,27 +266,23 @@ def dequantize_rows_iq2_xxs(blocks: np.ndarray, out: np.ndarray) -> None:
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.ndarray, qgrid: np.ndarray,
-                  kmap: np.ndarray, neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
+def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.ndarray, fs: np.ndarray,
+                  u: np.ndarray, on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, d2: np.ndarray, kmap: np.ndarray,
+                  qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
                   lvalues: np.ndarray) -> int:
     """quantize_row_iq2_xs_impl (``is_s`` False, 74 bytes) or quantize_row_iq2_s_impl (``is_s``, 82 bytes)
     for one super-block; returns a failure code."""
-    scales = np.zeros(16, np.float32)
-    weight = np.empty(16, np.float32)
-    waux = np.empty(16, np.float32)
-    xval = np.empty(16, np.float32)
-    L = np.zeros(16, np.int8)
-    Laux = np.zeros(16, np.int8)
+    isv = fs[0]
+    ts = fs[1]
+    sx = fs[2]
+    s2 = fs[3]
+    q = fs[12:]
+    weight = fv[0]
+    waux = fv[1]
+    xval = fv[2]
+    scales = fv[3]
+    L = ls[0]
     bsigns = np.zeros(2, np.int64)
-    terms = np.empty(32, np.float32)
-    d2 = np.empty(_MAX_PAD, np.float32)
-    d2bits = d2.view(np.int32)
-    isv = np.empty(_LANES, np.float32)
-    q = np.empty((16, _LANES), np.float32)
-    uk = np.empty((2, _LANES), np.int32)
-    on_aux = np.zeros((_LANES, 4), np.bool_)
-    sx = np.empty(_LANES, np.float32)
-    s2 = np.empty(_LANES, np.float32)
     y[:] = 0
     sumx2 = _sumx2(xbl)
     sigma2 = np.float32(2.0) * sumx2 / np.float32(QK_K) if is_s else sumx2 / np.float32(QK_K)
@@ -626,10 +319,44 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
         if mx < eps:
             scales[ib] = _F0
             continue
-        scale, fail = _search_16(xval, weight, waux, mx, qgrid, kmap, neigh, L, Laux, terms, lstart, lpad, lindex,
-                                 lvalues, d2, d2bits, isv, q, uk, on_aux, sx, s2)
+        scale0 = mx / np.float32(5.0)
+        scale, fail, ok, on0, on1 = trials(16, 9, 24, xval, weight, waux, mx, scale0, L, isv, ts, q, u, on_grid, sx,
+                                           s2, fs[4:8], fs[8], d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
+        if not ok:  # ggml's nearest_int beyond plain rounding: the trials one after another
+            scale, fail, on0, on1 = trials_seq(16, 9, xval, weight, waux, mx, scale0, L, ts, q, u, on_grid, d2,
+                                               kmap, qgrid, lstart, lpad, lindex, lvalues)
         if fail:
             return fail
+        if (not on0 or not on1) and scale > _F0:
+            # ggml's final pass, written out (a helper's calls cost more than its work here): the sub-groups
+            # off the grid at the winning trial re-rounded at 1/scale and, off the grid, searched at scale;
+            # then the refit
+            k0 = 1 if on0 else 0
+            k1 = 1 if on1 else 2
+            iscale = _F1 / scale
+            ts[0] = scale
+            for k in range(k0, k1):
+                uu = 0
+                for i in range(8):
+                    lv = max(0, min(2, nearest_int_full(_HALF * (iscale * xval[8 * k + i] - _F1))))
+                    q[8 * k + i, 0] = np.float32(2 * lv + 1)
+                    uu |= lv << (2 * i)
+                u[k, 0] = uu
+            fail = lane_search(1, k0, k1, u, ts, xval, waux, q, on_grid, d2, kmap, qgrid, lstart, lpad, lindex,
+                               lvalues)
+            if fail:
+                return fail
+            for i in range(8 * k0, 8 * k1):
+                L[i] = np.int8((np.int64(q[i, 0]) - 1) // 2)
+            sumqx = _F0
+            sumq2 = _F0
+            for i in range(16):
+                w = weight[i]
+                qi = np.float32(2 * L[i] + 1)
+                sumqx += w * xval[i] * qi
+                sumq2 += w * qi * qi
+            if sumq2 > _F0:
+                scale = sumqx / sumq2
         if scale < _F0:
             scale = -scale
             for k in range(2):
@@ -667,20 +394,23 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
-def _iq2_16_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, qgrid: np.ndarray, kmap: np.ndarray,
-                 neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
+def _iq2_16_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, kmap: np.ndarray, qgrid: np.ndarray,
+                 lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
                  bad: np.ndarray) -> None:
     nb = x.shape[1] // QK_K
     bs = 82 if is_s else 74
     use_qw = qw.size > 0
-    for t in numba.prange(x.shape[0] * nb):
-        r = t // nb
-        b = t % nb
-        qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
-        code = _iq2_16_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)],
-                             qgrid, kmap, neigh, lstart, lpad, lindex, lvalues)
-        if code:
-            bad[r] = code
+    total = x.shape[0] * nb
+    for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
+        fs, u, on_grid, fv, ls, _, d2 = _scratch(16)
+        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
+            r = t // nb
+            b = t % nb
+            qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
+            code = _iq2_16_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)], fs,
+                                 u, on_grid, fv, ls, d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
+            if code:
+                bad[r] = code
 
 
 def quantize_rows_iq2_xs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
@@ -693,7 +423,7 @@ def quantize_rows_iq2_xs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None
     t = iq_tables(T.IQ2_XS)
     n = _lanes(T.IQ2_XS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_16_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq2_16_rows(x, qw, out, False, t.kmap, t.qgrid, n.start, n.pad, n.grid_index, n.values, bad)
     check_rows(bad, "IQ2_XS")
 
 
@@ -706,7 +436,7 @@ def quantize_rows_iq2_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     t = iq_tables(T.IQ2_S)
     n = _lanes(T.IQ2_S)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_16_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq2_16_rows(x, qw, out, True, t.kmap, t.qgrid, n.start, n.pad, n.grid_index, n.values, bad)
     check_rows(bad, "IQ2_S")
 
 
