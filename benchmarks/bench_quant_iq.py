@@ -77,6 +77,36 @@ Final state of that round against the kernel before it, same interleaved runs (2
 equal), load average 1.1-1.4: wall clock, fastest runs, 1 thread IQ2_XXS 0.36 (0.63), IQ2_XS 0.23 (0.28),
 IQ2_S 0.46 (0.52); 2 threads 0.44 (0.55) / 0.29 (0.33) / 0.49 (0.56); CPU time, 1 thread 0.44 (0.60) /
 0.23 (0.26) / 0.46 (0.56). IQ2_S stays just above the 0.45 aimed at.
+
+IQ1 (``ggufkit.quant.iq1``, ``ggufkit.quant.iq1_split``), same machine, 2026-11-27, imatrix path. What
+changed: the neighbour search runs over lane-laid-out candidate levels (uint8 0/1/2, only the 4513 lists a
+split can produce, ~2.7 MB) with unsigned lane indices (Numba's wrap-around test on signed indices kept the
+loop scalar: 1070 -> 420 ns per search, the scalar search 600); the sub-block sort is by rank (branch-free
+int32 counts, 2-3x faster than the insertion sort); IQ1_S's split search computes every candidate's ratio
+side by side and replays only the ones within 2^-16 of the largest with ggml's comparison (exact: the
+argument is in ``iq1_split``'s docstring; ggml's scan where it does not hold), 0.085 -> 0.045 s per 1M
+weights in isolation. The same for IQ1_M measured faster in isolation (0.077 -> 0.055) but not in the
+kernel (its extra calls and scratch cost as much), so IQ1_M keeps ggml's scan. One-process A/B against the
+kernel before, 128 x 4096, 1 thread, load ~3: IQ1_S 0.58-0.61 of the old time, IQ1_M 0.66-0.80.
+
+All grid types after this session's merges, load average 1.0-1.7 (nothing else running), 256 x 4096,
+5 interleaved runs (ggufkit, ggml, ...), median ratio (range), bytes equal in every run:
+
+========  ===================  ===================
+type      1 thread             2 threads
+========  ===================  ===================
+IQ2_XXS   0.62 (0.43-0.65)     0.43 (0.33-0.51)
+IQ2_XS    0.23 (0.20-0.38)     0.26 (0.22-0.29)
+IQ2_S     0.55 (0.36-0.76)     0.53 (0.45-1.20)
+IQ3_XXS   0.38 (0.32-0.57)     0.55 (0.49-0.79)
+IQ3_S     0.46 (0.37-0.58)     0.49 (0.43-0.77)
+IQ1_S     0.43 (0.29-0.50)     0.54 (0.44-1.05)
+IQ1_M     0.74 (0.62-1.15)     0.69 (0.56-0.79)
+========  ===================  ===================
+
+This script's single runs at the same time, 512 x 4096: 1 thread 0.41 / 0.26 / 0.49 / 0.31 / 0.31 / 0.38 /
+0.54, 2 threads 0.51 / 0.38 / 0.39 / 0.39 / 0.58 / 0.46 / 0.67 (same order). Even with nothing else running
+the runs of one type vary by 1.5-2x (both tools), so single figures here are within that spread.
 """
 
 from __future__ import annotations
