@@ -164,23 +164,42 @@ def _s_pair(sumx: np.ndarray, sumw: np.ndarray, i1: int, i2: int, sg: int) -> tu
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def iq1_s_scan(sumx: np.ndarray, sumw: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
-    """ggml's scan over every candidate: (scale, besti1, besti2, best_shift), best_shift 0 when none."""
+def _replay(sumx: np.ndarray, sumw: np.ndarray, keys: np.ndarray, nk: int,
+            scale: np.float32) -> tuple[np.float32, int, int, int]:
+    """ggml's comparison over the candidates ``keys[:nk]`` (order keys ``(i1*33 + i2)*2 + sign``, in
+    ggml's order), from ggml's initial state: (scale, besti1, besti2, best_shift), best_shift 0 when none
+    is valid."""
+    n = sumx.size
     best = -FLT_MAX
     besti1 = -1
     besti2 = -1
     best_shift = 0
-    for i1 in range(sumx.size):
-        for i2 in range(i1, sumx.size):
-            for sg in range(2):
-                sumqx, sumq2 = _s_pair(sumx, sumw, i1, i2, sg)
-                if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
-                    scale = sumqx / sumq2
-                    best = scale * sumqx
-                    besti1 = i1
-                    besti2 = i2
-                    best_shift = 1 if sg == 0 else -1
+    for j in range(nk):
+        sg = keys[j] % 2
+        i2 = (keys[j] // 2) % n
+        i1 = keys[j] // (2 * n)
+        sumqx, sumq2 = _s_pair(sumx, sumw, i1, i2, sg)
+        if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+            scale = sumqx / sumq2
+            best = scale * sumqx
+            besti1 = i1
+            besti2 = i2
+            best_shift = 1 if sg == 0 else -1
     return scale, besti1, besti2, best_shift
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def iq1_s_scan(sumx: np.ndarray, sumw: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
+    """ggml's scan: every candidate replayed, in ggml's order (i1, i2 >= i1, sign)."""
+    n = sumx.size
+    keys = np.empty(n * (n + 1), np.int64)
+    nk = 0
+    for i1 in range(n):
+        for i2 in range(i1, n):
+            for sg in range(2):
+                keys[nk] = (i1 * n + i2) * 2 + sg
+                nk += 1
+    return _replay(sumx, sumw, keys, nk, scale)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
@@ -234,21 +253,4 @@ def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
     nk = _contenders(sc, n, 2)
     if nk < 0:
         return iq1_s_scan(sumx, sumw, amax)
-    keys = sc.keys
-    best = -FLT_MAX
-    scale = amax
-    besti1 = -1
-    besti2 = -1
-    best_shift = 0
-    for j in range(nk):
-        sg = keys[j] % 2
-        i2 = (keys[j] // 2) % n
-        i1 = keys[j] // (2 * n)
-        sumqx, sumq2 = _s_pair(sumx, sumw, i1, i2, sg)
-        if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
-            scale = sumqx / sumq2
-            best = scale * sumqx
-            besti1 = i1
-            besti2 = i2
-            best_shift = 1 if sg == 0 else -1
-    return scale, besti1, besti2, best_shift
+    return _replay(sumx, sumw, sc.keys, nk, amax)

@@ -39,6 +39,27 @@ _FLAG = np.float32(1000.0)  # added to a lane's change count when it leaves roun
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _lane_absmax(xt: np.ndarray, nl: int, amax: np.ndarray, mx: np.ndarray, ta: np.ndarray,
+                 tb: np.ndarray) -> None:
+    """Per lane, the largest |x| of its 16 weights into ``amax`` and that x into ``mx`` (the C keeps the first
+    of equal ones: strict >). A select per lane, going back and forth between (amax, mx) and the scratch
+    pair (ta, tb) as in _q3_pass: the last of the 16 rows writes amax, mx. Both start at 0."""
+    for i in range(16):
+        xr = xt[i * nl:]
+        if i % 2 == 0:
+            ai, mi, ao, mo = amax, mx, ta, tb
+        else:
+            ai, mi, ao, mo = ta, tb, amax, mx
+        for j in range(nl):
+            xi = xr[j]
+            ax = abs(xi)
+            a0 = ai[j]
+            take = ax > a0
+            ao[j] = ax if take else a0
+            mo[j] = xi if take else mi[j]
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _q3_pass(nl: int, stride: int, xt: np.ndarray, lf: np.ndarray, sumlx: np.ndarray, suml2: np.ndarray,
              tx: np.ndarray, t2: np.ndarray, alive: np.ndarray, nch: np.ndarray, bad: np.ndarray) -> int:
     # One refinement pass of make_q3_quants (its ``for itry`` loop body) over lanes 0..nl-1, rows ``stride``
@@ -114,21 +135,7 @@ def _q3_lanes(nl: int, xt: np.ndarray, lf: np.ndarray, ls: np.ndarray, sc: np.nd
         amax[j] = zero
         mx[j] = zero
         bad[j] = zero
-    # The C keeps the first x of largest |x| (strict >): a select per lane, back and forth between two pairs
-    # of arrays as in _q3_pass (the last of the 16 rows writes amax, mx).
-    for i in range(16):
-        xr = xt[i * nl:]
-        if i % 2 == 0:
-            ai, mi, ao, mo = amax, mx, tx, t2
-        else:
-            ai, mi, ao, mo = tx, t2, amax, mx
-        for j in range(nl):
-            xi = xr[j]
-            ax = abs(xi)
-            a0 = ai[j]
-            take = ax > a0
-            ao[j] = ax if take else a0
-            mo[j] = xi if take else mi[j]
+    _lane_absmax(xt, nl, amax, mx, tx, t2)
     for j in range(nl):
         isc[j] = _LO / mx[j] if amax[j] >= GROUP_MAX_EPS else zero  # an all-zero lane then stops at once
         sumlx[j] = zero
@@ -425,19 +432,7 @@ def _qx_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, wxt: np.ndarra
     for j in range(nl):
         amax[j] = zero
         mx[j] = zero
-    for i in range(16):
-        xr = xt[i * nl:]
-        if i % 2 == 0:
-            ai, mi, ao, mo = amax, mx, ta, sxa
-        else:
-            ai, mi, ao, mo = ta, sxa, amax, mx
-        for j in range(nl):
-            xi = xr[j]
-            ax = abs(xi)
-            a0 = ai[j]
-            take = ax > a0
-            ao[j] = ax if take else a0
-            mo[j] = xi if take else mi[j]
+    _lane_absmax(xt, nl, amax, mx, ta, sxa)
     for j in range(nl):
         isa[j] = lo / mx[j]
         sxa[j] = zero
