@@ -40,7 +40,7 @@ from ggufkit.quant.iq_common import (
     need_imatrix,
     put_u16,
 )
-from ggufkit.quant.iq_grids import NeighbourLanes, iq_tables
+from ggufkit.quant.iq_grids import NeighbourLanes, iq_tables, lay_out_lists
 from ggufkit.quant.kquants_math import nearest_int_full
 
 T = GGMLQuantizationType
@@ -71,34 +71,15 @@ def _stable_order(xb: np.ndarray, idx: np.ndarray) -> None:
 
 @cache
 def _iq1_lanes() -> NeighbourLanes:
-    """The IQ1 neighbour lists laid out for a side-by-side search (the layout of
-    :func:`~ggufkit.quant.iq_grids.neighbour_lanes`), with each element stored as its level 0/1/2 (uint8)
-    and only for the packed indices a split can produce (every 2-bit field <= 2: 4513 of the 41644 lists,
-    ~1.3 MB instead of ~48 MB as float32 grid values)."""
+    """The IQ1 neighbour lists in :func:`~ggufkit.quant.iq_grids.lay_out_lists`' layout, each element stored
+    as its level 0/1/2 (uint8), and only for the packed indices a split can produce (every 2-bit field <= 2:
+    4513 of the 41644 lists, ~2.7 MB instead of ~48 MB as float32 grid values for all)."""
     t = iq_tables(T.IQ1_S)  # IQ1_M shares IQ1_S's grid
-    u = np.arange(t.kmap.size)
-    fields = (u[:, None] >> (2 * np.arange(8))) & 3
-    lists = np.flatnonzero((t.kmap < 0) & (fields.max(axis=1) <= 2))
-    first = (-t.kmap[lists] - 1).astype(np.int64)
-    counts = t.neighbours[first].astype(np.int64)
-    pads = (counts + 7) // 8 * 8
-    starts = np.cumsum(pads) - pads
-    owner = np.repeat(np.arange(lists.size), pads)
-    pos = np.arange(int(pads.sum())) - starts[owner]
-    index = t.neighbours[first[owner] + 1 + np.minimum(pos, counts[owner] - 1)].astype(np.int32)
-    levels = ((t.qgrid[index].astype(np.int64) - 1) // 2).astype(np.uint8)  # [lanes, 8]
-    values = np.empty(8 * index.size, np.uint8)
-    for i in range(8):
-        values[8 * starts[owner] + i * pads[owner] + pos] = levels[:, i]
-    start = np.full(t.kmap.size, -1, np.int32)
-    count = np.zeros(t.kmap.size, np.int32)
-    pad = np.zeros(t.kmap.size, np.int32)
-    start[lists] = starts
-    count[lists] = counts
-    pad[lists] = pads
-    if int(pads.max()) > _MAX_LANES:
-        raise AssertionError(f"IQ1: a neighbour list of {int(pads.max())} lanes exceeds {_MAX_LANES}")
-    return NeighbourLanes(start, count, pad, index, values)
+    fields = (np.arange(t.kmap.size)[:, None] >> (2 * np.arange(8))) & 3
+    lanes = lay_out_lists(t, np.flatnonzero((t.kmap < 0) & (fields.max(axis=1) <= 2)))
+    if int(lanes.pad.max()) > _MAX_LANES:
+        raise AssertionError(f"IQ1: a neighbour list of {int(lanes.pad.max())} lanes exceeds {_MAX_LANES}")
+    return lanes._replace(values=((lanes.values.astype(np.int64) - 1) // 2).astype(np.uint8))
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")

@@ -73,15 +73,15 @@ def split_scratch(n_split: int, n_signs: int) -> SplitScratch:
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
-def _first_lane(i1: int, step: int) -> np.uint64:
+def _first_lane(i1: int) -> np.uint64:
     """First lane (i2 - 1) of row i1 worth computing: lanes below i1 - 1 hold no valid split (i2 < i1).
-    Rows start on a multiple of ``step`` lanes (8 for IQ1_S's 32-lane rows: measured faster than 16 or
+    Rows start on a multiple of 8 lanes (for IQ1_S's 32-lane rows: measured faster than 16 or
     than whole rows)."""
-    return np.uint64(max(i1 - 1, 0) // step * step)
+    return np.uint64(max(i1 - 1, 0) // 8 * 8)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _column_max(ratios: np.ndarray, col_max: np.ndarray, n: int, n_signs: int, step: int) -> None:
+def _column_max(ratios: np.ndarray, col_max: np.ndarray, n: int, n_signs: int) -> None:
     """Per column (sign, i2 - 1) of the [n, n_signs, n - 1] ratios, the largest over the rows that computed
     it (rows skip the lanes before ``_first_lane``: their values there are stale)."""
     nl = np.uint64(n - 1)
@@ -89,7 +89,7 @@ def _column_max(ratios: np.ndarray, col_max: np.ndarray, n: int, n_signs: int, s
     for c in range(cols):
         col_max[c] = ratios[c]
     for i1 in range(1, n):
-        j0 = _first_lane(i1, step)
+        j0 = _first_lane(i1)
         for sg in range(n_signs):
             o = np.uint64(i1) * cols + np.uint64(sg) * nl + j0
             oc = np.uint64(sg) * nl + j0
@@ -230,7 +230,7 @@ def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
         bx = sumx[i1]
         bw = sumw[i1]
         o = np.uint64(2 * nl * i1)  # unsigned: no wrap-around test per element
-        j0 = _first_lane(i1, 8)
+        j0 = _first_lane(i1)
         for jj in range(np.uint64(nl) - j0):  # i2 = j + 1 (not range(1, n): LLVM leaves that one scalar)
             j = j0 + jj
             dx = sumx[j + np.uint64(1)] - bx
@@ -246,7 +246,7 @@ def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
             t = awm + dw * m1 * m1 + ew * m2 * m2
             r = s * s / t
             ratios[o + np.uint64(nl) + j] = r if after & (t > _F0) else _NO_RATIO
-    _column_max(ratios, sc.col_max, n, 2, 8)
+    _column_max(ratios, sc.col_max, n, 2)
     for sg in range(2):
         s, t = _s_pair(sumx, sumw, 0, 0, sg)
         sc.col_max[2 * nl + sg] = s * s / t if t > _F0 else _NO_RATIO

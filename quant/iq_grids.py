@@ -194,8 +194,13 @@ def iq_tables(qtype: GGMLQuantizationType) -> IQTables:
 def neighbour_lanes(qtype: GGMLQuantizationType) -> NeighbourLanes:
     """:class:`NeighbourLanes` of ``qtype``'s neighbour lists (built on first use, then cached)."""
     t = iq_tables(qtype)
+    return lay_out_lists(t, np.flatnonzero(t.kmap < 0))
+
+
+def lay_out_lists(t: IQTables, off_grid: np.ndarray) -> NeighbourLanes:
+    """:class:`NeighbourLanes` of the neighbour lists of the off-grid packed indices ``off_grid`` (the others
+    get start -1), the values being the grid's levels as float32."""
     n_el = t.qgrid.shape[1]
-    off_grid = np.flatnonzero(t.kmap < 0)
     first = (-t.kmap[off_grid] - 1).astype(np.int64)  # offset of each list's count in t.neighbours
     counts = t.neighbours[first].astype(np.int64)
     pads = (counts + 7) // 8 * 8

@@ -43,7 +43,11 @@ def _lane_absmax(xt: np.ndarray, nl: int, amax: np.ndarray, mx: np.ndarray, ta: 
                  tb: np.ndarray) -> None:
     """Per lane, the largest |x| of its 16 weights into ``amax`` and that x into ``mx`` (the C keeps the first
     of equal ones: strict >). A select per lane, going back and forth between (amax, mx) and the scratch
-    pair (ta, tb) as in _q3_pass: the last of the 16 rows writes amax, mx. Both start at 0."""
+    pair (ta, tb) as in _q3_pass: the last of the 16 rows writes amax, mx."""
+    zero = np.float32(0.0)
+    for j in range(nl):
+        amax[j] = zero
+        mx[j] = zero
     for i in range(16):
         xr = xt[i * nl:]
         if i % 2 == 0:
@@ -132,8 +136,6 @@ def _q3_lanes(nl: int, xt: np.ndarray, lf: np.ndarray, ls: np.ndarray, sc: np.nd
     tx = ls[8]
     t2 = ls[9]
     for j in range(nl):
-        amax[j] = zero
-        mx[j] = zero
         bad[j] = zero
     _lane_absmax(xt, nl, amax, mx, tx, t2)
     for j in range(nl):
@@ -429,9 +431,6 @@ def _qx_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, wxt: np.ndarra
     s2b = st[9]
     isb = st[10]
     ta = st[11]
-    for j in range(nl):
-        amax[j] = zero
-        mx[j] = zero
     _lane_absmax(xt, nl, amax, mx, ta, sxa)
     for j in range(nl):
         isa[j] = lo / mx[j]
