@@ -26,33 +26,13 @@ ggml-impl.h ggml_compute_fp32_to_fp16 for every non-NaN input).
 from __future__ import annotations
 
 import math
-import sys
 
 import numba
 import numpy as np
 
+from ggufkit.quant.numba_loading import install_lazy_cache_loads
 
-def _load_numba_lowering_without_scipy() -> None:
-    """Import Numba's NumPy lowering (``numba.np.arraymath``) without the SciPy it probes for BLAS.
-
-    On first use (the first kernel compiled or loaded from the cache) Numba imports ``numba.np.arraymath``,
-    whose module-level ``_check_blas()`` imports ``scipy.linalg`` only to learn whether ``np.dot`` may call
-    BLAS from ``np.correlate``/``np.convolve`` (numba/np/arraymath.py ``_HAVE_BLAS``). No kernel here uses
-    them, and that import is about half a second of every command's start-up. So the lowering module is
-    imported here with ``scipy.linalg`` masked (BLAS then reads as absent, and those two functions use
-    Numba's own loop); the mask is lifted at once, so a later ``import scipy.linalg`` (``np.dot`` or
-    ``np.linalg`` in jitted code calls Numba's ``ensure_blas``, which imports it) works as usual.
-    """
-    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
-        return
-    sys.modules["scipy.linalg"] = None  # type: ignore[assignment]  # makes `import scipy.linalg` fail fast
-    try:
-        import numba.np.arraymath  # noqa: F401
-    finally:
-        del sys.modules["scipy.linalg"]
-
-
-_load_numba_lowering_without_scipy()
+install_lazy_cache_loads()  # every kernel module imports this one, so this runs before any kernel
 
 # 2^52: adding then subtracting it rounds a float64 in [0, 2^51) to an integer, half to even.
 _RINT_MAGIC = 4503599627370496.0
