@@ -47,7 +47,7 @@ from ggufkit.quant.legacy_fit import (
     make_qx_quants,
     make_qx_quants_lanes,
 )
-from ggufkit.quant.legacy_ref import q4_0_ref_row, q4_1_ref_row, q5_0_ref_row, q5_1_ref_row, q8_0_ref_fast
+from ggufkit.quant.legacy_ref import q4_0_ref_row, q4_1_ref_row, q5_0_ref_row, q5_1_ref_row, q8_0_ref_row
 
 QK = 32  # elements per block for every type in this module
 _F32_MAX = np.float32(3.4028234663852886e38)
@@ -593,13 +593,11 @@ def quantize_rows_q8_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     n_rows = x.shape[0]
     nb = x.shape[1] // QK
     for r in prange(n_rows):
-        s = np.empty(2, np.uint32)
-        sf = s.view(np.float32)
-        xr = x[r]
-        u = xr.view(np.uint32)
-        for b in range(nb):
-            if not q8_0_ref_fast(xr, u, b, out[r], s, sf):
-                q8_0_ref_block(x, r, b, out)
+        bad = np.zeros(nb, np.uint8)
+        if q8_0_ref_row(x[r], out[r], bad):
+            for b in range(nb):
+                if bad[b]:
+                    q8_0_ref_block(x, r, b, out)
 
 
 @_jit_par

@@ -33,7 +33,7 @@ from ggufkit.quant.legacy import (
     q8_0_ref_block,
     row_sigma2,
 )
-from ggufkit.quant.legacy_ref import q4_0_ref_row, q4_1_ref_row, q5_0_ref_row, q5_1_ref_row, q8_0_ref_fast
+from ggufkit.quant.legacy_ref import q4_0_ref_row, q4_1_ref_row, q5_0_ref_row, q5_1_ref_row, q8_0_ref_row
 
 _U = np.uintp  # unsigned indices: no negative-index wraparound in the hot loop (see legacy.py)
 _jit = numba.njit(cache=True, fastmath=False, error_model="numpy")
@@ -72,16 +72,10 @@ def _f16_rows(code: int, h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: 
             # the vectorized rows of legacy_ref; a block with a degenerate scale goes through the shared block
             xr = x[0]
             o_r = out[r]
-            if code == _Q8_0:
-                s = np.empty(2, np.uint32)
-                sf = s.view(np.float32)
-                u = xr.view(np.uint32)
-                for b in range(nb):
-                    if not q8_0_ref_fast(xr, u, b, o_r, s, sf):
-                        q8_0_ref_block(x, 0, b, o)
-                continue
             bad = np.zeros(nb, np.uint8)
-            if code == _Q4_0:
+            if code == _Q8_0:
+                any_bad = q8_0_ref_row(xr, o_r, bad)
+            elif code == _Q4_0:
                 any_bad = q4_0_ref_row(xr, o_r, bad)
             elif code == _Q4_1:
                 any_bad = q4_1_ref_row(xr, o_r, bad)
@@ -93,7 +87,9 @@ def _f16_rows(code: int, h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: 
                 if not any_bad:
                     break
                 if bad[b]:
-                    if code == _Q4_0:
+                    if code == _Q8_0:
+                        q8_0_ref_block(x, 0, b, o)
+                    elif code == _Q4_0:
                         q4_0_ref_block(x, 0, b, o)
                     elif code == _Q4_1:
                         q4_1_ref_block(x, 0, b, o)

@@ -15,17 +15,17 @@ the scale goes through ``frexp``. Here the results are the same, computed differ
   over a block run to a block length the compiler cannot see as a constant (:func:`_block_len`), so they
   are vectorized rather than unrolled into scalar code, and the block loop calls no function taking an
   array (each such call costs Numba's reference counting);
-* Q8_0's |x| maximum is an integer maximum of the bits (same order as |x| for finite floats);
+* Q8_0 works on a whole row too; its |x| maximum is an integer maximum of the bits (same order as |x| for
+  finite floats);
 * the f16 scale is rounded on the bits (round to nearest even) in the normal range; outside it
   :func:`ggufkit.quant.fp.fp32_to_fp16` runs.
 
-A block whose scale is degenerate (its reciprocal overflowed, the range overflowed) is flagged (``bad``
-for the rows, False for Q8_0's block) and the caller runs the shared block function on it, which has C's
+A block whose scale is degenerate (its reciprocal overflowed, the range overflowed) is flagged in ``bad``
+and the caller runs the shared block function on it, which has C's
 out-of-range conversion semantics. Inputs are finite (the dispatcher refuses inf/NaN first).
 
-Arguments: ``xr`` float32[n] one row, ``u`` the same row viewed as uint32, ``b`` a block index, ``o_r``
-uint8[row_bytes] the output row, ``bad`` uint8[n/32] zeros, ``s`` uint32[2] scratch with ``sf`` its
-float32 view (a bit cast through memory).
+Arguments: ``xr`` float32[n] one row, ``u`` the same row viewed as uint32, ``o_r`` uint8[row_bytes] the
+output row, ``bad`` uint8[n/32] zeros.
 """
 
 from __future__ import annotations
@@ -46,25 +46,6 @@ _jit_inline = numba.njit(cache=True, fastmath=False, error_model="numpy", inline
 
 
 @_jit
-def f16_of(s: np.ndarray, sf: np.ndarray, v: np.float32) -> int:
-    """``GGML_FP32_TO_FP16(v)`` as an int: RNE on the bits for |v| in [2^-14, 65520), else fp32_to_fp16."""
-    sf[1] = v
-    bits = s[1]
-    a = bits & _ABS
-    if a >= np.uint32(0x38800000) and a < np.uint32(0x477FF000):
-        r = a - np.uint32(0x38000000)  # exponent rebiased from 127 to 15
-        r = (r + np.uint32(0xFFF) + ((r >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
-        return int(((bits >> np.uint32(16)) & np.uint32(0x8000)) | r)
-    return int(fp32_to_fp16(v))
-
-
-@_jit
-def _store_f16(o_r: np.ndarray, o: int, h: int) -> None:
-    o_r[_U(o)] = h & 0xFF
-    o_r[_U(o + 1)] = (h >> 8) & 0xFF
-
-
-@_jit
 def _block_len(n: int, nb: int) -> tuple[int, int]:
     """(32, 16) computed as ``n // nb``: a block length the compiler does not know, so that the loops over a
     block's 32 (or 16) values are vectorized rather than fully unrolled into scalar code (Numba runs LLVM's
@@ -75,8 +56,8 @@ def _block_len(n: int, nb: int) -> tuple[int, int]:
 
 @_jit
 def _f16_bits(v: np.float32) -> int:
-    """:func:`f16_of` without scratch arrays (a scalar bit cast): no array arguments, so no reference
-    counting when called once per block."""
+    """``GGML_FP32_TO_FP16(v)`` as an int: RNE on the bits for |v| in [2^-14, 65520), else fp32_to_fp16. A
+    scalar bit cast, no scratch array: a call taking arrays costs Numba's reference counting, once per block."""
     bits = np.float32(v).view(np.uint32)
     a = bits & _ABS
     if a >= np.uint32(0x38800000) and a < np.uint32(0x477FF000):
@@ -310,28 +291,37 @@ def q5_1_ref_row(xr: np.ndarray, o_r: np.ndarray, bad: np.ndarray) -> bool:
     return any_bad
 
 
-# --- Q8_0: one block at a time (its rounding loop vectorizes as it is) ------------------------------------
+# --- Q8_0: the block's |x| maximum and the rounding loop over a run-time block length (vectorized) ---------
 @_jit_inline
-def q8_0_ref_fast(xr: np.ndarray, u: np.ndarray, b: int, o_r: np.ndarray, s: np.ndarray, sf: np.ndarray) -> bool:
-    """``quantize_row_q8_0_ref`` for block b (34 bytes at ``o_r[34b:]``)."""
-    base = b * QK
-    m = np.uint32(0)
-    for j in range(QK):
-        m = max(m, u[_U(base + j)] & _ABS)
-    s[0] = m
-    amax = sf[0]
-    d = np.float32(amax / np.float32(127.0))
-    idv = np.float32(np.float32(1.0) / d) if d != np.float32(0.0) else np.float32(0.0)
-    if not np.float32(amax * idv) <= np.float32(128.0):
-        return False
-    o = b * 34
-    _store_f16(o_r, o, f16_of(s, sf, d))
-    for j in range(QK):
-        # roundf(x*id) for |x*id| <= 128: truncate, then away from zero when the fraction is >= 1/2 (exact)
-        v = np.float32(xr[_U(base + j)] * idv)
-        a = abs(v)
-        q = np.int32(a)
-        q = q + np.int32(np.float32(a - np.float32(q)) >= np.float32(0.5))
-        q = -q if v < np.float32(0.0) else q
-        o_r[_U(o + 2 + j)] = np.uint8(q & np.int32(0xFF))
-    return True
+def q8_0_ref_row(xr: np.ndarray, o_r: np.ndarray, bad: np.ndarray) -> bool:
+    """``quantize_row_q8_0_ref`` of one row; True if some block (flagged in ``bad``) still needs the scalar
+    block function (``amax * id`` above 128: ``roundf`` would leave the int8 range, C's conversion decides)."""
+    nb = xr.shape[0] // QK
+    qk = _block_len(xr.shape[0], nb)[0]
+    u = xr.view(np.uint32)
+    any_bad = False
+    for b in range(nb):
+        base = b * QK
+        m = np.uint32(0)
+        for j in range(qk):
+            m = max(m, u[_U(base + j)] & _ABS)
+        amax = np.uint32(m).view(np.float32)
+        d = np.float32(amax / np.float32(127.0))
+        idb = np.float32(np.float32(1.0) / d) if d != np.float32(0.0) else np.float32(0.0)
+        if not np.float32(amax * idb) <= np.float32(128.0):
+            bad[b] = 1
+            any_bad = True
+            continue
+        o = b * 34
+        h = _f16_bits(d)
+        o_r[_U(o)] = h & 0xFF
+        o_r[_U(o + 1)] = (h >> 8) & 0xFF
+        for j in range(qk):
+            # roundf(x*id) for |x*id| <= 128: truncate, then away from zero when the fraction is >= 1/2 (exact)
+            v = np.float32(xr[_U(base + j)] * idb)
+            a = abs(v)
+            q = np.int32(a)
+            q = q + np.int32(np.float32(a - np.float32(q)) >= np.float32(0.5))
+            q = -q if v < np.float32(0.0) else q
+            o_r[_U(o + 2 + j)] = np.uint8(q & np.int32(0xFF))
+    return any_bad
