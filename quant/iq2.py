@@ -60,7 +60,7 @@ def _packed(L: np.ndarray, off: int) -> int:
     return u
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _sumx2(xbl: np.ndarray) -> np.float32:
     s = _F0
     for i in range(QK_K):
@@ -83,23 +83,26 @@ def _lanes(qtype: GGMLQuantizationType) -> NeighbourLanes:
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                              np.ndarray]:
     """Per-work-item scratch of the block functions: float32[12 + n, MAX_LANES] (rows: trial iscales,
     trial scales, the two sums, 4 for the packed indices (and make_qp_quants' lanes before), one for the
     out-of-range counts, 3 spare, then the candidate values ``q``), int32[4, MAX_LANES] packed
     indices, bool[MAX_LANES, 4] on-grid flags, float32[4, 32] (weight, waux, xval, scales), int8[2, 32]
-    (L, Laux), uint8[32], float32[_MAX_PAD] (one list's distances)."""
+    (L, Laux), uint8[32], float32[_MAX_PAD] (one list's distances), int64[20] (IQ2_XXS's 16 words of
+    ``qs``, then the sign bits of the sub-groups)."""
     return (np.empty((12 + n, MAX_LANES), np.float32), np.zeros((4, MAX_LANES), np.int32),
             np.zeros((MAX_LANES, 4), np.bool_), np.zeros((4, 32), np.float32), np.zeros((2, 32), np.int8),
-            np.zeros(32, np.uint8), np.zeros(_MAX_PAD, np.float32))
+            np.zeros(32, np.uint8), np.zeros(_MAX_PAD, np.float32), np.zeros(20, np.int64))
 
 
 # --- IQ2_XXS ---------------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarray, u: np.ndarray,
-                   on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, Lq: np.ndarray, d2: np.ndarray, kmap: np.ndarray,
+                   on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, Lq: np.ndarray, d2: np.ndarray, iw: np.ndarray,
+                   kmap: np.ndarray,
                    qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
                    lvalues: np.ndarray) -> int:
     """quantize_row_iq2_xxs_impl for one super-block: writes ``y`` (66 bytes); returns a failure code."""
@@ -113,8 +116,9 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
     xval = fv[2]
     scales = fv[3]
     L = ls[0]
-    bsigns = np.zeros(4, np.int64)
-    q2 = np.zeros(16, np.int64)
+    q2 = iw[:16]
+    bsigns = iw[16:]
+    q2[:] = 0
     sigma2 = _sumx2(xbl) / np.float32(QK_K)
     max_scale = _F0
     for ib in range(8):
@@ -205,12 +209,12 @@ def _iq2_xxs_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, kmap: np.ndarr
     nb = x.shape[1] // QK_K
     total = x.shape[0] * nb
     for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
-        fs, u, on_grid, fv, ls, Lq, d2 = _scratch(32)
+        fs, u, on_grid, fv, ls, Lq, d2, iw = _scratch(32)
         for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
             r = t // nb
             b = t % nb
             code = _iq2_xxs_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
-                                  out[r, 66 * b:66 * (b + 1)], fs, u, on_grid, fv, ls, Lq, d2, kmap, qgrid, lstart,
+                                  out[r, 66 * b:66 * (b + 1)], fs, u, on_grid, fv, ls, Lq, d2, iw, kmap, qgrid, lstart,
                                   lpad, lindex, lvalues)
             if code:
                 bad[r] = code
@@ -265,9 +269,10 @@ def dequantize_rows_iq2_xxs(blocks: np.ndarray, out: np.ndarray) -> None:
 # --- IQ2_XS / IQ2_S -----------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.ndarray, fs: np.ndarray,
-                  u: np.ndarray, on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, d2: np.ndarray, kmap: np.ndarray,
+                  u: np.ndarray, on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, d2: np.ndarray, iw: np.ndarray,
+                  kmap: np.ndarray,
                   qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
                   lvalues: np.ndarray) -> int:
     """quantize_row_iq2_xs_impl (``is_s`` False, 74 bytes) or quantize_row_iq2_s_impl (``is_s``, 82 bytes)
@@ -282,7 +287,7 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
     xval = fv[2]
     scales = fv[3]
     L = ls[0]
-    bsigns = np.zeros(2, np.int64)
+    bsigns = iw[16:18]
     y[:] = 0
     sumx2 = _sumx2(xbl)
     sigma2 = np.float32(2.0) * sumx2 / np.float32(QK_K) if is_s else sumx2 / np.float32(QK_K)
@@ -402,13 +407,13 @@ def _iq2_16_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, kma
     use_qw = qw.size > 0
     total = x.shape[0] * nb
     for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
-        fs, u, on_grid, fv, ls, _, d2 = _scratch(16)
+        fs, u, on_grid, fv, ls, _, d2, iw = _scratch(16)
         for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
             r = t // nb
             b = t % nb
             qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
             code = _iq2_16_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)], fs,
-                                 u, on_grid, fv, ls, d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
+                                 u, on_grid, fv, ls, d2, iw, kmap, qgrid, lstart, lpad, lindex, lvalues)
             if code:
                 bad[r] = code
 
