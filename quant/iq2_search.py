@@ -40,7 +40,7 @@ _ROUND_OK = np.float32(4194304.0)  # 2^22
 MAX_LANES = 32
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False, inline="always")
 def lane_search(nt: int, k0: int, k1: int, u: np.ndarray, ts: np.ndarray, xval: np.ndarray, waux: np.ndarray,
                 q: np.ndarray, on_grid: np.ndarray, d2: np.ndarray, linfo: np.ndarray, qgrid: np.ndarray,
                 lindex: np.ndarray, lvalues: np.ndarray) -> int:
@@ -150,7 +150,7 @@ def _round_groups(k0: int, k1: int, xval: np.ndarray, iscale: np.float32, u: np.
         u[k, 0] = uu
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False, inline="always")
 def trials(n: int, n_try: int, nl: int, xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32,
            scale0: np.float32, L: np.ndarray, isv: np.ndarray, ts: np.ndarray, q: np.ndarray, u: np.ndarray,
            on_grid: np.ndarray, sx: np.ndarray, s2: np.ndarray, uf: np.ndarray, badv: np.ndarray, d2: np.ndarray,
