@@ -18,7 +18,8 @@ Numba reference-counts the array arguments around calls (``inline="always"`` hel
 increment and decrement per array per call. The functions here (and the block functions of
 :mod:`ggufkit.quant.iq2`) allocate nothing and are compiled without the runtime's reference counting
 (``_nrt=False``, as numba's own per-character string helpers in ``numba/cpython/unicode.py`` are); their
-callers keep the arrays alive. That cut ~15 % of IQ2_S's and IQ2_XXS's time.
+callers keep the arrays alive. That alone cut 17 % of IQ2_S's time and 12 % of IQ2_XXS's. :func:`trials` and
+:func:`lane_search` are also inlined into their callers (no argument passing per group).
 """
 
 from __future__ import annotations
