@@ -107,6 +107,41 @@ IQ1_M     0.74 (0.62-1.15)     0.69 (0.56-0.79)
 This script's single runs at the same time, 512 x 4096: 1 thread 0.41 / 0.26 / 0.49 / 0.31 / 0.31 / 0.38 /
 0.54, 2 threads 0.51 / 0.38 / 0.39 / 0.39 / 0.58 / 0.46 / 0.67 (same order). Even with nothing else running
 the runs of one type vary by 1.5-2x (both tools), so single figures here are within that spread.
+
+IQ2, third round (``ggufkit.quant.iq2``, ``iq2_search``), same machine, 2026-11-27, load average 3.3-4.8
+throughout (three other jobs on the 2 cores), bytes equal in every run. Profile first (128 x 4096, 1
+thread, rdtsc around each phase of a scratch copy): the neighbour searches 50-60% of both types, IQ2_XXS's
+``make_qp_quants`` 14-19%, the trials' rounding ~10%, their sums ~9%, the final pass ~11%. The assembly of
+``lane_search`` began with 14 calls to ``NRT_incref`` (and as many decrefs at the end): Numba's runtime
+reference-counts every array argument on every call, an atomic each, even with ``inline="always"``. What
+changed: the per-group helpers and block functions are compiled with ``_nrt=False`` (no reference counting;
+they allocate nothing; numba's own string helpers do the same), the block functions' per-block
+``np.zeros`` moved into the per-chunk scratch; two consecutive trials that round a sub-group to the same
+off-grid point (a list is searched 5.9 times in a row on average for IQ2_S) share one pass over the list;
+one int32 load gives a list's start and length; ``trials`` and ``lane_search`` are inlined. Same-process
+A/B against the kernel before the round, sum over 16 single rows of the fastest of 15-25 alternating runs
+(the least disturbed measure here): IQ2_S 0.75 of the old time (``_nrt=False`` alone 0.83), IQ2_XXS 0.86
+(0.88). Measured and dropped: four trials per pass (1.07 against two), the off-grid trials gathered first
+with a branch-free pairing (no gain), an int32 minimum inside the distance loop with a first-index pass
+(no gain), the super-block's weights and their square roots computed 8 lanes wide before the groups (no
+gain). Paired runs (ggufkit, ggml, ...; 256 x 4096, median (range) of 5 ratios, wall):
+
+========  =======  ===================  ===================
+type      path     1 thread             2 threads
+========  =======  ===================  ===================
+IQ2_XXS   imatrix  0.35 (0.31-0.53)     0.40 (0.37-0.47)
+IQ2_XS    imatrix  0.25 (0.21-0.34)     0.26 (0.19-0.32)
+IQ2_S     imatrix  0.39 (0.27-0.57)     0.37 (0.35-0.45)
+IQ2_S     ref      0.34 (0.32-0.49)     0.33 (0.27-0.54)
+========  =======  ===================  ===================
+
+A second set, 7 runs each interleaved with the kernel before the round (new / old-kernel ratios vs ggml):
+1 thread IQ2_S 0.47 / 0.51 (imatrix), 0.34 / 0.52 (ref), IQ2_XXS 0.35 / 0.47, IQ2_XS 0.21 / 0.28;
+2 threads 0.37 / 0.60, 0.51 / 0.53, 0.46 / 0.56, 0.22 / 0.25. At this load the medians of one type move by
+0.1-0.15 between sets; IQ2_S and IQ2_XXS are below 0.5 in every median but not yet with the margin the
+noise asks for (~0.35) in all of them. Next for IQ2_S: the searches (still over half its time; a
+micro-benchmark under load put a search at ~40 ns plus ~2.5 ns per lane, and IQ2_S's lists are short,
+9-16 lanes, so the fixed part dominates).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ trials, neighbour searches and IQ2_XXS's ``make_qp_quants`` are in :mod:`ggufkit
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -38,7 +39,7 @@ from ggufkit.quant.iq_common import (
     put_u16,
     signs_with_parity,
 )
-from ggufkit.quant.iq_grids import NeighbourLanes, iq_tables, ksigns_iq2xs, neighbour_lanes
+from ggufkit.quant.iq_grids import iq_tables, ksigns_iq2xs, neighbour_lanes
 from ggufkit.quant.kquants_math import GROUP_MAX_EPS, nearest_int_full
 
 T = GGMLQuantizationType
@@ -46,7 +47,7 @@ GROUP_MAX_EPS_IQ2_S = np.float32(1e-8)
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
-#: Scratch lanes for one neighbour list (the longest IQ2 list pads to 296 lanes, IQ2_XS).
+#: Bound on the lanes of one neighbour list (the longest IQ2 list pads to 296 lanes, IQ2_XS).
 _MAX_PAD = 512
 #: Super-blocks per work item of the parallel loops (each item allocates its scratch once).
 _CHUNK = 8
@@ -60,7 +61,7 @@ def _packed(L: np.ndarray, off: int) -> int:
     return u
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _sumx2(xbl: np.ndarray) -> np.float32:
     s = _F0
     for i in range(QK_K):
@@ -68,39 +69,55 @@ def _sumx2(xbl: np.ndarray) -> np.float32:
     return s
 
 
+class _Lanes(NamedTuple):
+    """The searches' view of :class:`~ggufkit.quant.iq_grids.NeighbourLanes`: ``info[u]`` -1 for a point on
+    the grid, else ``start * 512 + pad`` of its list (one load per search instead of three), the lanes'
+    grid indices, and their values (the grid levels 1, 3, 5) as uint8: a quarter of the memory the
+    searches stream through (12-21 MB as float32), converted back exactly in the kernels."""
+
+    info: np.ndarray  # int32[kmap_size]
+    grid_index: np.ndarray  # int32[lanes]
+    values: np.ndarray  # uint8[E * lanes]
+
+
 @cache
-def _lanes(qtype: GGMLQuantizationType) -> NeighbourLanes:
-    """``neighbour_lanes(qtype)``, checked to fit the kernels' ``_MAX_PAD`` scratch lanes, its values (the
-    grid levels 1, 3, 5) as uint8: a quarter of the memory the searches stream through (12-21 MB as
-    float32), converted back exactly in the kernels."""
+def _lanes(qtype: GGMLQuantizationType) -> _Lanes:
+    """:class:`_Lanes` of ``neighbour_lanes(qtype)``, checked to fit the kernels' scratch (two lists of
+    ``_MAX_PAD`` lanes) and the ``info`` encoding."""
     n = neighbour_lanes(qtype)
-    if int(n.pad.max()) > _MAX_PAD:
-        raise AssertionError(f"{qtype.name}: a neighbour list of {int(n.pad.max())} lanes exceeds {_MAX_PAD}")
+    if int(n.pad.max()) >= _MAX_PAD:
+        raise AssertionError(f"{qtype.name}: a neighbour list of {int(n.pad.max())} lanes, not below {_MAX_PAD}")
     values = n.values.astype(np.uint8)
     if not np.array_equal(values.astype(np.float32), n.values):
         raise AssertionError(f"{qtype.name}: grid levels that are not small integers")
-    return n._replace(values=values)
+    info = np.where(n.start >= 0, n.start.astype(np.int64) * _MAX_PAD + n.pad, -1)
+    if int(info.max()) >= 2**31:
+        raise AssertionError(f"{qtype.name}: too many lanes for int32 list info")
+    return _Lanes(info.astype(np.int32), n.grid_index, values)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                              np.ndarray]:
     """Per-work-item scratch of the block functions: float32[12 + n, MAX_LANES] (rows: trial iscales,
     trial scales, the two sums, 4 for the packed indices (and make_qp_quants' lanes before), one for the
     out-of-range counts, 3 spare, then the candidate values ``q``), int32[4, MAX_LANES] packed
     indices, bool[MAX_LANES, 4] on-grid flags, float32[4, 32] (weight, waux, xval, scales), int8[2, 32]
-    (L, Laux), uint8[32], float32[_MAX_PAD] (one list's distances)."""
+    (L, Laux), uint8[32], float32[2 * _MAX_PAD] (the distances of one list at two scales), int64[20] (IQ2_XXS's 16 words of
+    ``qs``, then the sign bits of the sub-groups)."""
     return (np.empty((12 + n, MAX_LANES), np.float32), np.zeros((4, MAX_LANES), np.int32),
             np.zeros((MAX_LANES, 4), np.bool_), np.zeros((4, 32), np.float32), np.zeros((2, 32), np.int8),
-            np.zeros(32, np.uint8), np.zeros(_MAX_PAD, np.float32))
+            np.zeros(32, np.uint8), np.zeros(2 * _MAX_PAD, np.float32), np.zeros(20, np.int64))
 
 
 # --- IQ2_XXS ---------------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarray, u: np.ndarray,
-                   on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, Lq: np.ndarray, d2: np.ndarray, kmap: np.ndarray,
-                   qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
+                   on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, Lq: np.ndarray, d2: np.ndarray, iw: np.ndarray,
+                   kmap: np.ndarray,
+                   qgrid: np.ndarray, linfo: np.ndarray, lindex: np.ndarray,
                    lvalues: np.ndarray) -> int:
     """quantize_row_iq2_xxs_impl for one super-block: writes ``y`` (66 bytes); returns a failure code."""
     isv = fs[0]
@@ -113,8 +130,9 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
     xval = fv[2]
     scales = fv[3]
     L = ls[0]
-    bsigns = np.zeros(4, np.int64)
-    q2 = np.zeros(16, np.int64)
+    q2 = iw[:16]
+    bsigns = iw[16:]
+    q2[:] = 0
     sigma2 = _sumx2(xbl) / np.float32(QK_K)
     max_scale = _F0
     for ib in range(8):
@@ -139,10 +157,10 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
             scales[ib] = _F0
             continue
         scale, fail, ok, _, _ = trials(32, 6, 16, xval, weight, waux, eff_max, scale, L, isv, ts, q, u, on_grid,
-                                       sx, s2, fs[4:8], fs[8], d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
+                                       sx, s2, fs[4:8], fs[8], d2, linfo, qgrid, lindex, lvalues)
         if not ok:  # ggml's nearest_int beyond plain rounding: the trials one after another
             scale, fail, _, _ = trials_seq(32, 6, xval, weight, waux, eff_max, scale, L, ts, q, u, on_grid, d2,
-                                           kmap, qgrid, lstart, lpad, lindex, lvalues)
+                                           linfo, qgrid, lindex, lvalues)
         if fail:
             return fail
         if scale > _F0:  # ggml's final pass, written out as in _iq2_16_block
@@ -155,8 +173,7 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
                     q[8 * k + i, 0] = np.float32(2 * lv + 1)
                     uu |= lv << (2 * i)
                 u[k, 0] = uu
-            fail = lane_search(1, 0, 4, u, ts, xval, waux, q, on_grid, d2, kmap, qgrid, lstart, lpad, lindex,
-                               lvalues)
+            fail = lane_search(1, 0, 4, u, ts, xval, waux, q, on_grid, d2, linfo, qgrid, lindex, lvalues)
             if fail:
                 return fail
             sumqx = _F0
@@ -200,18 +217,18 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq2_xxs_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, kmap: np.ndarray, qgrid: np.ndarray,
-                  lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
+                  linfo: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
                   bad: np.ndarray) -> None:
     nb = x.shape[1] // QK_K
     total = x.shape[0] * nb
     for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
-        fs, u, on_grid, fv, ls, Lq, d2 = _scratch(32)
+        fs, u, on_grid, fv, ls, Lq, d2, iw = _scratch(32)
         for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
             r = t // nb
             b = t % nb
             code = _iq2_xxs_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
-                                  out[r, 66 * b:66 * (b + 1)], fs, u, on_grid, fv, ls, Lq, d2, kmap, qgrid, lstart,
-                                  lpad, lindex, lvalues)
+                                  out[r, 66 * b:66 * (b + 1)], fs, u, on_grid, fv, ls, Lq, d2, iw, kmap, qgrid, linfo,
+                                  lindex, lvalues)
             if code:
                 bad[r] = code
 
@@ -231,7 +248,7 @@ def quantize_rows_iq2_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> Non
     t = iq_tables(T.IQ2_XXS)
     n = _lanes(T.IQ2_XXS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_xxs_rows(x, qw, out, t.kmap, t.qgrid, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq2_xxs_rows(x, qw, out, t.kmap, t.qgrid, n.info, n.grid_index, n.values, bad)
     check_rows(bad, "IQ2_XXS")
 
 
@@ -265,10 +282,11 @@ def dequantize_rows_iq2_xxs(blocks: np.ndarray, out: np.ndarray) -> None:
 # --- IQ2_XS / IQ2_S -----------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.ndarray, fs: np.ndarray,
-                  u: np.ndarray, on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, d2: np.ndarray, kmap: np.ndarray,
-                  qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
+                  u: np.ndarray, on_grid: np.ndarray, fv: np.ndarray, ls: np.ndarray, d2: np.ndarray, iw: np.ndarray,
+                  kmap: np.ndarray,
+                  qgrid: np.ndarray, linfo: np.ndarray, lindex: np.ndarray,
                   lvalues: np.ndarray) -> int:
     """quantize_row_iq2_xs_impl (``is_s`` False, 74 bytes) or quantize_row_iq2_s_impl (``is_s``, 82 bytes)
     for one super-block; returns a failure code."""
@@ -282,7 +300,7 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
     xval = fv[2]
     scales = fv[3]
     L = ls[0]
-    bsigns = np.zeros(2, np.int64)
+    bsigns = iw[16:18]
     y[:] = 0
     sumx2 = _sumx2(xbl)
     sigma2 = np.float32(2.0) * sumx2 / np.float32(QK_K) if is_s else sumx2 / np.float32(QK_K)
@@ -321,10 +339,10 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
             continue
         scale0 = mx / np.float32(5.0)
         scale, fail, ok, on0, on1 = trials(16, 9, 24, xval, weight, waux, mx, scale0, L, isv, ts, q, u, on_grid, sx,
-                                           s2, fs[4:8], fs[8], d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
+                                           s2, fs[4:8], fs[8], d2, linfo, qgrid, lindex, lvalues)
         if not ok:  # ggml's nearest_int beyond plain rounding: the trials one after another
             scale, fail, on0, on1 = trials_seq(16, 9, xval, weight, waux, mx, scale0, L, ts, q, u, on_grid, d2,
-                                               kmap, qgrid, lstart, lpad, lindex, lvalues)
+                                               linfo, qgrid, lindex, lvalues)
         if fail:
             return fail
         if (not on0 or not on1) and scale > _F0:
@@ -342,8 +360,7 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
                     q[8 * k + i, 0] = np.float32(2 * lv + 1)
                     uu |= lv << (2 * i)
                 u[k, 0] = uu
-            fail = lane_search(1, k0, k1, u, ts, xval, waux, q, on_grid, d2, kmap, qgrid, lstart, lpad, lindex,
-                               lvalues)
+            fail = lane_search(1, k0, k1, u, ts, xval, waux, q, on_grid, d2, linfo, qgrid, lindex, lvalues)
             if fail:
                 return fail
             for i in range(8 * k0, 8 * k1):
@@ -395,20 +412,20 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq2_16_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, kmap: np.ndarray, qgrid: np.ndarray,
-                 lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
+                 linfo: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
                  bad: np.ndarray) -> None:
     nb = x.shape[1] // QK_K
     bs = 82 if is_s else 74
     use_qw = qw.size > 0
     total = x.shape[0] * nb
     for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
-        fs, u, on_grid, fv, ls, _, d2 = _scratch(16)
+        fs, u, on_grid, fv, ls, _, d2, iw = _scratch(16)
         for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
             r = t // nb
             b = t % nb
             qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
             code = _iq2_16_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)], fs,
-                                 u, on_grid, fv, ls, d2, kmap, qgrid, lstart, lpad, lindex, lvalues)
+                                 u, on_grid, fv, ls, d2, iw, kmap, qgrid, linfo, lindex, lvalues)
             if code:
                 bad[r] = code
 
@@ -423,7 +440,7 @@ def quantize_rows_iq2_xs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None
     t = iq_tables(T.IQ2_XS)
     n = _lanes(T.IQ2_XS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_16_rows(x, qw, out, False, t.kmap, t.qgrid, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq2_16_rows(x, qw, out, False, t.kmap, t.qgrid, n.info, n.grid_index, n.values, bad)
     check_rows(bad, "IQ2_XS")
 
 
@@ -436,7 +453,7 @@ def quantize_rows_iq2_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     t = iq_tables(T.IQ2_S)
     n = _lanes(T.IQ2_S)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_16_rows(x, qw, out, True, t.kmap, t.qgrid, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq2_16_rows(x, qw, out, True, t.kmap, t.qgrid, n.info, n.grid_index, n.values, bad)
     check_rows(bad, "IQ2_S")
 
 
