@@ -39,6 +39,7 @@ from ggufkit.quant.iq_common import (
 )
 from ggufkit.quant.iq_grids import iq_tables, ksigns_iq2xs, neighbour_lanes
 from ggufkit.quant.kquants_math import nearest_int_full
+from ggufkit.quant.worksharing import claim, work_counter, workers
 
 T = GGMLQuantizationType
 GROUP_MAX_EPS_IQ3_XXS = np.float32(1e-8)
@@ -342,18 +343,23 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq3_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, qgrid: np.ndarray, kmap: np.ndarray,
               neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
-              lvalues: np.ndarray, bad: np.ndarray) -> None:
+              lvalues: np.ndarray, bad: np.ndarray, n_workers: int) -> None:
     nb = x.shape[1] // QK_K
     bs = 110 if is_s else 98
     use_qw = qw.size > 0
-    for t in numba.prange(x.shape[0] * nb):
-        r = t // nb
-        b = t % nb
-        qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
-        code = _iq3_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)],
-                          qgrid, kmap, neigh, lstart, lpad, lindex, lvalues)
-        if code:
-            bad[r] = code
+    todo = work_counter(x.shape[0] * nb)  # blocks handed out from a shared counter (quant.worksharing)
+    for _w in numba.prange(n_workers):
+        lo, hi = claim(todo)
+        while lo < hi:
+            for t in range(lo, hi):
+                r = t // nb
+                b = t % nb
+                qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
+                code = _iq3_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)],
+                                  qgrid, kmap, neigh, lstart, lpad, lindex, lvalues)
+                if code:
+                    bad[r] = code
+            lo, hi = claim(todo)
 
 
 def quantize_rows_iq3_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
@@ -370,7 +376,8 @@ def quantize_rows_iq3_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> Non
     t = iq_tables(T.IQ3_XXS)
     n = neighbour_lanes(T.IQ3_XXS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq3_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq3_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad,
+              workers())
     check_rows(bad, "IQ3_XXS")
 
 
@@ -383,7 +390,8 @@ def quantize_rows_iq3_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     t = iq_tables(T.IQ3_S)
     n = neighbour_lanes(T.IQ3_S)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq3_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq3_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad,
+              workers())
     check_rows(bad, "IQ3_S")
 
 
