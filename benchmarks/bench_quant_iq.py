@@ -107,6 +107,29 @@ IQ1_M     0.74 (0.62-1.15)     0.69 (0.56-0.79)
 This script's single runs at the same time, 512 x 4096: 1 thread 0.41 / 0.26 / 0.49 / 0.31 / 0.31 / 0.38 /
 0.54, 2 threads 0.51 / 0.38 / 0.39 / 0.39 / 0.58 / 0.46 / 0.67 (same order). Even with nothing else running
 the runs of one type vary by 1.5-2x (both tools), so single figures here are within that spread.
+
+Two-thread scaling of the grid kernels (``ggufkit.quant.worksharing``), same machine, 2026-11-27. Why the
+2-thread ratios came out above the 1-thread ones, measured before changing anything (IQ3_XXS, IQ3_S,
+IQ1_S, 256 x 4096, imatrix, ggufkit and ggml interleaved in one process, per-thread times from
+``/proc/self/task/*/schedstat``: time run, time waiting for a CPU, the rest asleep): (1) the kernel is
+sound: the thread that finished its half of Numba's static split slept 0.3-6.6% of the threads' time
+(ggml's static halves 0.2-3.0%), and the per-block scratch allocations cost ~0.55 us of a 60-100 us block
+(measured alone); (2) this machine has ``kernel.sched_autogroup_enabled=1``, so the CPU is shared per
+session, not per thread: at load average 3-4 (three other jobs) a process gets about one CPU whatever its
+thread count, and the 1 -> 2 thread wall-clock speed-up measured 0.9-1.1 for ggml and ggufkit alike (CPU
+time divided by wall time stayed near 1 at 2 threads); the 2-thread ratio is then the 1-thread ratio plus
+noise; (3) per unit of work ggufkit's threads used more CPU time at 2 threads than at 1 (12 type/kernel
+pairs: -12% to +23%, median +12%), ggml's not (6 types: -9% to +28%, median 0%); not resolved (a vCPU
+pair sharing a host core would slow vectorized code more than ggml's scalar loops; not measurable here). What changed: the grid kernels (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+IQ3_S) take 4 blocks at a time from a shared atomic counter, one worker per thread, as llama-quantize hands
+out rows (``llama_tensor_quantize_impl``), instead of Numba's static halves: a thread that is slowed (its
+core shared, a late wake-up from OpenMP's passive wait) no longer holds the other one up. One-process A/B
+(kernel before / after / ggml, 7 interleaved runs, load average 3.6-4.2, bytes equal): time asleep at 2
+threads 0.2-6.6% -> 0.0-1.0%; with the first half of the rows zero (cheap blocks, static halves badly
+unbalanced) 46% -> 0.4%. Median wall ratios at that load, before -> after, 1 thread / 2 threads: IQ3_XXS
+0.49 -> 0.47 / 0.47 -> 0.43, IQ3_S 0.48 -> 0.40 / 0.41 -> 0.40, IQ1_S 0.51 -> 0.62 / 0.54 -> 0.55; the
+1-thread code is unchanged, so those differences are the noise of this load. ``main`` starts Numba's
+threads as ggufkit does (``start_numba_threads``: OpenMP's passive wait), not spinning after each call.
 """
 
 from __future__ import annotations
@@ -125,6 +148,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from ggml_oracle import libggml, row_bytes
 
 from ggufkit.quant import KERNELS
+from ggufkit.quant.dispatch import start_numba_threads
 
 QT = GGMLQuantizationType
 TYPES = [QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.IQ1_S, QT.IQ1_M]
@@ -158,6 +182,7 @@ def main(rows: int = 64, threads: int = 2) -> None:
     x = (rng.standard_normal((rows, N_PER_ROW), dtype=np.float32) * np.float32(0.02)).astype(np.float16)
     x = x.astype(np.float32)
     qw = rng.gamma(0.5, 2.0, N_PER_ROW).astype(np.float32)
+    start_numba_threads()  # OpenMP's passive wait, as ggufkit.quant.quantize runs the kernels
     numba.set_num_threads(threads)
     print(f"{_cpu()}\n{rows} x {N_PER_ROW} = {rows * N_PER_ROW / 1e6:.2f}M weights, imatrix, {threads} threads")
     for qtype in TYPES:
