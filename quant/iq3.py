@@ -81,6 +81,39 @@ def _fit32(weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[np.floa
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _lane_neighbour(uu: int, scale: np.float32, xval: np.ndarray, waux: np.ndarray, k: int, lstart: np.ndarray,
+                    lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray, d2: np.ndarray,
+                    d2bits: np.ndarray) -> int:
+    """``iq3_find_best_neighbour`` for group ``k`` (packed index ``uu``, off the grid) at ``scale``, over the
+    lane-laid-out list: the same distances in the same float32 order as the search in :func:`_trials`
+    (and as ``find_best_neighbour``), the first of the smallest; -1 where ggml asserts."""
+    p = np.uint64(lpad[uu])
+    s0 = np.uint64(lstart[uu])
+    b = np.uint64(4) * s0
+    x0 = xval[4 * k]
+    x1 = xval[4 * k + 1]
+    x2 = xval[4 * k + 2]
+    x3 = xval[4 * k + 3]
+    w0 = waux[4 * k]
+    w1 = waux[4 * k + 1]
+    w2 = waux[4 * k + 2]
+    w3 = waux[4 * k + 3]
+    for j in range(p):
+        e0 = scale * lvalues[b + j] - x0
+        e1 = scale * lvalues[b + p + j] - x1
+        e2 = scale * lvalues[b + np.uint64(2) * p + j] - x2
+        e3 = scale * lvalues[b + np.uint64(3) * p + j] - x3
+        d = (((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3
+        d2[j] = d if d < FLT_MAX else FLT_MAX
+    key = np.int64(_NO_KEY)
+    for j in range(p):
+        key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
+    if (key >> 32) >= _FLT_MAX_BITS:
+        return -1
+    return np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _trials(xval: np.ndarray, weight: np.ndarray, waux: np.ndarray, mx: np.float32, n_try: int,
             kmap: np.ndarray, qgrid: np.ndarray, lstart: np.ndarray, lpad: np.ndarray,
             lindex: np.ndarray, lvalues: np.ndarray, L: np.ndarray, on_grid: np.ndarray, q: np.ndarray,
@@ -285,7 +318,7 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
                 uu = _round_levels3(xval, 4 * k, iscale, Laux)
                 g = kmap[uu]
                 if g < 0:
-                    g = find_best_neighbour(neigh, -kmap[uu] - 1, qgrid, xval, 4 * k, waux, scale, L, terms)
+                    g = _lane_neighbour(uu, scale, xval, waux, k, lstart, lpad, lindex, lvalues, d2, d2bits)
                     if g < 0:
                         return NO_GRID_POINT
                 for i in range(4):
