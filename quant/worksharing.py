@@ -11,8 +11,8 @@ together.
 
 The loops here do the same: ``prange`` over the threads, each thread taking :data:`CHUNK` blocks at a
 time from one shared counter (an atomic add) until none are left. The thread count comes in as an
-argument, ``n_workers = workers()`` read by the Python caller (``numba.get_num_threads`` inside a kernel would make it
-uncachable); more workers than threads is harmless (a late worker finds nothing left)::
+argument, ``n_workers = workers()`` read by the Python caller (``numba.get_num_threads`` inside a kernel
+would make it uncachable); more workers than threads is harmless (a late worker finds nothing left)::
 
     todo = work_counter(total)
     for _w in numba.prange(n_workers):
@@ -42,7 +42,8 @@ CHUNK = 4
 @intrinsic
 def _fetch_add(typingctx, counter, value):
     """``counter[0] += value`` as one atomic operation (LLVM ``atomicrmw add``); returns the old value."""
-    if not (isinstance(counter, types.Array) and counter.dtype == types.int64 and isinstance(value, types.Integer)):
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64
+            and isinstance(value, types.Integer)):
         return None
     sig = types.int64(counter, types.int64)
 
