@@ -126,7 +126,7 @@ with a branch-free pairing (no gain), an int32 minimum inside the distance loop 
 (no gain), the super-block's weights and their square roots computed 8 lanes wide before the groups (no
 gain). Paired runs (ggufkit, ggml, ...; 256 x 4096, median (range) of 5 ratios, wall):
 
-========  =======  ===================  ===================
+========  =======  ===================  ============
 type      path     1 thread             2 threads
 ========  =======  ===================  ===================
 IQ2_XXS   imatrix  0.35 (0.31-0.53)     0.40 (0.37-0.47)
@@ -142,6 +142,38 @@ A second set, 7 runs each interleaved with the kernel before the round (new / ol
 noise asks for (~0.35) in all of them. Next for IQ2_S: the searches (still over half its time; a
 micro-benchmark under load put a search at ~40 ns plus ~2.5 ns per lane, and IQ2_S's lists are short,
 9-16 lanes, so the fixed part dominates).
+=======
+Two-thread scaling of the grid kernels (``ggufkit.quant.worksharing``), same machine, 2026-11-27. Why the
+2-thread ratios came out above the 1-thread ones, measured before changing anything (IQ3_XXS, IQ3_S, IQ1_S,
+256 x 4096, imatrix, ggufkit and ggml interleaved in one process, per-thread times from
+``/proc/self/task/*/schedstat``: time run, time waiting for a CPU, the rest asleep): (1) the split was minor:
+the thread that finished its half of Numba's static split slept 0.3-6.6% of the threads' time (ggml's static
+halves 0.2-3.0%), and the per-block scratch allocations cost ~0.55 us of a 60-100 us block (measured alone);
+(2) this machine has ``kernel.sched_autogroup_enabled=1``, so the CPU is shared per session, not per thread:
+at load average 3-4 (three other jobs) a process gets about one CPU whatever its thread count, and the 1 -> 2
+thread wall-clock speed-up measured 0.9-1.1 for ggml and ggufkit alike (CPU time divided by wall time stayed
+near 1 at 2 threads); the 2-thread ratio is then the 1-thread ratio plus noise; (3) per unit of work ggufkit's
+threads used more CPU time at 2 threads than at 1 (12 type/kernel pairs: -12% to +23%, median +12%), ggml's
+not (6 types: -9% to +28%, median 0%); not resolved (a vCPU pair sharing a host core would slow vectorized
+code more than ggml's scalar loops; not measurable here). What changed: the grid kernels (IQ1_S, IQ1_M,
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) take 4 blocks at a time from a shared atomic counter, one worker per
+thread, as llama-quantize hands out rows (``llama_tensor_quantize_impl``), instead of Numba's static halves: a
+thread that is slowed (its core shared, a late wake-up from OpenMP's passive wait) no longer holds the other
+one up. One-process A/B (kernel before / after / ggml, 7 interleaved runs, load average 3.6-4.2, bytes equal;
+IQ3_XXS, IQ3_S, IQ1_S, IQ2_XXS, IQ2_S, IQ1_M): time asleep at 2 threads 0.2-6.6% -> 0.0-1.0%; IQ3_XXS with the
+first half of the rows zero (cheap blocks, static halves badly unbalanced; 5 runs, load ~3.5) 46% -> 0.4%.
+Median wall ratios at that load, before -> after, 1 thread / 2 threads: IQ3_XXS 0.49 -> 0.47 / 0.47 -> 0.43,
+IQ3_S 0.48 -> 0.40 / 0.41 -> 0.40, IQ1_S 0.51 -> 0.62 / 0.54 -> 0.55; the 1-thread code is unchanged, so those
+differences are the noise of this load. ``main`` starts Numba's threads as ggufkit does
+(``start_numba_threads``: OpenMP's passive wait), not spinning after each call.
+
+IQ3 itself: the refit after the trials (every group for IQ3_S, the off-grid ones for IQ3_XXS) searches over
+the lane-laid-out lists like the trials, not with the scalar ``find_best_neighbour``: one-process A/B, 1
+thread, CPU time new / old, 128 x 4096, two runs of 9 and 11 at load 4.5-6: medians 0.86-0.95 and 0.87-1.00
+over IQ3_XXS/IQ3_S x imatrix/reference (single runs 0.5-2.2: too noisy for more than "5-10%"). Flattening the
+trials' 2-D lane arrays measured no gain (0.92-1.10) and was left out. Final state, paired runs (ggufkit, ggml
+alternating, 5 each, bytes equal), 256 x 4096, load 4.5-5.8, median wall ratios imatrix / reference: 1 thread
+IQ3_XXS 0.49 / 0.46, IQ3_S 0.45 / 0.40; 2 threads IQ3_XXS 0.37 / 0.35, IQ3_S 0.37 / 0.37.
 """
 
 from __future__ import annotations
@@ -160,6 +192,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from ggml_oracle import libggml, row_bytes
 
 from ggufkit.quant import KERNELS
+from ggufkit.quant.dispatch import start_numba_threads
 
 QT = GGMLQuantizationType
 TYPES = [QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.IQ1_S, QT.IQ1_M]
@@ -193,6 +226,7 @@ def main(rows: int = 64, threads: int = 2) -> None:
     x = (rng.standard_normal((rows, N_PER_ROW), dtype=np.float32) * np.float32(0.02)).astype(np.float16)
     x = x.astype(np.float32)
     qw = rng.gamma(0.5, 2.0, N_PER_ROW).astype(np.float32)
+    start_numba_threads()  # OpenMP's passive wait, as ggufkit.quant.quantize runs the kernels
     numba.set_num_threads(threads)
     print(f"{_cpu()}\n{rows} x {N_PER_ROW} = {rows * N_PER_ROW / 1e6:.2f}M weights, imatrix, {threads} threads")
     for qtype in TYPES:

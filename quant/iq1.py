@@ -42,6 +42,7 @@ from ggufkit.quant.iq_common import (
 )
 from ggufkit.quant.iq_grids import NeighbourLanes, iq_tables, lay_out_lists
 from ggufkit.quant.kquants_math import nearest_int_full
+from ggufkit.quant.worksharing import claim, work_counter, workers
 
 T = GGMLQuantizationType
 GROUP_MAX_EPS_IQ1_S = np.float32(1e-12)
@@ -248,15 +249,20 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq1_s_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                lanes: NeighbourLanes, bad: np.ndarray) -> None:
+                lanes: NeighbourLanes, bad: np.ndarray, n_workers: int) -> None:
     nb = x.shape[1] // QK_K
-    for t in numba.prange(x.shape[0] * nb):
-        r = t // nb
-        b = t % nb
-        code = _iq1_s_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
-                            out[r, 50 * b:50 * (b + 1)], qgrid, kmap, lanes)
-        if code:
-            bad[r] = code
+    todo = work_counter(x.shape[0] * nb)
+    for _w in numba.prange(n_workers):
+        lo, hi = claim(todo)
+        while lo < hi:
+            for t in range(lo, hi):
+                r = t // nb
+                b = t % nb
+                code = _iq1_s_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
+                                    out[r, 50 * b:50 * (b + 1)], qgrid, kmap, lanes)
+                if code:
+                    bad[r] = code
+            lo, hi = claim(todo)
 
 
 def quantize_rows_iq1_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
@@ -273,7 +279,7 @@ def quantize_rows_iq1_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     need_imatrix(qw, "IQ1_S")
     t = iq_tables(T.IQ1_S)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq1_s_rows(x, qw, out, t.qgrid, t.kmap, _iq1_lanes(), bad)
+    _iq1_s_rows(x, qw, out, t.qgrid, t.kmap, _iq1_lanes(), bad, workers())
     check_rows(bad, "IQ1_S")
 
 
@@ -445,17 +451,22 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq1_m_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                lanes: NeighbourLanes, bad: np.ndarray) -> None:
+                lanes: NeighbourLanes, bad: np.ndarray, n_workers: int) -> None:
     nb = x.shape[1] // QK_K
     use_qw = qw.size > 0
-    for t in numba.prange(x.shape[0] * nb):
-        r = t // nb
-        b = t % nb
-        qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
-        code = _iq1_m_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, out[r, 56 * b:56 * (b + 1)],
-                            qgrid, kmap, lanes)
-        if code:
-            bad[r] = code
+    todo = work_counter(x.shape[0] * nb)
+    for _w in numba.prange(n_workers):
+        lo, hi = claim(todo)
+        while lo < hi:
+            for t in range(lo, hi):
+                r = t // nb
+                b = t % nb
+                qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
+                code = _iq1_m_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, out[r, 56 * b:56 * (b + 1)],
+                                    qgrid, kmap, lanes)
+                if code:
+                    bad[r] = code
+            lo, hi = claim(todo)
 
 
 def quantize_rows_iq1_m(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
@@ -466,7 +477,7 @@ def quantize_rows_iq1_m(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     """
     t = iq_tables(T.IQ1_M)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq1_m_rows(x, qw, out, t.qgrid, t.kmap, _iq1_lanes(), bad)
+    _iq1_m_rows(x, qw, out, t.qgrid, t.kmap, _iq1_lanes(), bad, workers())
     check_rows(bad, "IQ1_M")
 
 

@@ -41,6 +41,7 @@ from ggufkit.quant.iq_common import (
 )
 from ggufkit.quant.iq_grids import iq_tables, ksigns_iq2xs, neighbour_lanes
 from ggufkit.quant.kquants_math import GROUP_MAX_EPS, nearest_int_full
+from ggufkit.quant.worksharing import claim, work_counter, workers
 
 T = GGMLQuantizationType
 GROUP_MAX_EPS_IQ2_S = np.float32(1e-8)
@@ -49,8 +50,6 @@ _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
 #: Bound on the lanes of one neighbour list (the longest IQ2 list pads to 296 lanes, IQ2_XS).
 _MAX_PAD = 512
-#: Super-blocks per work item of the parallel loops (each item allocates its scratch once).
-_CHUNK = 8
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
@@ -218,19 +217,22 @@ def _iq2_xxs_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, fs: np.ndarra
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq2_xxs_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, kmap: np.ndarray, qgrid: np.ndarray,
                   linfo: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
-                  bad: np.ndarray) -> None:
+                  bad: np.ndarray, n_workers: int) -> None:
     nb = x.shape[1] // QK_K
-    total = x.shape[0] * nb
-    for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
+    todo = work_counter(x.shape[0] * nb)
+    for _w in numba.prange(n_workers):
         fs, u, on_grid, fv, ls, Lq, d2, iw = _scratch(32)
-        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
-            r = t // nb
-            b = t % nb
-            code = _iq2_xxs_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
-                                  out[r, 66 * b:66 * (b + 1)], fs, u, on_grid, fv, ls, Lq, d2, iw, kmap, qgrid, linfo,
-                                  lindex, lvalues)
-            if code:
-                bad[r] = code
+        lo, hi = claim(todo)
+        while lo < hi:
+            for t in range(lo, hi):
+                r = t // nb
+                b = t % nb
+                code = _iq2_xxs_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
+                                      out[r, 66 * b:66 * (b + 1)], fs, u, on_grid, fv, ls, Lq, d2, iw, kmap, qgrid,
+                                      linfo, lindex, lvalues)
+                if code:
+                    bad[r] = code
+            lo, hi = claim(todo)
 
 
 def quantize_rows_iq2_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
@@ -248,7 +250,7 @@ def quantize_rows_iq2_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> Non
     t = iq_tables(T.IQ2_XXS)
     n = _lanes(T.IQ2_XXS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_xxs_rows(x, qw, out, t.kmap, t.qgrid, n.info, n.grid_index, n.values, bad)
+    _iq2_xxs_rows(x, qw, out, t.kmap, t.qgrid, n.info, n.grid_index, n.values, bad, workers())
     check_rows(bad, "IQ2_XXS")
 
 
@@ -413,21 +415,24 @@ def _iq2_16_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq2_16_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, kmap: np.ndarray, qgrid: np.ndarray,
                  linfo: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray,
-                 bad: np.ndarray) -> None:
+                 bad: np.ndarray, n_workers: int) -> None:
     nb = x.shape[1] // QK_K
     bs = 82 if is_s else 74
     use_qw = qw.size > 0
-    total = x.shape[0] * nb
-    for c in numba.prange((total + _CHUNK - 1) // _CHUNK):
+    todo = work_counter(x.shape[0] * nb)
+    for _w in numba.prange(n_workers):
         fs, u, on_grid, fv, ls, _, d2, iw = _scratch(16)
-        for t in range(c * _CHUNK, min(total, (c + 1) * _CHUNK)):
-            r = t // nb
-            b = t % nb
-            qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
-            code = _iq2_16_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)], fs,
-                                 u, on_grid, fv, ls, d2, iw, kmap, qgrid, linfo, lindex, lvalues)
-            if code:
-                bad[r] = code
+        lo, hi = claim(todo)
+        while lo < hi:
+            for t in range(lo, hi):
+                r = t // nb
+                b = t % nb
+                qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
+                code = _iq2_16_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)],
+                                     fs, u, on_grid, fv, ls, d2, iw, kmap, qgrid, linfo, lindex, lvalues)
+                if code:
+                    bad[r] = code
+            lo, hi = claim(todo)
 
 
 def quantize_rows_iq2_xs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
@@ -440,7 +445,7 @@ def quantize_rows_iq2_xs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None
     t = iq_tables(T.IQ2_XS)
     n = _lanes(T.IQ2_XS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_16_rows(x, qw, out, False, t.kmap, t.qgrid, n.info, n.grid_index, n.values, bad)
+    _iq2_16_rows(x, qw, out, False, t.kmap, t.qgrid, n.info, n.grid_index, n.values, bad, workers())
     check_rows(bad, "IQ2_XS")
 
 
@@ -453,7 +458,7 @@ def quantize_rows_iq2_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     t = iq_tables(T.IQ2_S)
     n = _lanes(T.IQ2_S)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq2_16_rows(x, qw, out, True, t.kmap, t.qgrid, n.info, n.grid_index, n.values, bad)
+    _iq2_16_rows(x, qw, out, True, t.kmap, t.qgrid, n.info, n.grid_index, n.values, bad, workers())
     check_rows(bad, "IQ2_S")
 
 

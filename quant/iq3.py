@@ -39,6 +39,7 @@ from ggufkit.quant.iq_common import (
 )
 from ggufkit.quant.iq_grids import iq_tables, ksigns_iq2xs, neighbour_lanes
 from ggufkit.quant.kquants_math import nearest_int_full
+from ggufkit.quant.worksharing import claim, work_counter, workers
 
 T = GGMLQuantizationType
 GROUP_MAX_EPS_IQ3_XXS = np.float32(1e-8)
@@ -77,6 +78,39 @@ def _fit32(weight: np.ndarray, xval: np.ndarray, L: np.ndarray) -> tuple[np.floa
         sumqx += w * xval[i] * q
         sumq2 += w * q * q
     return sumqx, sumq2
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _lane_neighbour(uu: int, scale: np.float32, xval: np.ndarray, waux: np.ndarray, k: int, lstart: np.ndarray,
+                    lpad: np.ndarray, lindex: np.ndarray, lvalues: np.ndarray, d2: np.ndarray,
+                    d2bits: np.ndarray) -> int:
+    """``iq3_find_best_neighbour`` for group ``k`` (packed index ``uu``, off the grid) at ``scale``, over the
+    lane-laid-out list: the same distances in the same float32 order as the search in :func:`_trials`
+    (and as ``find_best_neighbour``), the first of the smallest; -1 where ggml asserts."""
+    p = np.uint64(lpad[uu])
+    s0 = np.uint64(lstart[uu])
+    b = np.uint64(4) * s0
+    x0 = xval[4 * k]
+    x1 = xval[4 * k + 1]
+    x2 = xval[4 * k + 2]
+    x3 = xval[4 * k + 3]
+    w0 = waux[4 * k]
+    w1 = waux[4 * k + 1]
+    w2 = waux[4 * k + 2]
+    w3 = waux[4 * k + 3]
+    for j in range(p):
+        e0 = scale * lvalues[b + j] - x0
+        e1 = scale * lvalues[b + p + j] - x1
+        e2 = scale * lvalues[b + np.uint64(2) * p + j] - x2
+        e3 = scale * lvalues[b + np.uint64(3) * p + j] - x3
+        d = (((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3
+        d2[j] = d if d < FLT_MAX else FLT_MAX
+    key = np.int64(_NO_KEY)
+    for j in range(p):
+        key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
+    if (key >> 32) >= _FLT_MAX_BITS:
+        return -1
+    return np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
@@ -284,7 +318,7 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
                 uu = _round_levels3(xval, 4 * k, iscale, Laux)
                 g = kmap[uu]
                 if g < 0:
-                    g = find_best_neighbour(neigh, -kmap[uu] - 1, qgrid, xval, 4 * k, waux, scale, L, terms)
+                    g = _lane_neighbour(uu, scale, xval, waux, k, lstart, lpad, lindex, lvalues, d2, d2bits)
                     if g < 0:
                         return NO_GRID_POINT
                 for i in range(4):
@@ -342,18 +376,23 @@ def _iq3_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, is_s: bool, y: np.
 @numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
 def _iq3_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, is_s: bool, qgrid: np.ndarray, kmap: np.ndarray,
               neigh: np.ndarray, lstart: np.ndarray, lpad: np.ndarray, lindex: np.ndarray,
-              lvalues: np.ndarray, bad: np.ndarray) -> None:
+              lvalues: np.ndarray, bad: np.ndarray, n_workers: int) -> None:
     nb = x.shape[1] // QK_K
     bs = 110 if is_s else 98
     use_qw = qw.size > 0
-    for t in numba.prange(x.shape[0] * nb):
-        r = t // nb
-        b = t % nb
-        qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
-        code = _iq3_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)],
-                          qgrid, kmap, neigh, lstart, lpad, lindex, lvalues)
-        if code:
-            bad[r] = code
+    todo = work_counter(x.shape[0] * nb)  # blocks handed out from a shared counter (quant.worksharing)
+    for _w in numba.prange(n_workers):
+        lo, hi = claim(todo)
+        while lo < hi:
+            for t in range(lo, hi):
+                r = t // nb
+                b = t % nb
+                qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
+                code = _iq3_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, is_s, out[r, bs * b:bs * (b + 1)],
+                                  qgrid, kmap, neigh, lstart, lpad, lindex, lvalues)
+                if code:
+                    bad[r] = code
+            lo, hi = claim(todo)
 
 
 def quantize_rows_iq3_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
@@ -370,7 +409,8 @@ def quantize_rows_iq3_xxs(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> Non
     t = iq_tables(T.IQ3_XXS)
     n = neighbour_lanes(T.IQ3_XXS)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq3_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq3_rows(x, qw, out, False, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad,
+              workers())
     check_rows(bad, "IQ3_XXS")
 
 
@@ -383,7 +423,8 @@ def quantize_rows_iq3_s(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     t = iq_tables(T.IQ3_S)
     n = neighbour_lanes(T.IQ3_S)
     bad = np.zeros(x.shape[0], np.uint8)
-    _iq3_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad)
+    _iq3_rows(x, qw, out, True, t.qgrid, t.kmap, t.neighbours, n.start, n.pad, n.grid_index, n.values, bad,
+              workers())
     check_rows(bad, "IQ3_S")
 
 
