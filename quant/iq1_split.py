@@ -24,8 +24,14 @@ products: when some ratio falls in ``[T*(1 - 2**-18), T)``, or the group's sums 
 no valid candidate, the search falls back to ggml's scan (``iq1_s_scan``). On random data ~1% of the
 groups fall back.
 
-IQ1_M keeps ggml's scan (``ggufkit.quant.iq1``): its scan is already collapsed to a few operations per
-candidate, and the side-by-side form measured no faster there.
+IQ1_M (``quantize_row_iq1_m_impl``) has 17*18/2 splits of 16 sorted weights and four sign pairs ``k``
+(the shift sign of each half) per split, scanned in the order (i1, i2, k); its sums come from prefix sums
+kept per half, collapsed to ``sumqx = txs*v2 - px[i1] - px[i2]`` and ``sumq2 = tws*v2*v2 + pw[i1]*c1 +
+pw[i2]*c2`` per half. ``iq1_m_search`` replays its contenders the same way, with ggml's operations for
+``sumqx``/``sumq2``. The collapsed ``sumq2`` cancels, but with weights >= 0 the prefix sums never decrease
+(``pw[i1] <= pw[i2] <= tws``), so it is ``pw[i1]*v0^2 + (pw[i2]-pw[i1])*v1^2 + (tws-pw[i2])*v2^2 >= W/64``
+up to ~2**-21 W of rounding, and ``|sumqx| <= 3.3 W max|x|``: the same range checks bound the products.
+The kernel sends groups with a negative (or NaN) weight to ggml's scan (``iq1_m_scan``).
 """
 
 from __future__ import annotations
@@ -254,3 +260,208 @@ def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
     if nk < 0:
         return iq1_s_scan(sumx, sumw, amax)
     return _replay(sumx, sumw, sc.keys, nk, amax)
+
+
+# --- IQ1_M ---------------------------------------------------------------------------------------
+
+#: Offsets of IQ1_M's four prefix-sum arrays in one float32 scratch (``M_PRE`` long): px[0], px[1], pw[0],
+#: pw[1] of quantize_row_iq1_m_impl, 17 entries each.
+PX0, PX1, PW0, PW1 = 0, 32, 64, 96
+M_PRE = 128
+#: IQ1_M's split scratch: 17 rows i1 x 4 sign pairs k x 16 lanes (i2 - 1) of ratios, then the column maxima
+#: (4 x 16, and the split (0, 0) per k), one float for bit conversions.
+_M_ROWS = 17 * 64
+_M_COLS = _M_ROWS
+_M_CVT = _M_ROWS + 68
+M_SCRATCH = _M_CVT + 4
+M_KEYS = 32  # twice the lanes of a row (iq1_m_search takes its lane count from it)
+_P2 = X_P[2]
+_M2 = X_M[2]
+_CP1 = X_P[0] * X_P[0] - X_P[1] * X_P[1]
+_CP2 = X_P[1] * X_P[1] - X_P[2] * X_P[2]
+_CM1 = X_M[0] * X_M[0] - X_M[1] * X_M[1]
+_CM2 = X_M[1] * X_M[1] - X_M[2] * X_M[2]
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _m_pair(pre: np.ndarray, i1: int, i2: int, k: int) -> tuple[np.float32, np.float32]:
+    """(sumqx[k], sumq2[k]) of split (i1, i2) as quantize_row_iq1_m_impl computes them (k: bit 1 the sign
+    of the first half's shift, bit 0 the second's; 0 = +delta)."""
+    tx0 = pre[PX0 + 16]
+    tx1 = pre[PX1 + 16]
+    tw0 = pre[PW0 + 16]
+    tw1 = pre[PW1 + 16]
+    sx0 = pre[PX0 + i1] + pre[PX0 + i2]
+    sx1 = pre[PX1 + i1] + pre[PX1 + i2]
+    if k < 2:
+        qx0 = tx0 * _P2 - sx0
+        q20 = tw0 * _P2 * _P2 + pre[PW0 + i1] * _CP1 + pre[PW0 + i2] * _CP2
+    else:
+        qx0 = tx0 * _M2 - sx0
+        q20 = tw0 * _M2 * _M2 + pre[PW0 + i1] * _CM1 + pre[PW0 + i2] * _CM2
+    if k % 2 == 0:
+        qx1 = tx1 * _P2 - sx1
+        q21 = tw1 * _P2 * _P2 + pre[PW1 + i1] * _CP1 + pre[PW1 + i2] * _CP2
+    else:
+        qx1 = tx1 * _M2 - sx1
+        q21 = tw1 * _M2 * _M2 + pre[PW1 + i1] * _CM1 + pre[PW1 + i2] * _CM2
+    return qx0 + qx1, q20 + q21
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _m_replay(pre: np.ndarray, keys: np.ndarray, nk: int, scale: np.float32) -> tuple[np.float32, int, int, int]:
+    """ggml's comparison over the IQ1_M candidates ``keys[:nk]`` (order keys ``(i1*17 + i2)*4 + k``, in
+    ggml's order) from ggml's initial state: (scale, besti1, besti2, best_k), -1s when none is valid."""
+    best = -FLT_MAX
+    besti1 = -1
+    besti2 = -1
+    best_k = -1
+    for j in range(nk):
+        k = keys[j] % 4
+        i2 = (keys[j] // 4) % 17
+        i1 = keys[j] // 68
+        sumqx, sumq2 = _m_pair(pre, i1, i2, k)
+        if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+            scale = sumqx / sumq2
+            best = scale * sumqx
+            besti1 = i1
+            besti2 = i2
+            best_k = k
+    return scale, besti1, besti2, best_k
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def iq1_m_scan(pre: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
+    """ggml's scan of quantize_row_iq1_m_impl: every candidate, in ggml's order (i1, i2 >= i1, k)."""
+    keys = np.empty(17 * 18 * 2, np.int64)
+    nk = 0
+    for i1 in range(17):
+        for i2 in range(i1, 17):
+            for k in range(4):
+                keys[nk] = (i1 * 17 + i2) * 4 + k
+                nk += 1
+    return _m_replay(pre, keys, nk, scale)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def iq1_m_search(pre: np.ndarray, amax: np.float32, sc: np.ndarray, sc_bits: np.ndarray,
+                 keys: np.ndarray) -> tuple[np.float32, int, int, int]:
+    """``iq1_m_scan``'s result through the contender replay (module docstring, IQ1_M part).
+
+    ``pre``: the prefix sums (``PX0`` ... ``PW1``) over the sorted weights, all weights >= 0; ``sc``:
+    float32[M_SCRATCH] and ``sc_bits`` its int32 view; ``keys``: int64[M_KEYS]. Ratios of split (i1, i2 >= 1)
+    with sign pair k go to ``sc[64*i1 + 16*k + i2 - 1]``, their column maxima to ``sc[_M_COLS + 16*k + i2 - 1]``
+    and those of the split (0, 0) to ``sc[_M_COLS + 64 + k]``.
+    """
+    tx0 = pre[PX0 + 16]
+    tx1 = pre[PX1 + 16]
+    tw0 = pre[PW0 + 16]
+    tw1 = pre[PW1 + 16]
+    tw = tw0 + tw1
+    if not (_LO <= tw <= _HI and tw * amax <= _HI):
+        return iq1_m_scan(pre, amax)
+    ax0p = tx0 * _P2
+    ax0m = tx0 * _M2
+    ax1p = tx1 * _P2
+    ax1m = tx1 * _M2
+    bw0p = tw0 * _P2 * _P2
+    bw0m = tw0 * _M2 * _M2
+    bw1p = tw1 * _P2 * _P2
+    bw1m = tw1 * _M2 * _M2
+    cols = np.uint64(_M_COLS)
+    # 16 lanes (i2 = 1..16) in every row, a count LLVM cannot see: with a known or varying count of 8-16 it
+    # leaves rows of 8 to a scalar remainder loop
+    n_lanes = np.uint64(keys.size // 2)
+    for c in range(np.uint64(64)):
+        sc[cols + c] = _NO_RATIO
+    for i1 in range(17):
+        a0 = pre[PX0 + i1]
+        a1 = pre[PX1 + i1]
+        r0p = bw0p + pre[PW0 + i1] * _CP1
+        r0m = bw0m + pre[PW0 + i1] * _CM1
+        r1p = bw1p + pre[PW1 + i1] * _CP1
+        r1m = bw1m + pre[PW1 + i1] * _CM1
+        o = np.uint64(64 * i1)
+        for j in range(n_lanes):
+            i2 = j + np.uint64(1)
+            sx0 = a0 + pre[np.uint64(PX0) + i2]
+            sx1 = a1 + pre[np.uint64(PX1) + i2]
+            qp0 = ax0p - sx0
+            qm0 = ax0m - sx0
+            qp1 = ax1p - sx1
+            qm1 = ax1m - sx1
+            w0 = pre[np.uint64(PW0) + i2]
+            w1 = pre[np.uint64(PW1) + i2]
+            tp0 = r0p + w0 * _CP2
+            tm0 = r0m + w0 * _CM2
+            tp1 = r1p + w1 * _CP2
+            tm1 = r1m + w1 * _CM2
+            after = i2 >= np.uint64(i1)
+            s = qp0 + qp1
+            t = tp0 + tp1
+            r = s * s / t
+            r = r if after & (t > _F0) else _NO_RATIO
+            sc[o + j] = r
+            sc[cols + j] = r if r > sc[cols + j] else sc[cols + j]
+            s = qp0 + qm1
+            t = tp0 + tm1
+            r = s * s / t
+            r = r if after & (t > _F0) else _NO_RATIO
+            sc[o + np.uint64(16) + j] = r
+            sc[cols + np.uint64(16) + j] = r if r > sc[cols + np.uint64(16) + j] else sc[cols + np.uint64(16) + j]
+            s = qm0 + qp1
+            t = tm0 + tp1
+            r = s * s / t
+            r = r if after & (t > _F0) else _NO_RATIO
+            sc[o + np.uint64(32) + j] = r
+            sc[cols + np.uint64(32) + j] = r if r > sc[cols + np.uint64(32) + j] else sc[cols + np.uint64(32) + j]
+            s = qm0 + qm1
+            t = tm0 + tm1
+            r = s * s / t
+            r = r if after & (t > _F0) else _NO_RATIO
+            sc[o + np.uint64(48) + j] = r
+            sc[cols + np.uint64(48) + j] = r if r > sc[cols + np.uint64(48) + j] else sc[cols + np.uint64(48) + j]
+    for k in range(4):
+        s, t = _m_pair(pre, 0, 0, k)
+        sc[_M_COLS + 64 + k] = s * s / t if t > _F0 else _NO_RATIO
+    m_bits = np.int32(-1)
+    for c in range(np.uint64(68)):
+        m_bits = max(m_bits, sc_bits[cols + c])
+    if m_bits < 0 or m_bits >= _INF_BITS:
+        return iq1_m_scan(pre, amax)
+    sc_bits[_M_CVT] = m_bits
+    top = sc[_M_CVT]
+    if not (_LO <= top <= _HI):
+        return iq1_m_scan(pre, amax)
+    sc[_M_CVT] = top * _CONTENDER
+    t_bits = sc_bits[_M_CVT]
+    sc[_M_CVT] = top * _CONTENDER * _GAP
+    g_bits = sc_bits[_M_CVT]
+    nk = 0
+    for c in range(68):
+        rb = sc_bits[_M_COLS + c]
+        if rb < g_bits:
+            continue
+        if c >= 64:  # the split (0, 0)
+            if rb < t_bits or nk == keys.size:
+                return iq1_m_scan(pre, amax)
+            keys[nk] = c - 64
+            nk += 1
+            continue
+        j = c % 16
+        for i1 in range(min(j + 2, 17)):  # rows i1 <= i2 (the others' lanes may hold stale values)
+            rb = sc_bits[64 * i1 + c]
+            if rb < g_bits:
+                continue
+            if rb < t_bits or nk == keys.size:
+                return iq1_m_scan(pre, amax)
+            keys[nk] = (i1 * 17 + j + 1) * 4 + c // 16  # ggml's order: i1, then i2, then k
+            nk += 1
+    for j in range(1, nk):  # sort the few keys
+        v = keys[j]
+        i = j - 1
+        while i >= 0 and keys[i] > v:
+            keys[i + 1] = keys[i]
+            i -= 1
+        keys[i + 1] = v
+    return _m_replay(pre, keys, nk, amax)
