@@ -65,6 +65,7 @@ _HALF = np.float32(0.5)
 #: Scratch lanes for one neighbour list (the longest reachable IQ1 list pads to 208 lanes).
 _MAX_LANES = 256
 _MASKS = np.array([0x00, 0x80, 0x08, 0x88], np.int64)
+_FLT_MAX_BITS = np.int32(0x7F7FFFFF)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
@@ -127,12 +128,25 @@ def _find_best_neighbour2(lanes: NeighbourLanes, u: int, xb: np.ndarray, off: in
         for j in range(p):
             lv = lv_of[b + j]
             d2[j] += t0 if lv == 0 else (t1 if lv == 1 else t2)
-    best = FLT_MAX
+    # ggml's first strict minimum below FLT_MAX: on [+0, FLT_MAX) the int32 bits order as the floats do, so
+    # the smallest bits (a vector reduction) and the first lane holding them; a negative value (-0 included)
+    # makes the bits negative: then ggml's comparisons one by one
+    n = np.uint64(lanes.n_cand[u])
+    d2_bits = d2.view(np.int32)
+    m_bits = _FLT_MAX_BITS
+    for j in range(n):
+        m_bits = min(m_bits, d2_bits[j])
     bj = -1
-    for j in range(lanes.n_cand[u]):
-        if d2[j] < best:
-            best = d2[j]
-            bj = j
+    if m_bits < 0:
+        best = FLT_MAX
+        for j in range(lanes.n_cand[u]):
+            if d2[j] < best:
+                best = d2[j]
+                bj = j
+    elif m_bits < _FLT_MAX_BITS:
+        bj = 0
+        while d2_bits[bj] != m_bits:
+            bj += 1
     if bj < 0:
         return -1
     for i in range(8):
@@ -332,15 +346,23 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
             continue
         _stable_order(xb, idx)
         w_neg = False
-        for j in range(16):  # the prefix sums per half, branch-free
+        sx0 = _F0
+        sx1 = _F0
+        sw0 = _F0
+        sw1 = _F0
+        for j in range(16):  # the prefix sums per half, branch-free, running sums in registers
             i = idx[j]
             w = weight[i]
             wx = w * xb[i]
             h0 = i < 8
-            pre[PX0 + j + 1] = pre[PX0 + j] + wx if h0 else pre[PX0 + j]
-            pre[PX1 + j + 1] = pre[PX1 + j] if h0 else pre[PX1 + j] + wx
-            pre[PW0 + j + 1] = pre[PW0 + j] + w if h0 else pre[PW0 + j]
-            pre[PW1 + j + 1] = pre[PW1 + j] if h0 else pre[PW1 + j] + w
+            sx0 = sx0 + wx if h0 else sx0
+            sx1 = sx1 if h0 else sx1 + wx
+            sw0 = sw0 + w if h0 else sw0
+            sw1 = sw1 if h0 else sw1 + w
+            pre[PX0 + j + 1] = sx0
+            pre[PX1 + j + 1] = sx1
+            pre[PW0 + j + 1] = sw0
+            pre[PW1 + j + 1] = sw1
             w_neg |= not w >= _F0
         if w_neg:  # the contender argument needs non-decreasing weight sums
             scale, besti1, besti2, best_k = iq1_m_scan(pre, amax)
