@@ -1,13 +1,17 @@
 """IQ1_S's and IQ1_M's split searches by contender replay (``ggufkit.quant.iq1_split``) return exactly what
 ggml's scans return, on every group: the scan (``iq1_s_scan``, ggml's loop, itself checked byte for byte against ggml in
 test_quant_iq.py through the whole kernel) is the reference here, group by group, over data that reaches the
-fast path, its gap fall-back and its range fall-backs."""
+fast path, its gap fall-back and its range fall-backs. The kernels are also compared with ggml over
+many groups and with negative importances."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from ggml_oracle import ggml_quantize, row_bytes
+from gguf import GGMLQuantizationType
 
+from ggufkit.quant import KERNELS
 from ggufkit.quant.iq1_split import (
     M_KEYS,
     M_PRE,
@@ -108,3 +112,20 @@ def test_iq1_m_contender_replay_equals_ggmls_scan(kind: str) -> None:
         want = iq1_m_scan(pre, amax)
         assert got[1:] == want[1:]
         assert np.float32(got[0]).tobytes() == np.float32(want[0]).tobytes()
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.IQ1_S, GGMLQuantizationType.IQ1_M], ids=lambda t: t.name)
+@pytest.mark.parametrize("imatrix", ["gamma", "some_negative"])
+def test_kernel_over_many_groups_equals_ggml(qtype: GGMLQuantizationType, imatrix: str) -> None:
+    """Whole kernel against ggml_quantize_chunk over ~2000 groups (the contender gap fall-backs occur on ~1%
+    of them) and with negative importances (IQ1_M sends those groups to ggml's scan; negative weighted
+    distances take the neighbour search's one-by-one minimum)."""
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal((8, 4096)) * 0.02).astype(np.float16).astype(np.float32)
+    qw = rng.gamma(0.5, 2.0, 4096).astype(np.float32)
+    if imatrix == "some_negative":
+        qw[rng.random(4096) < 0.05] *= -1
+    quantize_rows, _ = KERNELS[qtype].cpu()
+    out = np.full((8, row_bytes(qtype, 4096)), 0xAA, np.uint8)
+    quantize_rows(x, qw, out)
+    assert np.array_equal(out, ggml_quantize(x, qtype, qw))
