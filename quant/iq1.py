@@ -355,10 +355,11 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
             w = weight[i]
             wx = w * xb[i]
             h0 = i < 8
-            sx0 = sx0 + wx if h0 else sx0
-            sx1 = sx1 if h0 else sx1 + wx
-            sw0 = sw0 + w if h0 else sw0
-            sw1 = sw1 if h0 else sw1 + w
+            # adding +0 to the other half's sums leaves them as they are (they start at +0, so never -0)
+            sx0 += wx if h0 else _F0
+            sx1 += _F0 if h0 else wx
+            sw0 += w if h0 else _F0
+            sw1 += _F0 if h0 else w
             pre[PX0 + j + 1] = sx0
             pre[PX1 + j + 1] = sx1
             pre[PW0 + j + 1] = sw0
