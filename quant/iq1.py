@@ -13,7 +13,7 @@ Quantization follows ``ggml_quantize_chunk`` (ggml-quants.c: ``quantize_row_iq1_
 ``quantize_row_iq1_m_impl``). IQ1_S requires an imatrix (``ggml_quantize_requires_imatrix``); IQ1_M
 weights each value by ``x*x`` without one. The exhaustive split search sorts a sub-block's weights with
 ``qsort``: glibc up to 2.36 sorts these small arrays with a stable merge sort, so ties keep their index
-order, as the sort by rank here does (IQ1_S's split search itself: :mod:`ggufkit.quant.iq1_split`).
+order, as the sort by rank here does (the split searches themselves: :mod:`ggufkit.quant.iq1_split`).
 Dequantization: ``dequantize_row_iq1_s`` / ``_iq1_m``.
 """
 

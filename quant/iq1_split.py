@@ -1,4 +1,4 @@
-"""IQ1_S's exhaustive three-level split search: ggml's winner, found without ggml's scan.
+"""IQ1_S's and IQ1_M's exhaustive three-level split searches: ggml's winner, found without ggml's scan.
 
 ggml (ggml-quants.c: ``quantize_row_iq1_s_impl``) sorts a group's 32 weights and tries every split
 ``i1 <= i2`` of the sorted order into the levels (-1, 0, +1) + shift, for both shift signs (33*34/2 splits,
