@@ -126,7 +126,7 @@ with a branch-free pairing (no gain), an int32 minimum inside the distance loop 
 (no gain), the super-block's weights and their square roots computed 8 lanes wide before the groups (no
 gain). Paired runs (ggufkit, ggml, ...; 256 x 4096, median (range) of 5 ratios, wall):
 
-========  =======  ===================  ============
+========  =======  ===================  =====
 type      path     1 thread             2 threads
 ========  =======  ===================  ===================
 IQ2_XXS   imatrix  0.35 (0.31-0.53)     0.40 (0.37-0.47)
@@ -174,6 +174,35 @@ over IQ3_XXS/IQ3_S x imatrix/reference (single runs 0.5-2.2: too noisy for more 
 trials' 2-D lane arrays measured no gain (0.92-1.10) and was left out. Final state, paired runs (ggufkit, ggml
 alternating, 5 each, bytes equal), 256 x 4096, load 4.5-5.8, median wall ratios imatrix / reference: 1 thread
 IQ3_XXS 0.49 / 0.46, IQ3_S 0.45 / 0.40; 2 threads IQ3_XXS 0.37 / 0.35, IQ3_S 0.37 / 0.37.
+=======
+IQ1_M, next round (``ggufkit.quant.iq1_split.iq1_m_search``), same machine, 2026-11-27, load average 3.2-4.8
+(other jobs on both cores), 256 x 4096, 7 interleaved runs, bytes equal in every run. What changed: IQ1_M's
+split search is the contender replay too (exact; argument in ``iq1_split``'s docstring, including why the
+collapsed ``sumq2`` of IQ1_M still bounds the products): the 153 splits as 10 circulant rows of 16 lanes
+(pairs {i, i + d mod 17}, two contiguous loads per array, 160 lanes instead of 272 for rows over i2), 4
+divisions per 8 lanes, column maxima in the same loop; ggml's scan for the ~1% of groups that fall back, now
+as direct loops (~6x faster than the replay over all keys it had been); the prefix sums per half add +0 to
+the other half instead of selecting (3.7 -> 1.3 ms of the 128 x 4096 run: the selects had become branches);
+the neighbour search finds its minimum by an int32-bits vector reduction (shared with IQ1_S; 324 -> 234 ns
+per search on cached lists, 344 -> 289 on random ones). Where IQ1_M's time goes now (128 x 4096, 1 thread,
+imatrix, ~40 ms): split search ~14 ms (~250 ns of its ~510 ns per group in the lane loop), neighbour search
+~10-13 ms (~1 per group, ~90 candidates; much of it waiting on the 2.7 MB lane table), sort ~3 ms, prefix
+sums ~1.3 ms. Tried and left out: the element loop inside the lane loop in the neighbour search (sums in
+registers; slower on random lists, 289 -> 493 ns), ``inline="always"`` on it (no change), rows over i2 with
+the first lane skipped (LLVM ran the 8-lane rows as scalar remainders).
+
+Ratio ggufkit / ggml, median (range) of CPU time, in one process with the kernel before this round ("old"):
+
+========  =======  ===================  ===================  ===================  ===================
+type      path     old, 1 thread        new, 1 thread        old, 2 threads       new, 2 threads
+========  =======  ===================  ===================  ===================  ===================
+IQ1_M     imatrix  0.80 (0.62-1.18)     0.40 (0.35-0.47)     0.67 (0.58-0.92)     0.44 (0.40-0.49)
+IQ1_M     ref      0.64 (0.36-0.78)     0.38 (0.22-0.64)     0.78 (0.48-1.00)     0.49 (0.23-0.79)
+IQ1_S     imatrix  0.58 (0.46-0.86)     0.45 (0.43-0.65)     0.55 (0.38-0.93)     0.55 (0.49-0.83)
+========  =======  ===================  ===================  ===================  ===================
+
+``bench_pair`` runs right after (wall-clock medians, load 3.7-4.8): 1 thread IQ1_M 0.44 (imatrix) / 0.39
+(ref), IQ1_S 0.57; 2 threads 0.54 / 0.43, IQ1_S 0.42 (IQ1_M imatrix at 2 threads ranged 0.39-0.74 there).
 """
 
 from __future__ import annotations

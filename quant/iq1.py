@@ -13,7 +13,7 @@ Quantization follows ``ggml_quantize_chunk`` (ggml-quants.c: ``quantize_row_iq1_
 ``quantize_row_iq1_m_impl``). IQ1_S requires an imatrix (``ggml_quantize_requires_imatrix``); IQ1_M
 weights each value by ``x*x`` without one. The exhaustive split search sorts a sub-block's weights with
 ``qsort``: glibc up to 2.36 sorts these small arrays with a stable merge sort, so ties keep their index
-order, as the sort by rank here does (IQ1_S's split search itself: :mod:`ggufkit.quant.iq1_split`).
+order, as the sort by rank here does (the split searches themselves: :mod:`ggufkit.quant.iq1_split`).
 Dequantization: ``dequantize_row_iq1_s`` / ``_iq1_m``.
 """
 
@@ -26,7 +26,20 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ggufkit.quant.fp import fp16_to_fp32
-from ggufkit.quant.iq1_split import DELTA, iq1_s_search, split_scratch
+from ggufkit.quant.iq1_split import (
+    DELTA,
+    M_KEYS,
+    M_PRE,
+    M_SCRATCH,
+    PW0,
+    PW1,
+    PX0,
+    PX1,
+    iq1_m_scan,
+    iq1_m_search,
+    iq1_s_search,
+    split_scratch,
+)
 from ggufkit.quant.iq1_split import X_M as _X_M
 from ggufkit.quant.iq1_split import X_P as _X_P
 from ggufkit.quant.iq_common import (
@@ -53,6 +66,7 @@ _HALF = np.float32(0.5)
 #: Scratch lanes for one neighbour list (the longest reachable IQ1 list pads to 208 lanes).
 _MAX_LANES = 256
 _MASKS = np.array([0x00, 0x80, 0x08, 0x88], np.int64)
+_FLT_MAX_BITS = np.int32(0x7F7FFFFF)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
@@ -115,12 +129,25 @@ def _find_best_neighbour2(lanes: NeighbourLanes, u: int, xb: np.ndarray, off: in
         for j in range(p):
             lv = lv_of[b + j]
             d2[j] += t0 if lv == 0 else (t1 if lv == 1 else t2)
-    best = FLT_MAX
+    # ggml's first strict minimum below FLT_MAX: on [+0, FLT_MAX) the int32 bits order as the floats do, so
+    # the smallest bits (a vector reduction) and the first lane holding them; a negative value (-0 included)
+    # makes the bits negative: then ggml's comparisons one by one
+    n = np.uint64(lanes.n_cand[u])
+    d2_bits = d2.view(np.int32)
+    m_bits = _FLT_MAX_BITS
+    for j in range(n):
+        m_bits = min(m_bits, d2_bits[j])
     bj = -1
-    for j in range(lanes.n_cand[u]):
-        if d2[j] < best:
-            best = d2[j]
-            bj = j
+    if m_bits < 0:
+        best = FLT_MAX
+        for j in range(lanes.n_cand[u]):
+            if d2[j] < best:
+                best = d2[j]
+                bj = j
+    elif m_bits < _FLT_MAX_BITS:
+        bj = 0
+        while d2_bits[bj] != m_bits:
+            bj += 1
     if bj < 0:
         return -1
     for i in range(8):
@@ -296,57 +323,6 @@ def _half_xx(best_k: int, k: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _iq1_m_split(xb: np.ndarray, weight: np.ndarray, idx: np.ndarray, px: np.ndarray,
-                 pw: np.ndarray) -> tuple[np.float32, int, int, int]:
-    """The exhaustive split search of quantize_row_iq1_m_impl: (scale, besti1, besti2, best_k)."""
-    _stable_order(xb, idx)
-    for h in range(2):
-        px[h, 0] = _F0
-        pw[h, 0] = _F0
-    for j in range(16):
-        i = idx[j]
-        h = 0 if i < 8 else 1
-        px[h, j + 1] = px[h, j] + weight[i] * xb[i]
-        px[1 - h, j + 1] = px[1 - h, j]
-        pw[h, j + 1] = pw[h, j] + weight[i]
-        pw[1 - h, j + 1] = pw[1 - h, j]
-    p2 = _X_P[2]
-    m2 = _X_M[2]
-    cp1 = _X_P[0] * _X_P[0] - _X_P[1] * _X_P[1]
-    cp2 = _X_P[1] * _X_P[1] - _X_P[2] * _X_P[2]
-    cm1 = _X_M[0] * _X_M[0] - _X_M[1] * _X_M[1]
-    cm2 = _X_M[1] * _X_M[1] - _X_M[2] * _X_M[2]
-    best = -FLT_MAX
-    scale = _amax(xb)
-    besti1 = -1
-    besti2 = -1
-    best_k = -1
-    for i1 in range(17):
-        for i2 in range(i1, 17):
-            sx0 = px[0, i1] + px[0, i2]
-            sx1 = px[1, i1] + px[1, i2]
-            qxp0 = px[0, 16] * p2 - sx0
-            qxp1 = px[1, 16] * p2 - sx1
-            qxm0 = px[0, 16] * m2 - sx0
-            qxm1 = px[1, 16] * m2 - sx1
-            q2p0 = pw[0, 16] * p2 * p2 + pw[0, i1] * cp1 + pw[0, i2] * cp2
-            q2p1 = pw[1, 16] * p2 * p2 + pw[1, i1] * cp1 + pw[1, i2] * cp2
-            q2m0 = pw[0, 16] * m2 * m2 + pw[0, i1] * cm1 + pw[0, i2] * cm2
-            q2m1 = pw[1, 16] * m2 * m2 + pw[1, i1] * cm1 + pw[1, i2] * cm2
-            # the four sign combinations, in ggml's k order (scalars: heap scratch would stay in memory)
-            for k in range(4):
-                sqx = (qxp0 if k < 2 else qxm0) + (qxp1 if k % 2 == 0 else qxm1)
-                sq2 = (q2p0 if k < 2 else q2m0) + (q2p1 if k % 2 == 0 else q2m1)
-                if sq2 > _F0 and sqx * sqx > best * sq2:
-                    scale = sqx / sq2
-                    best = scale * sqx
-                    besti1 = i1
-                    besti2 = i2
-                    best_k = k
-    return scale, besti1, besti2, best_k
-
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, qgrid: np.ndarray,
                  kmap: np.ndarray, lanes: NeighbourLanes) -> int:
     """quantize_row_iq1_m_impl for one super-block (56 bytes); returns a failure code."""
@@ -355,8 +331,10 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
     weight = np.empty(16, np.float32)
     idx = np.empty(16, np.int64)
     terms = np.empty(32, np.float32)
-    px = np.zeros((2, 17), np.float32)
-    pw = np.zeros((2, 17), np.float32)
+    pre = np.zeros(M_PRE, np.float32)
+    sc_ratios = np.empty(M_SCRATCH, np.float32)
+    sc_bits = sc_ratios.view(np.int32)
+    keys = np.empty(M_KEYS, np.int64)
     L = np.zeros(16, np.int8)
     index = np.zeros(2, np.int64)
     sc = np.zeros(4, np.int64)
@@ -367,11 +345,36 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
     for ib in range(16):
         xb = xbl[16 * ib:16 * ib + 16]
         _weights(xb, qw, 16 * ib, use_qw, sigma2, weight)
-        if _amax(xb) < GROUP_MAX_EPS_IQ1_M:
+        amax = _amax(xb)
+        if amax < GROUP_MAX_EPS_IQ1_M:
             scales[ib] = _F0
             shifts[ib] = 0
             continue
-        scale, besti1, besti2, best_k = _iq1_m_split(xb, weight, idx, px, pw)
+        _stable_order(xb, idx)
+        w_neg = False
+        sx0 = _F0
+        sx1 = _F0
+        sw0 = _F0
+        sw1 = _F0
+        for j in range(16):  # the prefix sums per half, branch-free, running sums in registers
+            i = idx[j]
+            w = weight[i]
+            wx = w * xb[i]
+            h0 = i < 8
+            # adding +0 to the other half's sums leaves them as they are (they start at +0, so never -0)
+            sx0 += wx if h0 else _F0
+            sx1 += _F0 if h0 else wx
+            sw0 += w if h0 else _F0
+            sw1 += _F0 if h0 else w
+            pre[PX0 + j + 1] = sx0
+            pre[PX1 + j + 1] = sx1
+            pre[PW0 + j + 1] = sw0
+            pre[PW1 + j + 1] = sw1
+            w_neg |= not w >= _F0
+        if w_neg:  # the contender argument needs non-decreasing weight sums
+            scale, besti1, besti2, best_k = iq1_m_scan(pre, amax)
+        else:
+            scale, besti1, besti2, best_k = iq1_m_search(pre, amax, sc_ratios, sc_bits, keys)
         if besti1 < 0 or besti2 < 0 or best_k < 0:
             scales[ib] = _F0
             shifts[ib] = 0

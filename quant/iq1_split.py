@@ -1,4 +1,4 @@
-"""IQ1_S's exhaustive three-level split search: ggml's winner, found without ggml's scan.
+"""IQ1_S's and IQ1_M's exhaustive three-level split searches: ggml's winner, found without ggml's scan.
 
 ggml (ggml-quants.c: ``quantize_row_iq1_s_impl``) sorts a group's 32 weights and tries every split
 ``i1 <= i2`` of the sorted order into the levels (-1, 0, +1) + shift, for both shift signs (33*34/2 splits,
@@ -24,8 +24,14 @@ products: when some ratio falls in ``[T*(1 - 2**-18), T)``, or the group's sums 
 no valid candidate, the search falls back to ggml's scan (``iq1_s_scan``). On random data ~1% of the
 groups fall back.
 
-IQ1_M keeps ggml's scan (``ggufkit.quant.iq1``): its scan is already collapsed to a few operations per
-candidate, and the side-by-side form measured no faster there.
+IQ1_M (``quantize_row_iq1_m_impl``) has 17*18/2 splits of 16 sorted weights and four sign pairs ``k``
+(the shift sign of each half) per split, scanned in the order (i1, i2, k); its sums come from prefix sums
+kept per half, collapsed to ``sumqx = txs*v2 - px[i1] - px[i2]`` and ``sumq2 = tws*v2*v2 + pw[i1]*c1 +
+pw[i2]*c2`` per half. ``iq1_m_search`` replays its contenders the same way, with ggml's operations for
+``sumqx``/``sumq2``. The collapsed ``sumq2`` cancels, but with weights >= 0 the prefix sums never decrease
+(``pw[i1] <= pw[i2] <= tws``), so it is ``pw[i1]*v0^2 + (pw[i2]-pw[i1])*v1^2 + (tws-pw[i2])*v2^2 >= W/64``
+up to ~2**-21 W of rounding, and ``|sumqx| <= 3.3 W max|x|``: the same range checks bound the products.
+The kernel sends groups with a negative (or NaN) weight to ggml's scan (``iq1_m_scan``).
 """
 
 from __future__ import annotations
@@ -254,3 +260,271 @@ def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
     if nk < 0:
         return iq1_s_scan(sumx, sumw, amax)
     return _replay(sumx, sumw, sc.keys, nk, amax)
+
+
+# --- IQ1_M ---------------------------------------------------------------------------------------
+
+#: Offsets of IQ1_M's four prefix-sum arrays in one float32 scratch (``M_PRE`` long): px[0], px[1], pw[0],
+#: pw[1] of quantize_row_iq1_m_impl, 17 entries each (``iq1_m_search`` fills the 64 slots of each array past
+#: them: ``p[t - 17]`` at 17 <= t < 32, ``p[16]`` from 32 on).
+PX0, PX1, PW0, PW1 = 0, 64, 128, 192
+M_PRE = 256
+#: IQ1_M's split scratch: 10 rows x 4 sign pairs k x 16 lanes of ratios (``iq1_m_search``), then the column
+#: maxima (4 x 16, and the split (16, 16) per k), one float for bit conversions.
+_M_ROWS = 10 * 64
+_M_COLS = _M_ROWS
+_M_CVT = _M_ROWS + 68
+M_SCRATCH = _M_CVT + 4
+M_KEYS = 32  # twice the lanes of a row (iq1_m_search takes its lane count from it)
+_P2 = X_P[2]
+_M2 = X_M[2]
+_CP1 = X_P[0] * X_P[0] - X_P[1] * X_P[1]
+_CP2 = X_P[1] * X_P[1] - X_P[2] * X_P[2]
+_CM1 = X_M[0] * X_M[0] - X_M[1] * X_M[1]
+_CM2 = X_M[1] * X_M[1] - X_M[2] * X_M[2]
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _m_pair(pre: np.ndarray, i1: int, i2: int, k: int) -> tuple[np.float32, np.float32]:
+    """(sumqx[k], sumq2[k]) of split (i1, i2) as quantize_row_iq1_m_impl computes them (k: bit 1 the sign
+    of the first half's shift, bit 0 the second's; 0 = +delta)."""
+    tx0 = pre[PX0 + 16]
+    tx1 = pre[PX1 + 16]
+    tw0 = pre[PW0 + 16]
+    tw1 = pre[PW1 + 16]
+    sx0 = pre[PX0 + i1] + pre[PX0 + i2]
+    sx1 = pre[PX1 + i1] + pre[PX1 + i2]
+    if k < 2:
+        qx0 = tx0 * _P2 - sx0
+        q20 = tw0 * _P2 * _P2 + pre[PW0 + i1] * _CP1 + pre[PW0 + i2] * _CP2
+    else:
+        qx0 = tx0 * _M2 - sx0
+        q20 = tw0 * _M2 * _M2 + pre[PW0 + i1] * _CM1 + pre[PW0 + i2] * _CM2
+    if k % 2 == 0:
+        qx1 = tx1 * _P2 - sx1
+        q21 = tw1 * _P2 * _P2 + pre[PW1 + i1] * _CP1 + pre[PW1 + i2] * _CP2
+    else:
+        qx1 = tx1 * _M2 - sx1
+        q21 = tw1 * _M2 * _M2 + pre[PW1 + i1] * _CM1 + pre[PW1 + i2] * _CM2
+    return qx0 + qx1, q20 + q21
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _m_replay(pre: np.ndarray, keys: np.ndarray, nk: int, scale: np.float32) -> tuple[np.float32, int, int, int]:
+    """ggml's comparison over the IQ1_M candidates ``keys[:nk]`` (order keys ``(i1*17 + i2)*4 + k``, in
+    ggml's order) from ggml's initial state: (scale, besti1, besti2, best_k), -1s when none is valid."""
+    best = -FLT_MAX
+    besti1 = -1
+    besti2 = -1
+    best_k = -1
+    for j in range(nk):
+        k = keys[j] % 4
+        i2 = (keys[j] // 4) % 17
+        i1 = keys[j] // 68
+        sumqx, sumq2 = _m_pair(pre, i1, i2, k)
+        if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+            scale = sumqx / sumq2
+            best = scale * sumqx
+            besti1 = i1
+            besti2 = i2
+            best_k = k
+    return scale, besti1, besti2, best_k
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def iq1_m_scan(pre: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
+    """ggml's scan of quantize_row_iq1_m_impl: every candidate, in ggml's order (i1, i2 >= i1, k), with
+    ggml's operations (``_m_pair``'s, written out per split)."""
+    tx0 = pre[PX0 + 16]
+    tx1 = pre[PX1 + 16]
+    tw0 = pre[PW0 + 16]
+    tw1 = pre[PW1 + 16]
+    best = -FLT_MAX
+    besti1 = -1
+    besti2 = -1
+    best_k = -1
+    for i1 in range(17):
+        for i2 in range(i1, 17):
+            sx0 = pre[PX0 + i1] + pre[PX0 + i2]
+            sx1 = pre[PX1 + i1] + pre[PX1 + i2]
+            qp0 = tx0 * _P2 - sx0
+            qm0 = tx0 * _M2 - sx0
+            qp1 = tx1 * _P2 - sx1
+            qm1 = tx1 * _M2 - sx1
+            tp0 = tw0 * _P2 * _P2 + pre[PW0 + i1] * _CP1 + pre[PW0 + i2] * _CP2
+            tm0 = tw0 * _M2 * _M2 + pre[PW0 + i1] * _CM1 + pre[PW0 + i2] * _CM2
+            tp1 = tw1 * _P2 * _P2 + pre[PW1 + i1] * _CP1 + pre[PW1 + i2] * _CP2
+            tm1 = tw1 * _M2 * _M2 + pre[PW1 + i1] * _CM1 + pre[PW1 + i2] * _CM2
+            for k in range(4):
+                sumqx = (qp0 if k < 2 else qm0) + (qp1 if k % 2 == 0 else qm1)
+                sumq2 = (tp0 if k < 2 else tm0) + (tp1 if k % 2 == 0 else tm1)
+                if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+                    scale = sumqx / sumq2
+                    best = scale * sumqx
+                    besti1 = i1
+                    besti2 = i2
+                    best_k = k
+    return scale, besti1, besti2, best_k
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _m_split_of(row: int, i: int) -> tuple[int, int]:
+    """The split (i1, i2) of lane ``i`` of row ``row`` of ``iq1_m_search``'s layout."""
+    if row == 9:
+        return i, 16
+    if i + row <= 16:
+        return i, i + row
+    return i + row - 17, i
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def iq1_m_search(pre: np.ndarray, amax: np.float32, sc: np.ndarray, sc_bits: np.ndarray,
+                 keys: np.ndarray) -> tuple[np.float32, int, int, int]:
+    """``iq1_m_scan``'s result through the contender replay (module docstring, IQ1_M part).
+
+    ``pre``: float32[M_PRE], the prefix sums (``PX0`` ... ``PW1``) over the sorted weights, all weights >= 0
+    (the slots past each array's 17 entries are scratch); ``sc``: float32[M_SCRATCH] and ``sc_bits`` its
+    int32 view; ``keys``: int64[M_KEYS].
+
+    Layout (the 153 splits i1 <= i2 as pairs of the 17 split points at circular distance d): row d = 0..8,
+    lane i = 0..15 holds the pair {i, (i + d) mod 17} (``_m_split_of``); row 9 lanes 0..7 hold (i, 16), the
+    other pairs with 16 (lanes 8..15 none); the split (16, 16) stands apart. Each lane loads ``p[i]`` and
+    ``p[i + d]`` from the arrays extended circularly (row 9: ``p[16]``), so every row is two contiguous loads
+    per array. The ratio of row r, lane i, sign pair k goes to ``sc[64*r + 16*k + i]``, the column maxima
+    over the rows to ``sc[_M_COLS + 16*k + i]``, those of (16, 16) to ``sc[_M_COLS + 64 + k]``.
+    """
+    tx0 = pre[PX0 + 16]
+    tx1 = pre[PX1 + 16]
+    tw0 = pre[PW0 + 16]
+    tw1 = pre[PW1 + 16]
+    tw = tw0 + tw1
+    if not (_LO <= tw <= _HI and tw * amax <= _HI):
+        return iq1_m_scan(pre, amax)
+    for a in (PX0, PX1, PW0, PW1):
+        for t in range(15):
+            pre[a + 17 + t] = pre[a + t]
+        for t in range(16):
+            pre[a + 32 + t] = pre[a + 16]
+    ax0p = tx0 * _P2
+    ax0m = tx0 * _M2
+    ax1p = tx1 * _P2
+    ax1m = tx1 * _M2
+    bw0p = tw0 * _P2 * _P2
+    bw0m = tw0 * _M2 * _M2
+    bw1p = tw1 * _P2 * _P2
+    bw1m = tw1 * _M2 * _M2
+    cols = np.uint64(_M_COLS)
+    # 16 lanes per row, a count LLVM cannot see (with a known count it unrolls the loop and leaves it scalar)
+    n_lanes = np.uint64(keys.size // 2)
+    for c in range(np.uint64(64)):
+        sc[cols + c] = _NO_RATIO
+    for row in range(10):
+        d = np.uint64(32 if row == 9 else row)
+        lim = np.uint64(16 if row == 9 else 17 - row)  # lanes below: i1 = i, i2 = the other
+        n_valid = np.uint64(8 if row == 9 else 16)
+        o = np.uint64(64 * row)
+        for i in range(n_lanes):
+            xa0 = pre[np.uint64(PX0) + i]
+            xb0 = pre[np.uint64(PX0) + i + d]
+            xa1 = pre[np.uint64(PX1) + i]
+            xb1 = pre[np.uint64(PX1) + i + d]
+            wa0 = pre[np.uint64(PW0) + i]
+            wb0 = pre[np.uint64(PW0) + i + d]
+            wa1 = pre[np.uint64(PW1) + i]
+            wb1 = pre[np.uint64(PW1) + i + d]
+            lo = i < lim
+            w10 = wa0 if lo else wb0  # pw[i1], pw[i2] of each half
+            w20 = wb0 if lo else wa0
+            w11 = wa1 if lo else wb1
+            w21 = wb1 if lo else wa1
+            sx0 = xa0 + xb0
+            sx1 = xa1 + xb1
+            qp0 = ax0p - sx0
+            qm0 = ax0m - sx0
+            qp1 = ax1p - sx1
+            qm1 = ax1m - sx1
+            tp0 = bw0p + w10 * _CP1 + w20 * _CP2
+            tm0 = bw0m + w10 * _CM1 + w20 * _CM2
+            tp1 = bw1p + w11 * _CP1 + w21 * _CP2
+            tm1 = bw1m + w11 * _CM1 + w21 * _CM2
+            valid = i < n_valid
+            s = qp0 + qp1
+            t = tp0 + tp1
+            r = s * s / t
+            r = r if valid & (t > _F0) else _NO_RATIO
+            sc[o + i] = r
+            sc[cols + i] = r if r > sc[cols + i] else sc[cols + i]
+            s = qp0 + qm1
+            t = tp0 + tm1
+            r = s * s / t
+            r = r if valid & (t > _F0) else _NO_RATIO
+            sc[o + np.uint64(16) + i] = r
+            sc[cols + np.uint64(16) + i] = r if r > sc[cols + np.uint64(16) + i] else sc[cols + np.uint64(16) + i]
+            s = qm0 + qp1
+            t = tm0 + tp1
+            r = s * s / t
+            r = r if valid & (t > _F0) else _NO_RATIO
+            sc[o + np.uint64(32) + i] = r
+            sc[cols + np.uint64(32) + i] = r if r > sc[cols + np.uint64(32) + i] else sc[cols + np.uint64(32) + i]
+            s = qm0 + qm1
+            t = tm0 + tm1
+            r = s * s / t
+            r = r if valid & (t > _F0) else _NO_RATIO
+            sc[o + np.uint64(48) + i] = r
+            sc[cols + np.uint64(48) + i] = r if r > sc[cols + np.uint64(48) + i] else sc[cols + np.uint64(48) + i]
+    # the split (16, 16), _m_pair's operations written out (a call here costs as much as a row)
+    x0 = tx0 + tx0
+    x1 = tx1 + tx1
+    qp0 = ax0p - x0
+    qm0 = ax0m - x0
+    qp1 = ax1p - x1
+    qm1 = ax1m - x1
+    tp0 = bw0p + tw0 * _CP1 + tw0 * _CP2
+    tm0 = bw0m + tw0 * _CM1 + tw0 * _CM2
+    tp1 = bw1p + tw1 * _CP1 + tw1 * _CP2
+    tm1 = bw1m + tw1 * _CM1 + tw1 * _CM2
+    for k in range(4):
+        s = (qp0 if k < 2 else qm0) + (qp1 if k % 2 == 0 else qm1)
+        t = (tp0 if k < 2 else tm0) + (tp1 if k % 2 == 0 else tm1)
+        sc[_M_COLS + 64 + k] = s * s / t if t > _F0 else _NO_RATIO
+    m_bits = np.int32(-1)
+    for c in range(np.uint64(68)):
+        m_bits = max(m_bits, sc_bits[cols + c])
+    if m_bits < 0 or m_bits >= _INF_BITS:
+        return iq1_m_scan(pre, amax)
+    sc_bits[_M_CVT] = m_bits
+    top = sc[_M_CVT]
+    if not (_LO <= top <= _HI):
+        return iq1_m_scan(pre, amax)
+    sc[_M_CVT] = top * _CONTENDER
+    t_bits = sc_bits[_M_CVT]
+    sc[_M_CVT] = top * _CONTENDER * _GAP
+    g_bits = sc_bits[_M_CVT]
+    nk = 0
+    for c in range(68):
+        rb = sc_bits[_M_COLS + c]
+        if rb < g_bits:
+            continue
+        if c >= 64:  # the split (16, 16)
+            if rb < t_bits or nk == keys.size:
+                return iq1_m_scan(pre, amax)
+            keys[nk] = (16 * 17 + 16) * 4 + c - 64
+            nk += 1
+            continue
+        for row in range(10):
+            rb = sc_bits[64 * row + c]
+            if rb < g_bits:
+                continue
+            if rb < t_bits or nk == keys.size:
+                return iq1_m_scan(pre, amax)
+            i1, i2 = _m_split_of(row, c % 16)
+            keys[nk] = (i1 * 17 + i2) * 4 + c // 16  # ggml's order: i1, then i2, then k
+            nk += 1
+    for j in range(1, nk):  # sort the few keys
+        v = keys[j]
+        i = j - 1
+        while i >= 0 and keys[i] > v:
+            keys[i + 1] = keys[i]
+            i -= 1
+        keys[i + 1] = v
+    return _m_replay(pre, keys, nk, amax)
