@@ -126,7 +126,7 @@ with a branch-free pairing (no gain), an int32 minimum inside the distance loop 
 (no gain), the super-block's weights and their square roots computed 8 lanes wide before the groups (no
 gain). Paired runs (ggufkit, ggml, ...; 256 x 4096, median (range) of 5 ratios, wall):
 
-========  =======  ===================  =====
+========  =======  ===================  ===================
 type      path     1 thread             2 threads
 ========  =======  ===================  ===================
 IQ2_XXS   imatrix  0.35 (0.31-0.53)     0.40 (0.37-0.47)
@@ -142,7 +142,7 @@ A second set, 7 runs each interleaved with the kernel before the round (new / ol
 noise asks for (~0.35) in all of them. Next for IQ2_S: the searches (still over half its time; a
 micro-benchmark under load put a search at ~40 ns plus ~2.5 ns per lane, and IQ2_S's lists are short,
 9-16 lanes, so the fixed part dominates).
-=======
+
 Two-thread scaling of the grid kernels (``ggufkit.quant.worksharing``), same machine, 2026-11-27. Why the
 2-thread ratios came out above the 1-thread ones, measured before changing anything (IQ3_XXS, IQ3_S, IQ1_S,
 256 x 4096, imatrix, ggufkit and ggml interleaved in one process, per-thread times from
@@ -174,7 +174,7 @@ over IQ3_XXS/IQ3_S x imatrix/reference (single runs 0.5-2.2: too noisy for more 
 trials' 2-D lane arrays measured no gain (0.92-1.10) and was left out. Final state, paired runs (ggufkit, ggml
 alternating, 5 each, bytes equal), 256 x 4096, load 4.5-5.8, median wall ratios imatrix / reference: 1 thread
 IQ3_XXS 0.49 / 0.46, IQ3_S 0.45 / 0.40; 2 threads IQ3_XXS 0.37 / 0.35, IQ3_S 0.37 / 0.37.
-=======
+
 IQ1_M, next round (``ggufkit.quant.iq1_split.iq1_m_search``), same machine, 2026-11-27, load average 3.2-4.8
 (other jobs on both cores), 256 x 4096, 7 interleaved runs, bytes equal in every run. What changed: IQ1_M's
 split search is the contender replay too (exact; argument in ``iq1_split``'s docstring, including why the
@@ -203,6 +203,30 @@ IQ1_S     imatrix  0.58 (0.46-0.86)     0.45 (0.43-0.65)     0.55 (0.38-0.93)   
 
 ``bench_pair`` runs right after (wall-clock medians, load 3.7-4.8): 1 thread IQ1_M 0.44 (imatrix) / 0.39
 (ref), IQ1_S 0.57; 2 threads 0.54 / 0.43, IQ1_S 0.42 (IQ1_M imatrix at 2 threads ranged 0.39-0.74 there).
+
+All grid types after merging the three rounds above (work sharing, IQ2, IQ1_M), quiet machine (load
+average 1.0-1.5, nothing else running), 2026-11-27, ggufkit and ggml alternating in one process with
+Numba's threads started as ggufkit starts them, bytes equal in every run. 256 x 4096, 5 runs, median wall
+ratio, imatrix / reference:
+
+========  ===========  ===========
+type      1 thread     2 threads
+========  ===========  ===========
+IQ2_XXS   0.33         0.33
+IQ2_XS    0.22         0.23
+IQ2_S     0.36 / 0.32  0.33 / 0.32
+IQ3_XXS   0.41 / 0.57  0.36 / 0.37
+IQ3_S     0.41 / 0.55  0.38 / 0.39
+IQ1_S     0.66         0.56
+IQ1_M     0.41 / 0.39  0.47 / 0.44
+========  ===========  ===========
+
+The single ratios of one type range 1.5-2x even here (IQ3_S reference at 1 thread 0.30-0.78), so the
+types above 0.5 were run again, 512 x 4096, 9 runs: 1 thread IQ3_XXS 0.38 / 0.34, IQ3_S 0.38 / 0.36, IQ1_S
+0.52 (CPU time per call, 256 x 4096, 12 runs: ggufkit 0.093-0.14 s, median ~0.10; ggml 0.18-0.27 s), IQ1_M
+0.45 / 0.45, IQ2_XXS 0.39; 2 threads IQ1_S 0.45 (CPU 0.50), IQ1_M 0.37 / 0.40, IQ2_XXS 0.34. IQ1_S is the one
+type still about half of ggml's time rather than below it (compiling its per-group helpers without reference
+counting, as IQ2's are, gained 2-3% in a one-process A/B and was left out).
 """
 
 from __future__ import annotations

@@ -86,13 +86,17 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 
-# Notes (medians of 5 interleaved runs each; ratio ggufkit / llama-quantize):
-# 2026-11-27, Intel Xeon (Sapphire-Rapids class, AVX2 + AVX-512), 2 cores, 2 threads, machine shared with
-# other jobs (load 4-5.7, so wall times are inflated for both tools; CPU seconds are the steadier figure):
-#   q8_0     3 runs: wall 2.96 vs 3.32 s (0.89), CPU 1.31 vs 1.73 s (0.75)  -- start-up-bound: importing
-#            Python, NumPy and Numba is ~0.8 s of ggufkit's CPU; loading the cached kernels no longer sets up
-#            Numba's whole compiler (quant/numba_loading.py: -0.35 s)
-#   iq2_xxs  1 run:  wall 19.5 vs 77.8 s (0.25), CPU 13.7 vs 39.4 s (0.35)
-#   iq1_m    1 run:  wall 31.8 vs 89.3 s (0.36), CPU 15.1 vs 43.6 s (0.35)
-#   (ggml's grid-table set-up, ggml_quantize_init, alone took 2.7 s for IQ2_XXS, 24 s for IQ1_S/IQ1_M in a
-#   fresh process here; ggufkit builds its tables in 1-4.4 s.)
+# Notes (ratio ggufkit / llama-quantize), 2026-11-27, Intel Xeon (Sapphire-Rapids class, AVX2 + AVX-512), 2 cores,
+# 2 threads, with .pyc files written (PYTHONDONTWRITEBYTECODE unset, as a pip install leaves them):
+#   quiet machine (load 1.0-1.5), 5 interleaved runs, medians:
+#     q8_0    wall 1.20 vs 1.20 s (1.00), CPU 1.38 vs 1.61 s (0.85)
+#     q4_0    wall 0.98 vs 0.71 s (1.38), CPU 1.15 vs 0.97 s (1.19)
+#     q4_k_m  wall 1.46 vs 1.96 s (0.74), CPU 1.93 vs 3.21 s (0.60)
+#   For the fast types a 135M model is start-up-bound: in a profile of the q4_0 run (1.08 s) the kernels were
+#   0.17 s; importing NumPy, Numba and the CLI, reading .pyc files and loading two cached kernels the most of
+#   the rest. Loading the kernels no longer sets up Numba's whole compiler (quant/numba_loading.py), which
+#   took ~0.35 s of CPU per command before. What is left is Python's and Numba's own import cost.
+#   loaded machine (load 4-5.7, one run each): iq2_xxs wall 19.5 vs 77.8 s (0.25), CPU 13.7 vs 39.4 s (0.35);
+#   iq1_m wall 31.8 vs 89.3 s (0.36), CPU 15.1 vs 43.6 s (0.35). ggml's grid-table set-up
+#   (ggml_quantize_init) alone took 2.7 s for IQ2_XXS and 12-24 s for IQ1_S/IQ1_M in a fresh process here;
+#   ggufkit builds its tables in 1-4.4 s.
