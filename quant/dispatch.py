@@ -163,18 +163,20 @@ def _to_f32_rows(x: np.ndarray) -> tuple[np.ndarray, int | None]:
     Both passes run as one parallel Numba loop (numpy's float16 cast and isfinite are single-threaded
     and, for F16 input, slower than the quantizers themselves).
     """
-    from ggufkit.quant.fp import f16_bits_to_f32_rows, f16_table, f32_non_finite_rows
+    from ggufkit.quant.fp import f16_bits_to_f32_rows, f32_non_finite_rows
 
     bad_rows = np.zeros(x.shape[0], dtype=np.uint8)
     if x.dtype == np.float16:
         out = np.empty(x.shape, dtype=np.float32)
-        f16_bits_to_f32_rows(np.ascontiguousarray(x).view(np.uint16), f16_table(), out, bad_rows)
+        f16_bits_to_f32_rows(np.ascontiguousarray(x).view(np.uint16), out, bad_rows)
     else:
         out = np.ascontiguousarray(x, dtype=np.float32)
         f32_non_finite_rows(out, bad_rows)
     if not bad_rows.any():
         return out, None
     r = int(np.argmax(bad_rows))
+    if x.dtype == np.float16:
+        out[r] = x[r]  # the fast widening leaves the places of inf/NaN unspecified; numpy's cast keeps them
     return out, r * x.shape[1] + int(np.argmax(~np.isfinite(out[r])))
 
 
@@ -238,13 +240,11 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
     fused = KERNELS[t].cpu_f16() if (t in KERNELS and dev == "cpu" and x.dtype == np.float16
                                      and rows >= _FUSED_MIN_ROWS and n_per_row > 0) else None
     if fused is not None:
-        from ggufkit.quant.fp import f16_table
-
         h = np.ascontiguousarray(x).view(np.uint16).reshape(rows, n_per_row)
         out = np.empty((rows, out_shape[-1]), dtype=np.uint8)
         bad_rows = np.zeros(rows, dtype=np.uint8)
         with numba_threads(threads):
-            fused(h, f16_table(), qw, out, bad_rows)
+            fused(h, qw, out, bad_rows)
         if bad_rows.any():
             r = int(np.argmax(bad_rows))
             row = h[r].view(np.float16).astype(np.float32)

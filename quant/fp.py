@@ -216,23 +216,44 @@ def f32_to_bf16_array(x: np.ndarray) -> np.ndarray:
     return out.astype(np.uint16)
 
 
+#: 2^112: f16 bits moved into a float32's place read as the value times 2^-112 (see widen_f16_row).
+_F16_RESCALE = np.float32(5.192296858534828e33)
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
+def widen_f16_row(h: np.ndarray, x: np.ndarray) -> bool:
+    """``x[:]`` = the values of the binary16 bit patterns ``h`` (uint16[n] -> float32[n]), exactly; True when
+    ``h`` holds an inf or NaN (exponent field all ones), whose places in ``x`` then hold no meaningful value.
+
+    Arithmetic, not a 65536-entry table (a gather per element, slow on some AVX2 CPUs): the sign moved to
+    bit 31 and the other 15 bits shifted into float32 position (<< 13) read as the value times 2^-112 --
+    a normal half's exponent then lacks the 127 - 15 = 112 of rebiasing, a subnormal half m * 2^-24 becomes
+    the float32 subnormal m * 2^-136 -- so one multiplication by 2^112, exact for both, gives the value
+    (as ``GGML_FP16_TO_FP32``, ggml-impl.h). Float32 subnormals must not be read as zero (the x86 DAZ
+    flag, which nothing here sets). Two vectorized passes over the row.
+    """
+    u = x.view(np.uint32)
+    flag = np.uint32(0)
+    for j in range(h.shape[0]):
+        v = np.uint32(h[np.uintp(j)])
+        u[np.uintp(j)] = ((v & np.uint32(0x7FFF)) << np.uint32(13)) | ((v & np.uint32(0x8000)) << np.uint32(16))
+        flag |= (v & np.uint32(0x7C00)) + np.uint32(0x0400)  # bit 15 set only by an all-ones exponent
+    for j in range(x.shape[0]):
+        x[np.uintp(j)] = x[np.uintp(j)] * _F16_RESCALE
+    return (flag >> np.uint32(15)) != np.uint32(0)
+
+
 @numba.njit(cache=True, fastmath=False, parallel=True)
-def f16_bits_to_f32_rows(src: np.ndarray, table: np.ndarray, dst: np.ndarray, bad_rows: np.ndarray) -> None:
-    """Widen f16 bits to float32 (exact) through a 65536-entry table, flagging rows with inf/NaN.
+def f16_bits_to_f32_rows(src: np.ndarray, dst: np.ndarray, bad_rows: np.ndarray) -> None:
+    """Widen f16 bits to float32 (exact, :func:`widen_f16_row`), flagging rows with inf/NaN.
 
     Args:
-        src: uint16[n_rows, n] binary16 bit patterns.
-        table: float32[65536], ``table[h]`` = value of h (see :func:`f16_table`).
-        dst: float32[n_rows, n] output.
+        src: uint16[n_rows, n] binary16 bit patterns (C-contiguous).
+        dst: float32[n_rows, n] output (C-contiguous).
         bad_rows: uint8[n_rows], set to 1 where a row holds an inf or NaN (exponent field all ones).
     """
     for r in numba.prange(src.shape[0]):
-        flag = 0
-        for j in range(src.shape[1]):
-            h = src[r, j]
-            dst[r, j] = table[h]
-            flag |= (h & 0x7C00) == 0x7C00
-        bad_rows[r] = flag
+        bad_rows[r] = widen_f16_row(src[r], dst[r])
 
 
 @numba.njit(cache=True, fastmath=False)
@@ -250,13 +271,3 @@ def f32_non_finite_rows(x: np.ndarray, bad_rows: np.ndarray) -> None:
         for j in range(row.shape[0]):
             m |= (row[j] & np.uint32(0x7F800000)) + np.uint32(0x00800000)
         bad_rows[r] = (m >> np.uint32(31)) & np.uint32(1)
-
-
-_F16_TABLE: list[np.ndarray] = []
-
-
-def f16_table() -> np.ndarray:
-    """float32[65536]: the value of every binary16 bit pattern (built once)."""
-    if not _F16_TABLE:
-        _F16_TABLE.append(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32))
-    return _F16_TABLE[0]

@@ -3,13 +3,12 @@
 Most checkpoints are F16. Widening a whole slab to float32 first costs one more parallel pass and 3x the
 slab's memory traffic (read 2 bytes, write 4, read 4 again); these kernels widen one row at a time into a
 cache-resident scratch row inside the same ``prange`` loop, then run the block functions of
-:mod:`ggufkit.quant.legacy` on it. The widening is exact (a table of every f16 value), so the bytes are
-those of the float32 kernels. Rows holding inf/NaN are flagged in ``bad_rows`` and left unquantized:
+:mod:`ggufkit.quant.legacy` on it. The widening is exact (:func:`ggufkit.quant.fp.widen_f16_row`), so the
+bytes are those of the float32 kernels. Rows holding inf/NaN are flagged in ``bad_rows`` and left unquantized:
 the dispatcher (:func:`ggufkit.quant.quantize`) raises for them.
 
-Kernel contract: ``quantize_f16_rows_<t>(h: uint16[n_rows, n], table: float32[65536], qw: float32[k],
-out: uint8[n_rows, row_bytes], bad_rows: uint8[n_rows]) -> None`` with ``table = fp.f16_table()`` and ``qw``
-as in the float32 kernels (``k == 0``: no imatrix).
+Kernel contract: ``quantize_f16_rows_<t>(h: uint16[n_rows, n], qw: float32[k], out: uint8[n_rows, row_bytes],
+bad_rows: uint8[n_rows]) -> None`` with ``qw`` as in the float32 kernels (``k == 0``: no imatrix).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from ggufkit.quant.fp import widen_f16_row
 from ggufkit.quant.legacy import (
     _NL,
     _NL3,
@@ -35,20 +35,8 @@ from ggufkit.quant.legacy import (
 )
 from ggufkit.quant.legacy_ref import q4_0_ref_row, q4_1_ref_row, q5_0_ref_row, q5_1_ref_row, q8_0_ref_row
 
-_U = np.uintp  # unsigned indices: no negative-index wraparound in the hot loop (see legacy.py)
 _jit = numba.njit(cache=True, fastmath=False, error_model="numpy")
 _jit_par = numba.njit(cache=True, fastmath=False, error_model="numpy", parallel=True)
-
-
-@_jit
-def widen_f16_row(h: np.ndarray, r: int, table: np.ndarray, x: np.ndarray) -> bool:
-    """``x[0, :] = value of f16 bits h[r, :]``; True when the row holds an inf or NaN."""
-    flag = 0
-    for j in range(h.shape[1]):
-        v = h[r, _U(j)]
-        x[0, _U(j)] = table[v]
-        flag |= (v & 0x7C00) == 0x7C00
-    return flag != 0
 
 
 #: Type codes of :func:`_f16_rows` (each entry point passes a constant, so its branch is resolved per row).
@@ -56,7 +44,7 @@ _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = 0, 1, 2, 3, 4
 
 
 @_jit_par
-def _f16_rows(code: int, h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+def _f16_rows(code: int, h: np.ndarray, qw: np.ndarray, out: np.ndarray,
               bad_rows: np.ndarray) -> None:
     """Widen each row and quantize it with the reference blocks, or the imatrix blocks when qw is given
     (ggml's quantize_q8_0 ignores the imatrix)."""
@@ -64,7 +52,7 @@ def _f16_rows(code: int, h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: 
     use_qw = qw.shape[0] > 0 and code != _Q8_0
     for r in prange(h.shape[0]):
         x = np.empty((1, h.shape[1]), np.float32)
-        bad_rows[r] = widen_f16_row(h, r, table, x)
+        bad_rows[r] = widen_f16_row(h[r], x[0])
         if bad_rows[r]:
             continue
         o = out[r:r + 1]
@@ -118,35 +106,35 @@ def _f16_rows(code: int, h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: 
 
 # One cacheable entry point per type (the registry names them); the contract is in the module docstring.
 @_jit
-def quantize_f16_rows_q4_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+def quantize_f16_rows_q4_0(h: np.ndarray, qw: np.ndarray, out: np.ndarray,
                            bad_rows: np.ndarray) -> None:
-    """Q4_0 from f16 bits h: uint16[n_rows, n]; table: ``fp.f16_table()``; bad_rows: uint8[n_rows] out."""
-    _f16_rows(_Q4_0, h, table, qw, out, bad_rows)
+    """Q4_0 from f16 bits h: uint16[n_rows, n]; bad_rows: uint8[n_rows] out."""
+    _f16_rows(_Q4_0, h, qw, out, bad_rows)
 
 
 @_jit
-def quantize_f16_rows_q4_1(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+def quantize_f16_rows_q4_1(h: np.ndarray, qw: np.ndarray, out: np.ndarray,
                            bad_rows: np.ndarray) -> None:
     """Q4_1 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
-    _f16_rows(_Q4_1, h, table, qw, out, bad_rows)
+    _f16_rows(_Q4_1, h, qw, out, bad_rows)
 
 
 @_jit
-def quantize_f16_rows_q5_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+def quantize_f16_rows_q5_0(h: np.ndarray, qw: np.ndarray, out: np.ndarray,
                            bad_rows: np.ndarray) -> None:
     """Q5_0 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
-    _f16_rows(_Q5_0, h, table, qw, out, bad_rows)
+    _f16_rows(_Q5_0, h, qw, out, bad_rows)
 
 
 @_jit
-def quantize_f16_rows_q5_1(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+def quantize_f16_rows_q5_1(h: np.ndarray, qw: np.ndarray, out: np.ndarray,
                            bad_rows: np.ndarray) -> None:
     """Q5_1 from f16 bits; arguments as :func:`quantize_f16_rows_q4_0`."""
-    _f16_rows(_Q5_1, h, table, qw, out, bad_rows)
+    _f16_rows(_Q5_1, h, qw, out, bad_rows)
 
 
 @_jit
-def quantize_f16_rows_q8_0(h: np.ndarray, table: np.ndarray, qw: np.ndarray, out: np.ndarray,
+def quantize_f16_rows_q8_0(h: np.ndarray, qw: np.ndarray, out: np.ndarray,
                            bad_rows: np.ndarray) -> None:
     """Q8_0 from f16 bits (qw ignored, as ggml); arguments as :func:`quantize_f16_rows_q4_0`."""
-    _f16_rows(_Q8_0, h, table, qw, out, bad_rows)
+    _f16_rows(_Q8_0, h, qw, out, bad_rows)

@@ -25,9 +25,8 @@ with ``_cuda``), where ``<t>`` is ggml's lower-case type name with K types keepi
 * ``quantize_rows_<t>(x: float32[n_rows, n_per_row], qw: float32[k], out: uint8[n_rows, row_bytes])``;
   ``k == 0`` means no imatrix (ggml's reference quantizer), ``k == n_per_row`` the weighted variant.
 * ``dequantize_rows_<t>(blocks: uint8[n_rows, row_bytes], out: float32[n_rows, n_per_row])``.
-* optional, CPU only: ``quantize_f16_rows_<t>(h: uint16[n_rows, n_per_row], table: float32[65536], qw, out,
-  bad_rows: uint8[n_rows])`` in ``ggufkit.quant.<family>_f16``, which widens F16 bits row by row inside the
-  kernel (same bytes as ``quantize`` on the widened values) and flags rows holding inf/NaN.
+* optional, CPU only: ``quantize_f16_rows_<t>(h: uint16[n_rows, n_per_row], qw, out, bad_rows: uint8[n_rows])``
+  in ``ggufkit.quant.<family>_f16``, which widens F16 bits row by row inside the kernel (same bytes as ``quantize`` on the widened values) and flags rows holding inf/NaN.
 
 The float targets F32/F16/BF16 are element-wise conversions, not block kernels: their rows have no kernel
 module and :mod:`ggufkit.quant.dispatch` converts them directly.

@@ -114,3 +114,29 @@ def test_numba_threads_start_with_a_passive_openmp_wait_unless_the_user_chose(us
     if layer == "omp":
         spin = [line.split("=")[1].strip(" '") for line in run.stderr.splitlines() if "GOMP_SPINCOUNT" in line]
         assert spin == (["0"] if user_policy is None else [spin[0]]) and (user_policy is None or spin[0] != "0")
+
+
+_EVERY_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+_FINITE_F16 = _EVERY_F16[(_EVERY_F16 & 0x7C00) != 0x7C00]  # 63488 patterns: every finite half, both zeros
+
+
+def test_every_finite_f16_widens_to_its_exact_value_on_both_f16_paths() -> None:
+    # The two-pass path (any type; here the F32 target) and the fused one (64+ rows of a legacy type) take
+    # every finite bit pattern -- subnormals, both zeros, the largest -- to the float32 numpy (IEEE) gives.
+    halves = _FINITE_F16.view(np.float16)
+    widened = quantize(halves.reshape(62, 1024), T.F32, threads=2).view(np.uint32).reshape(-1)
+    assert np.array_equal(widened, halves.astype(np.float32).view(np.uint32))
+    fused_rows = halves.reshape(124, 512)
+    assert fused_rows.shape[0] >= _FUSED_MIN_ROWS
+    for qtype in (T.Q8_0, T.Q4_0):
+        assert np.array_equal(quantize(fused_rows, qtype, threads=2), ggml_quantize(fused_rows.astype(np.float32), qtype))
+
+
+@pytest.mark.parametrize("pattern", [0x7C00, 0xFC00, 0x7C01, 0x7E00, 0xFFFF], ids=hex)
+def test_each_inf_and_nan_pattern_is_refused_on_both_f16_paths(pattern: int) -> None:
+    value = np.array([pattern], np.uint16).view(np.float16).astype(np.float32)[0]  # inf, -inf or nan
+    for rows in (2, _FUSED_MIN_ROWS):  # the two-pass path, then the fused one
+        x = np.full((rows, 64), 0x3C00, np.uint16)  # 1.0
+        x[rows - 1, 63] = pattern
+        with pytest.raises(QuantizationError, match=rf"non-finite value {value} at flat index {rows * 64 - 1};"):
+            quantize(x.view(np.float16), T.Q8_0, threads=2)
