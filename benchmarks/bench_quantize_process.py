@@ -32,13 +32,24 @@ from _target_common import Timed, load, machine, timed
 from fixtures_quantize import imatrix_values, make_llama_gguf, write_imatrix_gguf
 from llama_cpp_sources import tool_path
 
-GRID_TYPES = {"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"}
+from ggufkit.quant.presets import ALIASES, PRESETS
+
+# Rows whose default type is a grid type (IQ1/IQ2/IQ3) or that need an imatrix: both tools get the same one.
+IMATRIX_TYPES = {n for n, p in PRESETS.items() if p.needs_imatrix or p.default_type.name[:3] in ("IQ1", "IQ2", "IQ3")}
+#: ``--types all``: every llama-quantize row except the aliases (q3_k, q4_k, q5_k).
+ALL_TYPES = [n for n in PRESETS if n not in ALIASES]
 
 
-def build_model(folder: Path) -> tuple[Path, Path]:
-    """The 135M-shaped F16 model and a random imatrix for it."""
-    model = make_llama_gguf(folder / "model-f16.gguf", n_embd=576, n_ff=1536, n_layer=30, n_head=9, n_head_kv=3,
-                            n_vocab=32000)
+# llama shapes: SmolLM2-135M's (~143M weights) and TinyLlama-1.1B's (~1.1B weights),
+# (n_embd, n_ff, n_layer, n_head, n_head_kv); both with a 32000-token vocabulary.
+SHAPES = {"135m": (576, 1536, 30, 9, 3), "1b": (2048, 5632, 22, 32, 4)}
+
+
+def build_model(folder: Path, shape: str = "135m") -> tuple[Path, Path]:
+    """An F16 llama model of the given shape and a random imatrix for it."""
+    n_embd, n_ff, n_layer, n_head, n_head_kv = SHAPES[shape]
+    model = make_llama_gguf(folder / "model-f16.gguf", n_embd=n_embd, n_ff=n_ff, n_layer=n_layer, n_head=n_head,
+                            n_head_kv=n_head_kv, n_vocab=32000)
     imatrix = write_imatrix_gguf(folder / "imatrix.gguf", imatrix_values(model))
     return model, imatrix
 
@@ -48,7 +59,7 @@ def commands(target: str, model: Path, imatrix: Path, out: Path, threads: int) -
     ggufkit = str(Path(sys.executable).with_name("ggufkit"))
     ours = [ggufkit, "quantize", str(model), str(out), "--type", target, "--threads", str(threads)]
     theirs = [str(tool_path("llama-quantize"))]
-    if target in GRID_TYPES:
+    if target in IMATRIX_TYPES:
         ours += ["--imatrix", str(imatrix)]
         theirs += ["--imatrix", str(imatrix)]
     theirs += [str(model), str(out), target, str(threads)]
@@ -57,18 +68,21 @@ def commands(target: str, model: Path, imatrix: Path, out: Path, threads: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--types", default="q8_0,q4_0,q4_k_m", help="comma-separated llama-quantize type names")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="135m",
+                        help="model shape: 135m (~143M weights) or 1b (~1.1B)")
+    parser.add_argument("--types", default="q8_0,q4_0,q4_k_m",
+                        help="comma-separated llama-quantize type names, or 'all' (every row but the aliases)")
     parser.add_argument("--runs", type=int, default=5, help="timed runs of each tool per type (interleaved)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     print(machine(), f"load {load()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        model, imatrix = build_model(folder)
+        model, imatrix = build_model(folder, args.shape)
         print(f"model: {model.stat().st_size >> 20} MiB of F16, threads {args.threads}", flush=True)
         print(f"{'type':8} {'ggufkit s':>10} {'llama s':>8} {'wall ratio':>10} {'ggufkit cpu':>11} {'llama cpu':>9} "
               f"{'cpu ratio':>9}  load")
-        for target in args.types.split(","):
+        for target in ALL_TYPES if args.types == "all" else args.types.split(","):
             ours, theirs = commands(target, model, imatrix, folder / "out.gguf", args.threads)
             timed(ours)  # warm Numba's cache (and the page cache) untimed
             runs: dict[str, list[Timed]] = {"ggufkit": [], "llama": []}
