@@ -251,8 +251,8 @@ def q6k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _q6k_finish_block(x: np.ndarray, out: np.ndarray, L: np.ndarray, scales: np.ndarray, v: np.ndarray) -> None:
     # The tail of Q6_K (super-scale, final quants, packing) once the 16 sub-block fits are in ``scales``/``L``;
-    # ``v`` is float32 scratch of at least 16. Shared by the scalar block function (CPU and CUDA) and the CPU
-    # kernel that fits many sub-blocks side by side.
+    # ``v`` is float32 scratch of at least 16. Part of the scalar block function (CPU fallback and CUDA); the
+    # CPU kernel does the same in lane layout (q6k_cpu.q6k_chunk).
     max_scale = np.float32(0.0)
     max_abs_scale = np.float32(0.0)
     for ib in range(16):
