@@ -62,19 +62,20 @@ def test_fused_f16_path_equals_ggml_on_widened_values(qtype: T, with_imatrix: bo
     assert np.array_equal(quantize(x, qtype, imatrix=imatrix, threads=1), got)
 
 
+@pytest.mark.parametrize("n_blocks", [3, 21])
 @pytest.mark.parametrize("with_imatrix", [False, True], ids=["ref", "imatrix"])
-def test_fused_q6_k_rows_of_many_blocks_equal_ggml(with_imatrix: bool) -> None:
-    # Rows of 21 blocks: the Q6_K kernel quantizes a row 16 blocks at a time (q6k_cpu.CHUNK), so each row
-    # ends with a short run; rows of different kinds side by side.
-    n = 21 * 256
+def test_fused_q6_k_rows_of_many_blocks_equal_ggml(with_imatrix: bool, n_blocks: int) -> None:
+    # The Q6_K kernel quantizes 16 blocks at a time (q6k_cpu.CHUNK): rows of 21 blocks end with a short run,
+    # rows of 3 go 5 to a step (the last step short); rows of different kinds side by side.
+    n = n_blocks * 256
     rng = np.random.default_rng(13)
-    x = np.concatenate([_f16_rows(int(T.Q6_K) + k)[:, :256] for k in range(21)], axis=1)
+    x = np.concatenate([_f16_rows(int(T.Q6_K) + k)[:, :256] for k in range(n_blocks)], axis=1)
     x[:, 300:316] = 0  # an all-zero sub-block inside a block of data
     x[3, 2 * 256:3 * 256] = 0  # an all-zero block: 210 zero bytes
-    x = np.concatenate([x, (rng.standard_normal((16, n)) * 0.02).astype(np.float16)])
+    x = np.concatenate([x, (rng.standard_normal((17, n)) * 0.02).astype(np.float16)])
     imatrix = rng.uniform(0.0, 4.0, n).astype(np.float32) if with_imatrix else None
     if with_imatrix:
-        imatrix[5 * 256:6 * 256] = 0.0  # a block without importance
+        imatrix[256:512] = 0.0  # a block without importance
     got = quantize(x, T.Q6_K, imatrix=imatrix, threads=2)
     assert np.array_equal(got, ggml_quantize(x.astype(np.float32), T.Q6_K, imatrix))
     assert np.array_equal(quantize(x, T.Q6_K, imatrix=imatrix, threads=1), got)
