@@ -16,6 +16,39 @@ Run::
     python -m pytest benchmarks/bench_quant_kquants.py --benchmark-enable -s -p no:cacheprovider
 
 The last test prints the ratios (other tool's time / ggufkit's time: above 1 means ggufkit is faster).
+
+Q6_K, measured 2026-11-27 on a shared 2-core "Intel(R) Xeon(R) Processor" (AVX2, AVX-512 F/BW/CD/DQ/VL/
+IFMA/VBMI/VNNI/BF16/FP16; LLVM picks 256-bit vectors for it), load average 1.3-2.2 (other jobs on both
+cores), 4096 x 4096 F16 weights (sigma 0.02), from F16 on both sides (ggml: ``ggml_fp16_to_fp32_row`` then
+``ggml_quantize_chunk`` on N row chunks from N Python threads; ggufkit: ``ggufkit.quant.quantize``).
+Where the time went before (1 thread, stripped-down copies of the kernel on fixed data, ms for the 16.8M
+weights): widening to a float32 copy 11, gathering x, x^2 and x^3 into lanes 30, the lane fits
+(``make_qx_quants_lanes``) 168, copying the quants back into blocks 15, ``_q6k_finish_block`` per block
+118 (a call taking five arrays, two passes over each sub-block, the packing): ~350. The kernel now runs
+``ggufkit.quant.q6k_cpu.q6k_chunk``: the fits with ``q3k_cpu._qx_lanes`` (two trial scales per pass, no
+masked stores), the int8 scales per block, the requantization in lane layout (one division and a select
+per weight; a block with a quotient off round_clamp's range goes to the scalar block function), one
+transposition back, byte packing; F16 rows are widened one at a time inside the row loop
+(``ggufkit.quant.kquants_f16``). After (same method, load 1.7, ms): gather and weights 16, fits 111,
+scales 5, requantization 7, transposition 7, packing 3: ~150, plus ~10 of widening. The fits are now 3/4
+of the time; a Q6_K-only fit rounding with ``rint`` and keeping only the clamps that can act (9 pairs of
+trial scales: none for is <= -6, the upper one up to is = 4) measured the same (92.1 vs 92.8, 178.7 vs
+171.3 ms per 1M lanes, in cache: ``vroundps`` is two uops, as the add/subtract of 1.5*2^23) and was left out.
+A/B in one process (main's kernel with its two-pass F16 path, the new path and ggml alternating, 9 rounds,
+median of the per-round ratios ggufkit / ggml; in brackets best time over best time), bytes equal on all
+three in every round; imatrix uniform in [0.01, 2.01):
+
+=======  ============================  ============================
+path     1 thread, before -> after     2 threads, before -> after
+=======  ============================  ============================
+ref      0.38 (0.39) -> 0.25 (0.23)    0.41 (0.38) -> 0.24 (0.25)
+imatrix  0.56 (0.40) -> 0.29 (0.24)    0.42 (0.37) -> 0.28 (0.24)
+=======  ============================  ============================
+
+(An earlier round of the same A/B at load 1.7-1.8: ref 0.40 -> 0.21 / 0.44 -> 0.26, imatrix 0.45 -> 0.31 /
+0.41 -> 0.24 at 1 / 2 threads.) The Q6_K tensors of the presets (Q4_K_M's attn_v, ffn_down, output) take
+the same fused kernel, from F16 sources with at least 64 rows (``dispatch._FUSED_MIN_ROWS``), and
+``quantize_rows_q6_K`` (the same ``q6k_chunk``) otherwise.
 """
 
 from __future__ import annotations

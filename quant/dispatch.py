@@ -4,9 +4,9 @@
 the only callers of the kernels in :mod:`ggufkit.quant.registry`. Numba, and ``numba.cuda`` (only through
 the ``cuda_*`` modules), are imported lazily inside them.
 
-F16 input on the CPU goes, for the types with one (the legacy types), to a fused kernel that widens
-each row inside the parallel loop (:mod:`ggufkit.quant.legacy_f16`); other types widen the whole array
-first, in one parallel pass that also looks for inf/NaN.
+F16 input on the CPU goes, for the types with one (the legacy types and Q6_K), to a fused kernel that
+widens each row inside the parallel loop (:mod:`ggufkit.quant.legacy_f16`, :mod:`ggufkit.quant.kquants_f16`);
+other types widen the whole array first, in one parallel pass that also looks for inf/NaN.
 
 Devices: ``"cpu"``; ``"cuda"`` (an error if Numba sees no GPU); ``"auto"`` (CUDA when Numba sees a GPU,
 else CPU). Output bytes are the same on every device and for every thread count: each kernel iteration
@@ -243,7 +243,7 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
         h = np.ascontiguousarray(x).view(np.uint16).reshape(rows, n_per_row)
         out = np.empty((rows, out_shape[-1]), dtype=np.uint8)
         bad_rows = np.zeros(rows, dtype=np.uint8)
-        with numba_threads(threads):
+        with numba_threads(threads), _parallel_chunksize(KERNELS[t].chunksize):
             fused(h, qw, out, bad_rows)
         if bad_rows.any():
             r = int(np.argmax(bad_rows))

@@ -17,8 +17,9 @@ only on its own weights (and its imatrix slice), so the thread count cannot chan
 On the CPU, Q4_K/Q5_K fit the 8*_CHUNK sub-blocks of a chunk side by side
 (:func:`~ggufkit.quant.kquants_math.make_qkx_quants_lanes`, vectorized across sub-blocks, same roundings)
 and fall back to ``q45k_quantize_block`` for a block with a constant sub-block or extreme weights; Q6_K
-fits the 16*_CHUNK sub-blocks the same way (:func:`~ggufkit.quant.kquants_math.make_qx_quants_lanes`,
-no fallback needed) and finishes each block with ``_q6k_finish_block``.
+runs :func:`ggufkit.quant.q6k_cpu.q6k_chunk` (fits, requantization and packing of many blocks, the
+lane layout throughout) and falls back to ``q6k_quantize_block`` for a block whose requantization leaves
+round_clamp's range (F16 input: :mod:`ggufkit.quant.kquants_f16`).
 
 Quantization follows ``ggml_quantize_chunk``: without an imatrix (``qw`` of length 0) the reference
 quantizers ``quantize_row_q{4,5,6}_K_ref``; with one (``qw`` float32[n_per_row]) the weighted
@@ -42,10 +43,12 @@ from ggufkit.quant.kquants_math import (
     make_qkx_quants_lanes,
     make_qp_quants,
     make_qx_quants,
-    make_qx_quants_lanes,
     nearest_int_full,
     round_clamp,
 )
+from ggufkit.quant.q6k_cpu import CHUNK as Q6K_CHUNK
+from ggufkit.quant.q6k_cpu import SCRATCH_ROWS as Q6K_SCRATCH_ROWS
+from ggufkit.quant.q6k_cpu import q6k_chunk
 
 QK_K = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_K][0]
 Q4_K_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_K][1]  # 144
@@ -248,8 +251,8 @@ def q6k_quantize_block(x: np.ndarray, qw: np.ndarray, use_qw: bool, out: np.ndar
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _q6k_finish_block(x: np.ndarray, out: np.ndarray, L: np.ndarray, scales: np.ndarray, v: np.ndarray) -> None:
     # The tail of Q6_K (super-scale, final quants, packing) once the 16 sub-block fits are in ``scales``/``L``;
-    # ``v`` is float32 scratch of at least 16. Shared by the scalar block function (CPU and CUDA) and the CPU
-    # kernel that fits many sub-blocks side by side.
+    # ``v`` is float32 scratch of at least 16. Part of the scalar block function (CPU fallback and CUDA); the
+    # CPU kernel does the same in lane layout (q6k_cpu.q6k_chunk).
     max_scale = np.float32(0.0)
     max_abs_scale = np.float32(0.0)
     for ib in range(16):
@@ -435,50 +438,28 @@ def quantize_rows_q6_K(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
 
     ``qw`` float32[n_per_row] is the imatrix (``quantize_row_q6_K_impl``), or float32[0] for the
     reference path (``quantize_row_q6_K_ref``). Byte-identical to ``ggml_quantize_chunk(GGML_TYPE_Q6_K)``.
+
+    The ``q6k_cpu.CHUNK`` blocks of a prange step are quantized together by
+    :func:`ggufkit.quant.q6k_cpu.q6k_chunk` (their sub-block fits side by side, same roundings); a block
+    whose requantization leaves round_clamp's range takes :func:`q6k_quantize_block`.
     """
     n_rows, n_per_row = x.shape
     nb = n_per_row // QK_K
     total = n_rows * nb
-    n_chunks = (total + _CHUNK - 1) // _CHUNK
-    use_qw = qw.shape[0] > 0
-    for c in numba.prange(n_chunks):
-        L = np.empty(QK_K, np.uint8)
-        scales = np.empty(16, np.float32)
-        # The chunk's 16*nblk sub-blocks are fitted side by side (make_qx_quants_lanes): lane 16*k + j is
-        # sub-block j of the chunk's k-th block, weight i of a lane at i*nl + lane.
-        t0 = c * _CHUNK
-        nblk = min(total, t0 + _CHUNK) - t0
-        nl = 16 * nblk
-        xt = np.empty(16 * nl, np.float32)
-        wt = np.empty(16 * nl, np.float32)
-        wxt = np.empty(16 * nl, np.float32)
-        lf = np.empty(16 * nl, np.float32)
-        st = np.empty((8, nl), np.float32)
-        v = np.empty(16, np.float32)
+    for c in numba.prange((total + Q6K_CHUNK - 1) // Q6K_CHUNK):
+        t0 = c * Q6K_CHUNK
+        nblk = min(total, t0 + Q6K_CHUNK) - t0
+        bad = np.empty(nblk, np.int64)
+        q6k_chunk(x, qw, out, t0, nblk, np.empty(Q6K_SCRATCH_ROWS * 16 * nblk, np.float32),
+                  np.empty(QK_K * nblk, np.uint8), bad)
         for k in range(nblk):
-            t = t0 + k
-            r = t // nb
-            b = t - r * nb
-            for j in range(16):
-                for i in range(16):
-                    e = 16 * j + i
-                    xi = x[r, b * QK_K + e]
-                    # As make_qx_quants: w is the imatrix (raw) or x^2, and w*x is computed once.
-                    wi = qw[b * QK_K + e] if use_qw else fmul(xi, xi)
-                    xt[i * nl + 16 * k + j] = xi
-                    wt[i * nl + 16 * k + j] = wi
-                    wxt[i * nl + 16 * k + j] = fmul(wi, xi)
-        make_qx_quants_lanes(nl, 32, xt, wt, wxt, st, lf)
-        for k in range(nblk):
-            t = t0 + k
-            r = t // nb
-            b = t - r * nb
-            for j in range(16):
-                scales[j] = st[0, 16 * k + j]
-                for i in range(16):
-                    L[16 * j + i] = np.int64(lf[i * nl + 16 * k + j])
-            _q6k_finish_block(x[r, b * QK_K:(b + 1) * QK_K], out[r, b * Q6_K_BYTES:(b + 1) * Q6_K_BYTES], L,
-                              scales, v)
+            if bad[k] != 0:  # the scalar block, with ggml's exact nearest_int
+                t = t0 + k
+                r = t // nb
+                b = t - r * nb
+                q6k_quantize_block(x[r, b * QK_K:(b + 1) * QK_K], qw[b * QK_K:(b + 1) * QK_K], qw.shape[0] > 0,
+                                   out[r, b * Q6_K_BYTES:(b + 1) * Q6_K_BYTES], np.empty(QK_K, np.uint8),
+                                   np.empty(16, np.float32), np.empty(64, np.float32))
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

@@ -412,9 +412,14 @@ def _imatrix_fits(nl: int, nblk: int, t0: int, nb: int, qw: np.ndarray, buf: np.
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _qx_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, wxt: np.ndarray, st: np.ndarray,
               lf: np.ndarray) -> None:
-    # make_qx_quants_lanes (kquants_math: same arguments, same results, see there) with its 18 trial scales
-    # two to a pass over the weights, which then loads each weight once for both, and its maxima without
-    # masked stores (as _q3_lanes). st: float32[>=12, >=nl] scratch, row 0 the scales on return.
+    # make_qx_quants(16, nmax, x, L, 1, w) (kquants_math.make_qx_quants, ggml-quants.c) on nl lanes:
+    # xt/wt/wxt hold x, w and w*x of weight i of lane j at i*nl + j; on return st[0] holds the scales (0 for
+    # an all-zero lane) and lf the quants L = l + nmax (0 for an all-zero lane), as floats. Each lane does
+    # the scalar function's float32 operations in its order (every sum in index order; the C's branches
+    # become selects; the winning trial's iscale is kept and the quants rounded once more at the end), so
+    # LLVM vectorizes across lanes without changing a rounding. The 18 trial scales go two to a pass over
+    # the weights, which then loads each weight once for both, and the maxima take no masked stores (as
+    # _q3_lanes). round_clamp's range always holds (|iscale*x| <= nmax + 1). st: float32[>=12, >=nl] scratch.
     zero = np.float32(0.0)
     lo = np.float32(-nmax)
     hi = np.float32(nmax - 1)

@@ -195,7 +195,7 @@ TYPES: dict[GGMLQuantizationType, TypeTraits] = dict((
     # is busy elsewhere; dynamic chunks of 8 took a 2.9M-weight Q4_K call next to one busy core from 138 to
     # 106 ms (no change on an idle machine). The legacy kernels lose more to the scheduling than they gain.
     _row(T.Q4_K, "kquants", scales=(0, 2), chunksize=8), _row(T.Q5_K, "kquants", scales=(0, 2), chunksize=8),
-    _row(T.Q6_K, "kquants", scales=(208,), chunksize=8),
+    _row(T.Q6_K, "kquants", f16_kernel=True, scales=(208,), chunksize=8),
     # ggml-quants.c quantize_row_q2_K_ref / quantize_q2_K, quantize_row_q3_K_ref / quantize_q3_K
     _row(T.Q2_K, "kquants_low", scales=(80, 82), chunksize=8, cuda_family="cuda_lowbit"),
     _row(T.Q3_K, "kquants_low", scales=(108,), chunksize=8, cuda_family="cuda_lowbit"),

@@ -1,4 +1,4 @@
-"""The fused F16-input legacy kernels (quant/legacy_f16.py): same bytes as ggml on the widened values.
+"""The fused F16-input kernels (quant/legacy_f16.py, quant/kquants_f16.py): same bytes as ggml on the widened values.
 
 F16 input with enough rows (``dispatch._FUSED_MIN_ROWS``) takes the fused widen-and-quantize path on the
 CPU; these tests feed float16 arrays of many distributions (f16 subnormals, zeros, huge values near the
@@ -24,6 +24,7 @@ from ggufkit.quant import KERNELS, quantize
 from ggufkit.quant.dispatch import _FUSED_MIN_ROWS
 
 LEGACY = [t for t, k in KERNELS.items() if k.cpu_module.endswith(".legacy")]
+FUSED = [t for t, k in KERNELS.items() if k.has_f16_kernel]
 N = 256
 
 
@@ -44,8 +45,12 @@ def _f16_rows(seed: int) -> np.ndarray:
     return x
 
 
+def test_the_fused_types_are_the_legacy_types_and_q6_k() -> None:
+    assert set(FUSED) == {*LEGACY, T.Q6_K}
+
+
 @pytest.mark.parametrize("with_imatrix", [False, True], ids=["ref", "imatrix"])
-@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", FUSED, ids=lambda t: t.name)
 def test_fused_f16_path_equals_ggml_on_widened_values(qtype: T, with_imatrix: bool) -> None:
     assert KERNELS[qtype].cpu_f16() is not None
     x = _f16_rows(int(qtype))
@@ -57,13 +62,33 @@ def test_fused_f16_path_equals_ggml_on_widened_values(qtype: T, with_imatrix: bo
     assert np.array_equal(quantize(x, qtype, imatrix=imatrix, threads=1), got)
 
 
+@pytest.mark.parametrize("n_blocks", [3, 21])
+@pytest.mark.parametrize("with_imatrix", [False, True], ids=["ref", "imatrix"])
+def test_fused_q6_k_rows_of_many_blocks_equal_ggml(with_imatrix: bool, n_blocks: int) -> None:
+    # The Q6_K kernel quantizes 16 blocks at a time (q6k_cpu.CHUNK): rows of 21 blocks end with a short run,
+    # rows of 3 go 5 to a step (the last step short); rows of different kinds side by side.
+    n = n_blocks * 256
+    rng = np.random.default_rng(13)
+    x = np.concatenate([_f16_rows(int(T.Q6_K) + k)[:, :256] for k in range(n_blocks)], axis=1)
+    x[:, 300:316] = 0  # an all-zero sub-block inside a block of data
+    x[3, 2 * 256:3 * 256] = 0  # an all-zero block: 210 zero bytes
+    x = np.concatenate([x, (rng.standard_normal((17, n)) * 0.02).astype(np.float16)])
+    imatrix = rng.uniform(0.0, 4.0, n).astype(np.float32) if with_imatrix else None
+    if with_imatrix:
+        imatrix[256:512] = 0.0  # a block without importance
+    got = quantize(x, T.Q6_K, imatrix=imatrix, threads=2)
+    assert np.array_equal(got, ggml_quantize(x.astype(np.float32), T.Q6_K, imatrix))
+    assert np.array_equal(quantize(x, T.Q6_K, imatrix=imatrix, threads=1), got)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
-@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", FUSED, ids=lambda t: t.name)
 def test_fused_f16_path_reports_the_first_non_finite_value(qtype: T, bad: float) -> None:
-    x = np.ones((_FUSED_MIN_ROWS, 64), np.float16)
+    n = max(64, KERNELS[qtype].block_size)
+    x = np.ones((_FUSED_MIN_ROWS, n), np.float16)
     x[40, 7] = bad
     x[50, 1] = bad
-    with pytest.raises(QuantizationError, match=rf"blk\.3\.ffn_up\.weight.*non-finite.*index {40 * 64 + 7}"):
+    with pytest.raises(QuantizationError, match=rf"blk\.3\.ffn_up\.weight.*non-finite.*index {40 * n + 7}"):
         quantize(x, qtype, name="blk.3.ffn_up.weight")
 
 

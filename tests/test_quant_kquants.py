@@ -185,3 +185,23 @@ def test_nearest_int_reproduces_ggml_bit_trick_off_its_asserted_range() -> None:
     expected = (s.view(np.int32) & 0x7FFFFF) - 0x400000
     got = np.array([nearest_int_full(t) for t in v])
     assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("imatrix", ["none", "positive"])
+def test_q6_k_blocks_the_lanes_hand_back_take_the_scalar_path(imatrix: str) -> None:
+    # Weights ~1e9 overflow the f16 super-scale to inf; a sub-block of ~1e-3 beside them gets the int8 scale 0,
+    # so d*scale = inf*0 = NaN and ggml's x/(d*scale) reaches nearest_int as NaN: the lane kernel
+    # (quant/q6k_cpu.py) must hand such blocks back (``bad``) to the exact scalar block function.
+    from ggufkit.quant.q6k_cpu import SCRATCH_ROWS, q6k_chunk
+
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((3, 1024)) * 1e9).astype(np.float32)
+    x[0, 16:32] = rng.standard_normal(16) * 1e-3
+    x[2, 3 * 256 + 240:] = rng.standard_normal(16) * 1e-3
+    x[1] = rng.standard_normal(1024)  # ordinary blocks between them
+    qw = _imatrix(imatrix, 1024, rng)
+    bad = np.zeros(12, np.int64)
+    q6k_chunk(x, NO_IMATRIX if qw is None else qw, np.zeros((3, 4 * 210), np.uint8), 0, 12,
+              np.empty(SCRATCH_ROWS * 16 * 12, np.float32), np.empty(12 * 256, np.uint8), bad)
+    assert list(np.nonzero(bad)[0]) == [0, 11]
+    _assert_same_blocks(QT.Q6_K, _ours(QT.Q6_K, x, qw), ggml_quantize(x, QT.Q6_K, qw))
