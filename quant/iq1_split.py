@@ -50,6 +50,8 @@ _GAP = np.float32(1.0 - 2.0**-18)
 _LO = np.float32(2.0**-50)
 _HI = np.float32(2.0**50)
 _INF_BITS = 0x7F800000
+_STEPS = 4  # thresholds tried by _contenders
+_N_KEYS = 64  # ratios collected by _contenders (the contenders and the gaps below them)
 DELTA = np.float32(0.125)  # IQ1S_DELTA == IQ1M_DELTA
 _F1 = np.float32(1.0)
 X_P = np.array([-_F1 + DELTA, DELTA, _F1 + DELTA], np.float32)
@@ -63,7 +65,8 @@ class SplitScratch(NamedTuple):
     ratio_bits: np.ndarray  # its int32 view
     col_max: np.ndarray  # float32: per (sign, i2) column, the largest ratio over i1
     col_bits: np.ndarray  # its int32 view
-    keys: np.ndarray  # int64[16]: the contenders' order keys
+    keys: np.ndarray  # int64[_N_KEYS]: the contenders' order keys
+    key_bits: np.ndarray  # int32[_N_KEYS]: their ratios' bits
     cvt: np.ndarray  # float32[1]
     cvt_bits: np.ndarray  # its int32 view
 
@@ -74,8 +77,8 @@ def split_scratch(n_split: int, n_signs: int) -> SplitScratch:
     ratios = np.empty(n_split * (n_split - 1) * n_signs, np.float32)
     col_max = np.empty(n_split * n_signs, np.float32)
     cvt = np.empty(1, np.float32)
-    return SplitScratch(ratios, ratios.view(np.int32), col_max, col_max.view(np.int32), np.empty(16, np.int64),
-                        cvt, cvt.view(np.int32))
+    return SplitScratch(ratios, ratios.view(np.int32), col_max, col_max.view(np.int32), np.empty(_N_KEYS, np.int64),
+                        np.empty(_N_KEYS, np.int32), cvt, cvt.view(np.int32))
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
@@ -86,35 +89,29 @@ def _first_lane(i1: int) -> np.uint64:
     return np.uint64(max(i1 - 1, 0) // 8 * 8)
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _column_max(ratios: np.ndarray, col_max: np.ndarray, n: int, n_signs: int) -> None:
-    """Per column (sign, i2 - 1) of the [n, n_signs, n - 1] ratios, the largest over the rows that computed
-    it (rows skip the lanes before ``_first_lane``: their values there are stale)."""
-    nl = np.uint64(n - 1)
-    cols = np.uint64(n_signs) * nl
-    for c in range(cols):
-        col_max[c] = ratios[c]
-    for i1 in range(1, n):
-        j0 = _first_lane(i1)
-        for sg in range(n_signs):
-            o = np.uint64(i1) * cols + np.uint64(sg) * nl + j0
-            oc = np.uint64(sg) * nl + j0
-            for jj in range(nl - j0):
-                r = ratios[o + jj]
-                col_max[oc + jj] = r if r > col_max[oc + jj] else col_max[oc + jj]
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False, inline="always")
+def _bits_of(sc: SplitScratch, v: np.float32) -> np.int32:
+    sc.cvt[0] = v
+    return sc.cvt_bits[0]
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _contenders(sc: SplitScratch, n: int, n_signs: int) -> int:
     """The contenders among ``sc.ratios`` (``[i1, sign, i2 - 1]``, ``n`` split points) and the splits
     (0, 0) (``sc.col_max[n_signs*(n-1) + sign]``), as order keys ``(i1*n + i2)*n_signs + sign`` sorted into
     ``sc.keys``; returns their count, or -1 where the gap argument does not hold (fall back to the scan).
-    ``sc.col_max`` holds each column's largest ratio."""
+    ``sc.col_max`` holds each column's largest ratio.
+
+    The threshold starts at ``T = M*(1 - 2**-16)``; where a ratio falls in the gap ``[T*(1 - 2**-18), T)``
+    below it, the gap's lower end becomes the threshold (that ratio a contender), up to ``_STEPS`` times:
+    the argument of the module docstring holds for any threshold with an empty gap below it. Near-equal
+    ratios (splits across a near-zero weight) put a ratio in the first gap in ~4% of random groups."""
     nl = n - 1
     cols = n_signs * nl
     bits = sc.ratio_bits
     col_bits = sc.col_bits
     keys = sc.keys
+    kb = sc.key_bits
     m_bits = np.int32(-1)
     for c in range(np.uint64(cols + n_signs)):
         m_bits = max(m_bits, col_bits[c])
@@ -124,40 +121,60 @@ def _contenders(sc: SplitScratch, n: int, n_signs: int) -> int:
     top = sc.cvt[0]
     if not (_LO <= top <= _HI):
         return -1
-    sc.cvt[0] = top * _CONTENDER
-    t_bits = sc.cvt_bits[0]
-    sc.cvt[0] = top * _CONTENDER * _GAP
-    g_bits = sc.cvt_bits[0]
+    lo = top * _CONTENDER  # the lowest gap's lower end: every ratio at or above it is collected
+    for _ in range(_STEPS):
+        lo = lo * _GAP
+    lo_bits = _bits_of(sc, lo)
     nk = 0
     for c in range(cols + n_signs):
         rb = col_bits[c]
-        if rb < g_bits:
+        if rb < lo_bits:
             continue
         if c >= cols:  # the split (0, 0)
-            if rb < t_bits or nk == keys.size:
+            if nk == keys.size:
                 return -1
             keys[nk] = c - cols
+            kb[nk] = rb
             nk += 1
             continue
         for i1 in range(c % nl + 2):  # rows i1 <= i2 (the others' lanes may hold stale values)
             rb = bits[cols * i1 + c]
-            if rb < g_bits:
+            if rb < lo_bits:
                 continue
-            if rb < t_bits or nk == keys.size:
+            if nk == keys.size:
                 return -1
             keys[nk] = (i1 * n + c % nl + 1) * n_signs + c // nl  # ggml's order: i1, then i2, then sign
+            kb[nk] = rb
             nk += 1
-    for j in range(1, nk):  # sort the few keys
+    t = top * _CONTENDER
+    for step in range(_STEPS + 1):
+        if step == _STEPS:
+            return -1
+        g = t * _GAP
+        t_bits = _bits_of(sc, t)
+        g_bits = _bits_of(sc, g)
+        in_gap = False
+        for j in range(nk):
+            in_gap |= (kb[j] >= g_bits) & (kb[j] < t_bits)
+        if not in_gap:
+            break
+        t = g
+    m = 0
+    for j in range(nk):
+        if kb[j] >= t_bits:
+            keys[m] = keys[j]
+            m += 1
+    for j in range(1, m):  # sort the few keys
         v = keys[j]
         i = j - 1
         while i >= 0 and keys[i] > v:
             keys[i + 1] = keys[i]
             i -= 1
         keys[i + 1] = v
-    return nk
+    return m
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _s_pair(sumx: np.ndarray, sumw: np.ndarray, i1: int, i2: int, sg: int) -> tuple[np.float32, np.float32]:
     """(sumqx, sumq2) of split (i1, i2) with shift sign sg (0: +delta, 1: -delta), as
     quantize_row_iq1_s_impl computes them."""
@@ -169,7 +186,7 @@ def _s_pair(sumx: np.ndarray, sumw: np.ndarray, i1: int, i2: int, sg: int) -> tu
     return sumqx, sumq2
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _replay(sumx: np.ndarray, sumw: np.ndarray, keys: np.ndarray, nk: int,
             scale: np.float32) -> tuple[np.float32, int, int, int]:
     """ggml's comparison over the candidates ``keys[:nk]`` (order keys ``(i1*33 + i2)*2 + sign``, in
@@ -194,21 +211,38 @@ def _replay(sumx: np.ndarray, sumw: np.ndarray, keys: np.ndarray, nk: int,
     return scale, besti1, besti2, best_shift
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def iq1_s_scan(sumx: np.ndarray, sumw: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
-    """ggml's scan: every candidate replayed, in ggml's order (i1, i2 >= i1, sign)."""
+    """ggml's scan: every candidate, in ggml's order (i1, i2 >= i1, sign), with ``_s_pair``'s operations
+    written out."""
     n = sumx.size
-    keys = np.empty(n * (n + 1), np.int64)
-    nk = 0
+    nl = n - 1
+    best = -FLT_MAX
+    besti1 = -1
+    besti2 = -1
+    best_shift = 0
     for i1 in range(n):
+        ax = sumx[i1] - sumx[0]
+        aw = sumw[i1] - sumw[0]
         for i2 in range(i1, n):
+            dx = sumx[i2] - sumx[i1]
+            ex = sumx[nl] - sumx[i2]
+            dw = sumw[i2] - sumw[i1]
+            ew = sumw[nl] - sumw[i2]
             for sg in range(2):
-                keys[nk] = (i1 * n + i2) * 2 + sg
-                nk += 1
-    return _replay(sumx, sumw, keys, nk, scale)
+                xx = X_P if sg == 0 else X_M
+                sumqx = ax * xx[0] + dx * xx[1] + ex * xx[2]
+                sumq2 = aw * xx[0] * xx[0] + dw * xx[1] * xx[1] + ew * xx[2] * xx[2]
+                if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+                    scale = sumqx / sumq2
+                    best = scale * sumqx
+                    besti1 = i1
+                    besti2 = i2
+                    best_shift = 1 if sg == 0 else -1
+    return scale, besti1, besti2, best_shift
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
                  sc: SplitScratch) -> tuple[np.float32, int, int, int]:
     """``iq1_s_scan``'s result through the contender replay (module docstring).
@@ -226,6 +260,9 @@ def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
     tw = sumw[nl]
     if not (_LO <= tw <= _HI and tw * amax <= _HI):
         return iq1_s_scan(sumx, sumw, amax)
+    col_max = sc.col_max
+    for c in range(np.uint64(2 * nl)):
+        col_max[c] = _NO_RATIO
     for i1 in range(n):
         ax = sumx[i1] - sumx[0]
         aw = sumw[i1] - sumw[0]
@@ -247,12 +284,15 @@ def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
             s = axp + dx * p1 + ex * p2
             t = awp + dw * p1 * p1 + ew * p2 * p2
             r = s * s / t
-            ratios[o + j] = r if after & (t > _F0) else _NO_RATIO
+            r = r if after & (t > _F0) else _NO_RATIO
+            ratios[o + j] = r
+            col_max[j] = r if r > col_max[j] else col_max[j]
             s = axm + dx * m1 + ex * m2
             t = awm + dw * m1 * m1 + ew * m2 * m2
             r = s * s / t
-            ratios[o + np.uint64(nl) + j] = r if after & (t > _F0) else _NO_RATIO
-    _column_max(ratios, sc.col_max, n, 2)
+            r = r if after & (t > _F0) else _NO_RATIO
+            ratios[o + np.uint64(nl) + j] = r
+            col_max[np.uint64(nl) + j] = r if r > col_max[np.uint64(nl) + j] else col_max[np.uint64(nl) + j]
     for sg in range(2):
         s, t = _s_pair(sumx, sumw, 0, 0, sg)
         sc.col_max[2 * nl + sg] = s * s / t if t > _F0 else _NO_RATIO
