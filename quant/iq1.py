@@ -72,18 +72,22 @@ _FLT_MAX_BITS = np.int32(0x7F7FFFFF)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
-def _stable_order(xb: np.ndarray, idx: np.ndarray) -> None:
+def _stable_order(xb: np.ndarray, idx: np.ndarray, rank: np.ndarray) -> None:
     """Indices of ``xb`` sorted ascending by value, ties in index order (glibc's merge-sort ``qsort``).
 
     By rank: ``xb[i]`` goes to the number of values below it plus the equal ones before it. The counts
-    are branch-free vector loops (int32 lanes); an insertion sort mispredicts most of its comparisons."""
-    n = xb.size
+    are accumulated for all ``i`` at once, one ``j`` at a time (``rank``: int32 scratch as long as ``xb``):
+    branch-free vector loops without a horizontal sum per ``i`` (328 -> 221 ns per 32 values); an insertion
+    sort mispredicts most of its comparisons."""
+    n = np.uint64(xb.size)
     for i in range(n):
-        xi = xb[i]
-        r = np.int32(0)
-        for j in range(n):
-            r += np.int32((xb[j] < xi) | ((xb[j] == xi) & (j < i)))
-        idx[r] = i
+        rank[i] = 0
+    for j in range(n):
+        xj = xb[j]
+        for i in range(n):
+            rank[i] += np.int32((xj < xb[i]) | ((xj == xb[i]) & (j < i)))
+    for i in range(n):
+        idx[rank[i]] = i
 
 
 @cache
@@ -194,6 +198,7 @@ class _SScratch(NamedTuple):
     sumx: np.ndarray  # float32[33]
     sumw: np.ndarray  # float32[33]
     idx: np.ndarray  # int64[32]
+    rank: np.ndarray  # int32[32]
     terms: np.ndarray  # float32[32]
     d2: np.ndarray  # float32[_MAX_LANES]
     L: np.ndarray  # int8[32]
@@ -206,7 +211,7 @@ class _SScratch(NamedTuple):
 def _s_scratch() -> _SScratch:
     return _SScratch(np.zeros(8, np.float32), np.ones(8, np.int64), np.empty(32, np.float32),
                      np.zeros(33, np.float32), np.zeros(33, np.float32), np.empty(32, np.int64),
-                     np.empty(32, np.float32), np.empty(_MAX_LANES, np.float32), np.zeros(32, np.int8),
+                     np.empty(32, np.int32), np.empty(32, np.float32), np.empty(_MAX_LANES, np.float32), np.zeros(32, np.int8),
                      np.zeros(4, np.int64), np.zeros(8, np.int64), split_scratch(33, 2))
 
 
@@ -222,6 +227,7 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
     sumx = sc.sumx
     sumw = sc.sumw
     idx = sc.idx
+    rank = sc.rank
     terms = sc.terms
     d2 = sc.d2
     scratch = sc.split
@@ -242,7 +248,7 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
             scales[ib] = _F0
             shifts[ib] = 1
             continue
-        _stable_order(xb, idx)
+        _stable_order(xb, idx, rank)
         for j in range(32):
             i = idx[j]
             sumx[j + 1] = sumx[j] + weight[i] * xb[i]
@@ -364,6 +370,7 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
     shifts = np.zeros(16, np.int64)
     weight = np.empty(16, np.float32)
     idx = np.empty(16, np.int64)
+    rank = np.empty(16, np.int32)
     terms = np.empty(32, np.float32)
     pre = np.zeros(M_PRE, np.float32)
     sc_ratios = np.empty(M_SCRATCH, np.float32)
@@ -384,7 +391,7 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
             scales[ib] = _F0
             shifts[ib] = 0
             continue
-        _stable_order(xb, idx)
+        _stable_order(xb, idx, rank)
         w_neg = False
         sx0 = _F0
         sx1 = _F0
