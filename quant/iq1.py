@@ -212,7 +212,7 @@ def _s_scratch() -> _SScratch:
     return _SScratch(np.zeros(8, np.float32), np.ones(8, np.int64), np.empty(32, np.float32),
                      np.zeros(33, np.float32), np.zeros(33, np.float32), np.empty(32, np.int64),
                      np.empty(32, np.int32), np.empty(32, np.float32), np.empty(_MAX_LANES, np.float32), np.zeros(32, np.int8),
-                     np.zeros(4, np.int64), np.zeros(8, np.int64), split_scratch(33, 2))
+                     np.zeros(4, np.int64), np.zeros(8, np.int64), split_scratch())
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)

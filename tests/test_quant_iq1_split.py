@@ -63,7 +63,7 @@ def _groups(kind: str, n: int, rng: np.random.Generator) -> list[tuple[np.ndarra
 @pytest.mark.parametrize("kind", ["normal", "ties", "zero_weights", "skewed", "tiny", "huge"])
 def test_contender_replay_equals_ggmls_scan(kind: str) -> None:
     rng = np.random.default_rng(11)
-    sc = split_scratch(33, 2)
+    sc = split_scratch()
     groups = _groups(kind, 3000 if kind == "normal" else 500, rng)
     for sumx, sumw in groups:
         amax = np.float32(0.05)
