@@ -227,6 +227,47 @@ types above 0.5 were run again, 512 x 4096, 9 runs: 1 thread IQ3_XXS 0.38 / 0.34
 0.45 / 0.45, IQ2_XXS 0.39; 2 threads IQ1_S 0.45 (CPU 0.50), IQ1_M 0.37 / 0.40, IQ2_XXS 0.34. IQ1_S is the one
 type still about half of ggml's time rather than below it (compiling its per-group helpers without reference
 counting, as IQ2's are, gained 2-3% in a one-process A/B and was left out).
+
+IQ1_S, next round (``ggufkit.quant.iq1``, ``iq1_split.iq1_s_search``), same machine, 2026-11-27, load average
+1.2-2.7 (two other jobs sharing the 2 cores). Where the time went first (64 x 4096, 1 thread,
+imatrix, the stages timed apart on fixed data: prefix sums and split results stored, then each stage alone,
+min of 15-21 runs), ~3.1 us per 32-weight group in all: split search ~1.7 us (lane loop ~0.9, column maxima
+~0.25, contenders ~0.15, replay incl. ggml's scan ~0.4), neighbour search ~0.75 (2.0 searches per group,
+~90 candidates each), sort ~0.4, weights and prefix sums ~0.1, the rest ~0.3 (the per-block allocations among it). The
+replay's 0.4 was the fall-back: 3.7% of the groups had a ratio in the gap just below the contender threshold
+(near-equal ratios of splits across a near-zero weight, common with a gamma-distributed imatrix), and each
+then ran ggml's whole scan (1122 keys built in a fresh array, replayed). What changed: (1) where the gap below
+the threshold holds a ratio, the threshold drops to the gap's lower end, up to 4 times (the contender
+argument holds for any threshold with an empty gap below it; ``iq1_split``'s docstring): fall-backs 305 ->
+1 of 8192 groups; ggml's scan itself as direct loops without an allocation; (2) the split helpers, the block
+function, the sort and the neighbour search compiled with ``_nrt=False`` and the block's scratch allocated
+once per worker (about 15 arrays per block before): the split search 1.66 -> 1.13 us per group with (1);
+(3) the sort by rank accumulates every element's rank at once, one comparand at a time (no horizontal sum
+per element): 328 -> 221 ns per group; (4) the 561 splits as 17 circulant rows of 40 lanes (pairs {a, a + d
+mod 33}, as IQ1_M's) instead of 33 rows over i2 >= i1: 0.62-0.85 of the split search's time. Now ~1.9 us
+per group: split search ~0.93 (lane loop ~0.78), neighbour search ~0.6, sort ~0.22, weights and sums ~0.15.
+Tried and left out (no gain measurable at this load, 3-6 interleaved one-process runs each): the column
+maxima in a separate pass (as before), one division for both signs (``1/(tp*tm)``) with the squared levels
+as constants behind a weights-ordered check, the neighbour search's eight element passes fused into two, its
+first-minimum lane found by a vector minimum instead of a scalar scan; a 2-bit packed level table (0.68 MB
+instead of 2.7 MB, which exceeds a core's 2 MB L2) made a search 7-13% faster in isolation (~2% of the
+kernel) and was not taken over.
+
+One process, the kernel before this round ("old"), the new one and ggml interleaved (9 runs each, bytes
+equal in every run), median ratio to ggml (range):
+
+===========  =========  ===================  ===================  ==================  ==========
+rows         threads    old, wall            new, wall            new, CPU time       new / old
+===========  =========  ===================  ===================  ==================  ==========
+256 x 4096   1          0.49 (0.01-0.77)*    0.33 (0.01-0.60)*    0.33                0.62
+256 x 4096   2          0.54 (0.32-0.89)     0.35 (0.31-0.50)     0.34 (0.30-0.42)    0.63
+512 x 4096   1          0.54 (0.42-0.70)     0.33 (0.26-0.49)     0.33 (0.26-0.50)    0.60
+512 x 4096   2          0.44 (0.36-0.60)     0.35 (0.26-0.53)     0.34 (0.25-0.52)    0.69
+===========  =========  ===================  ===================  ==================  ==========
+
+(*) one ggml run of that set took ~100x its usual time (the 0.01s); the medians are unaffected. The paired
+ggufkit/ggml script right after (7 runs, wall medians): 256 x 4096 1 thread 0.37, 2 threads 0.32; 512 x 4096
+0.29 / 0.29. An earlier set of 7 (load 1.6-1.7): 0.36 / 0.31 / 0.35 / 0.36.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ Dequantization: ``dequantize_row_iq1_s`` / ``_iq1_m``.
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -35,6 +36,7 @@ from ggufkit.quant.iq1_split import (
     PW1,
     PX0,
     PX1,
+    SplitScratch,
     iq1_m_scan,
     iq1_m_search,
     iq1_s_search,
@@ -69,19 +71,23 @@ _MASKS = np.array([0x00, 0x80, 0x08, 0x88], np.int64)
 _FLT_MAX_BITS = np.int32(0x7F7FFFFF)
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _stable_order(xb: np.ndarray, idx: np.ndarray) -> None:
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
+def _stable_order(xb: np.ndarray, idx: np.ndarray, rank: np.ndarray) -> None:
     """Indices of ``xb`` sorted ascending by value, ties in index order (glibc's merge-sort ``qsort``).
 
     By rank: ``xb[i]`` goes to the number of values below it plus the equal ones before it. The counts
-    are branch-free vector loops (int32 lanes); an insertion sort mispredicts most of its comparisons."""
-    n = xb.size
+    are accumulated for all ``i`` at once, one ``j`` at a time (``rank``: int32 scratch as long as ``xb``):
+    branch-free vector loops without a horizontal sum per ``i`` (328 -> 221 ns per 32 values); an insertion
+    sort mispredicts most of its comparisons."""
+    n = np.uint64(xb.size)
     for i in range(n):
-        xi = xb[i]
-        r = np.int32(0)
-        for j in range(n):
-            r += np.int32((xb[j] < xi) | ((xb[j] == xi) & (j < i)))
-        idx[r] = i
+        rank[i] = 0
+    for j in range(n):
+        xj = xb[j]
+        for i in range(n):
+            rank[i] += np.int32((xj < xb[i]) | ((xj == xb[i]) & (j < i)))
+    for i in range(n):
+        idx[rank[i]] = i
 
 
 @cache
@@ -97,7 +103,7 @@ def _iq1_lanes() -> NeighbourLanes:
     return lanes._replace(values=((lanes.values.astype(np.int64) - 1) // 2).astype(np.uint8))
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _find_best_neighbour2(lanes: NeighbourLanes, u: int, xb: np.ndarray, off: int, weight: np.ndarray,
                           scale: np.float32, xx: np.ndarray, L: np.ndarray, terms: np.ndarray,
                           d2: np.ndarray) -> int:
@@ -172,7 +178,7 @@ def _amax(xb: np.ndarray) -> np.float32:
     return mx
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _sigma2(xbl: np.ndarray) -> np.float32:
     s = _F0
     for i in range(QK_K):
@@ -183,22 +189,55 @@ def _sigma2(xbl: np.ndarray) -> np.float32:
 # --- IQ1_S ---------------------------------------------------------------------------------------
 
 
+class _SScratch(NamedTuple):
+    """Per-worker scratch of ``_iq1_s_block`` (``_s_scratch``)."""
+
+    scales: np.ndarray  # float32[8]
+    shifts: np.ndarray  # int64[8]
+    weight: np.ndarray  # float32[32]
+    sumx: np.ndarray  # float32[33]
+    sumw: np.ndarray  # float32[33]
+    idx: np.ndarray  # int64[32]
+    rank: np.ndarray  # int32[32]
+    terms: np.ndarray  # float32[32]
+    d2: np.ndarray  # float32[_MAX_LANES]
+    L: np.ndarray  # int8[32]
+    grid_idx: np.ndarray  # int64[4]
+    qh: np.ndarray  # int64[8]
+    split: SplitScratch
+
+
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
+def _s_scratch() -> _SScratch:
+    return _SScratch(np.zeros(8, np.float32), np.ones(8, np.int64), np.empty(32, np.float32),
+                     np.zeros(33, np.float32), np.zeros(33, np.float32), np.empty(32, np.int64),
+                     np.empty(32, np.int32), np.empty(32, np.float32), np.empty(_MAX_LANES, np.float32), np.zeros(32, np.int8),
+                     np.zeros(4, np.int64), np.zeros(8, np.int64), split_scratch())
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarray, kmap: np.ndarray,
-                 lanes: NeighbourLanes) -> int:
-    """quantize_row_iq1_s_impl for one super-block (50 bytes); returns a failure code."""
-    scales = np.zeros(8, np.float32)
-    shifts = np.ones(8, np.int64)
-    weight = np.empty(32, np.float32)
-    sumx = np.zeros(33, np.float32)
-    sumw = np.zeros(33, np.float32)
-    idx = np.empty(32, np.int64)
-    terms = np.empty(32, np.float32)
-    d2 = np.empty(_MAX_LANES, np.float32)
-    scratch = split_scratch(33, 2)
-    L = np.zeros(32, np.int8)
-    index = np.zeros(4, np.int64)
-    qh = np.zeros(8, np.int64)
+                 lanes: NeighbourLanes, sc: _SScratch) -> int:
+    """quantize_row_iq1_s_impl for one super-block (50 bytes); returns a failure code. Allocates nothing:
+    compiled without reference counting (Numba's runtime otherwise increfs and decrefs every array argument
+    and scratch field on every call, an atomic each), as are the helpers it calls."""
+    scales = sc.scales
+    shifts = sc.shifts
+    weight = sc.weight
+    sumx = sc.sumx
+    sumw = sc.sumw
+    idx = sc.idx
+    rank = sc.rank
+    terms = sc.terms
+    d2 = sc.d2
+    scratch = sc.split
+    L = sc.L
+    index = sc.grid_idx
+    qh = sc.qh
+    sumx[0] = _F0
+    sumw[0] = _F0
+    for ib in range(8):
+        qh[ib] = 0
     y[:] = 0
     sigma2 = _sigma2(xbl)
     max_scale = _F0
@@ -209,7 +248,7 @@ def _iq1_s_block(xbl: np.ndarray, qw: np.ndarray, y: np.ndarray, qgrid: np.ndarr
             scales[ib] = _F0
             shifts[ib] = 1
             continue
-        _stable_order(xb, idx)
+        _stable_order(xb, idx, rank)
         for j in range(32):
             i = idx[j]
             sumx[j + 1] = sumx[j] + weight[i] * xb[i]
@@ -280,13 +319,14 @@ def _iq1_s_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarra
     nb = x.shape[1] // QK_K
     todo = work_counter(x.shape[0] * nb)
     for _w in numba.prange(n_workers):
+        sc = _s_scratch()
         lo, hi = claim(todo)
         while lo < hi:
             for t in range(lo, hi):
                 r = t // nb
                 b = t % nb
                 code = _iq1_s_block(x[r, QK_K * b:QK_K * (b + 1)], qw[QK_K * b:QK_K * (b + 1)],
-                                    out[r, 50 * b:50 * (b + 1)], qgrid, kmap, lanes)
+                                    out[r, 50 * b:50 * (b + 1)], qgrid, kmap, lanes, sc)
                 if code:
                     bad[r] = code
             lo, hi = claim(todo)
@@ -330,6 +370,7 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
     shifts = np.zeros(16, np.int64)
     weight = np.empty(16, np.float32)
     idx = np.empty(16, np.int64)
+    rank = np.empty(16, np.int32)
     terms = np.empty(32, np.float32)
     pre = np.zeros(M_PRE, np.float32)
     sc_ratios = np.empty(M_SCRATCH, np.float32)
@@ -350,7 +391,7 @@ def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, q
             scales[ib] = _F0
             shifts[ib] = 0
             continue
-        _stable_order(xb, idx)
+        _stable_order(xb, idx, rank)
         w_neg = False
         sx0 = _F0
         sx1 = _F0

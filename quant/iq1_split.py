@@ -5,8 +5,8 @@ ggml (ggml-quants.c: ``quantize_row_iq1_s_impl``) sorts a group's 32 weights and
 2 signs). A candidate replaces the best one when ``sumq2 > 0 && sumqx*sumqx > best*sumq2`` (``best =
 scale*sumqx``, ``scale = sumqx/sumq2``), in the order (i1, i2, sign): a chain of dependent comparisons.
 
-Here every candidate's ``sumqx`` and ``sumq2`` are computed side by side (vector lanes over ``i2``, each
-with ggml's float32 operations in ggml's order, so the same bits), and with them the ratio
+Here every candidate's ``sumqx`` and ``sumq2`` are computed side by side (vector lanes over pairs of split
+points, ``iq1_s_search``'s layout, each with ggml's float32 operations in ggml's order, so the same bits), and with them the ratio
 ``r = sumqx*sumqx/sumq2`` (within a few float32 roundings of what ggml's comparisons compare). Only the
 *contenders* — candidates with ``r >= T = M*(1 - 2**-16)``, ``M`` the largest ratio — are then replayed with
 ggml's exact comparison, in ggml's order, starting from ggml's initial state. This gives ggml's winner:
@@ -18,11 +18,14 @@ ggml's exact comparison, in ggml's order, starting from ggml's initial state. Th
 * the last winner of ggml's scan is therefore a contender (the candidate with ratio ``M`` is one), and the
   replay meets the contenders with the same ``best`` as ggml's scan did.
 
-The argument needs a gap between contenders and the rest and no overflow or underflow in the compared
-products: when some ratio falls in ``[T*(1 - 2**-18), T)``, or the group's sums leave ``[2**-50, 2**50]``
-(``sumq2`` lies within [W/64, 1.27 W] of the total weight W, ``|sumqx|`` below 1.125 W max|x|), or there is
-no valid candidate, the search falls back to ggml's scan (``iq1_s_scan``). On random data ~1% of the
-groups fall back.
+The argument holds for any threshold ``T <= M`` with no ratio in the gap ``[T*(1 - 2**-18), T)`` below
+it: where a ratio falls in that gap, IQ1_S's search lowers ``T`` to the gap's lower end (up to 4 times;
+splits across a near-zero weight give near-equal ratios, which put a ratio in the first gap in ~4% of
+random groups with a gamma-distributed imatrix). It needs no overflow or underflow in the compared
+products either: when the group's sums leave ``[2**-50, 2**50]`` (``sumq2`` lies within [W/64, 1.27 W] of
+the total weight W, ``|sumqx|`` below 1.125 W max|x|), when every gap tried holds a ratio, or there is no
+valid candidate, the search falls back to ggml's scan (``iq1_s_scan``; about 1 group in 8000 on random
+data; IQ1_M's search falls back at the first gap that holds a ratio, ~1% of groups).
 
 IQ1_M (``quantize_row_iq1_m_impl``) has 17*18/2 splits of 16 sorted weights and four sign pairs ``k``
 (the shift sign of each half) per split, scanned in the order (i1, i2, k); its sums come from prefix sums
@@ -50,6 +53,13 @@ _GAP = np.float32(1.0 - 2.0**-18)
 _LO = np.float32(2.0**-50)
 _HI = np.float32(2.0**50)
 _INF_BITS = 0x7F800000
+_STEPS = 4  # thresholds tried by _contenders
+_N_KEYS = 64  # ratios collected by _contenders (the contenders and the gaps below them)
+#: IQ1_S's layout (iq1_s_search): 17 rows (circular distances 0..16) x 2 signs x 40 lanes (33 used).
+_S_N = 33
+_S_ROWS = 17
+_S_LANES = 40
+_S_COLS = 2 * _S_LANES
 DELTA = np.float32(0.125)  # IQ1S_DELTA == IQ1M_DELTA
 _F1 = np.float32(1.0)
 X_P = np.array([-_F1 + DELTA, DELTA, _F1 + DELTA], np.float32)
@@ -63,60 +73,47 @@ class SplitScratch(NamedTuple):
     ratio_bits: np.ndarray  # its int32 view
     col_max: np.ndarray  # float32: per (sign, i2) column, the largest ratio over i1
     col_bits: np.ndarray  # its int32 view
-    keys: np.ndarray  # int64[16]: the contenders' order keys
+    ext_x: np.ndarray  # float32[2*_S_LANES]: sumx extended circularly (iq1_s_search)
+    ext_w: np.ndarray  # float32[2*_S_LANES]: sumw extended circularly
+    keys: np.ndarray  # int64[_N_KEYS]: the contenders' order keys
+    key_bits: np.ndarray  # int32[_N_KEYS]: their ratios' bits
     cvt: np.ndarray  # float32[1]
     cvt_bits: np.ndarray  # its int32 view
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def split_scratch(n_split: int, n_signs: int) -> SplitScratch:
-    """Scratch for ``n_split`` split points (17 for IQ1_M, 33 for IQ1_S) and ``n_signs`` sign choices."""
-    ratios = np.empty(n_split * (n_split - 1) * n_signs, np.float32)
-    col_max = np.empty(n_split * n_signs, np.float32)
+def split_scratch() -> SplitScratch:
+    """Scratch of ``iq1_s_search``."""
+    ratios = np.empty(_S_ROWS * _S_COLS, np.float32)
+    col_max = np.empty(_S_COLS, np.float32)
     cvt = np.empty(1, np.float32)
-    return SplitScratch(ratios, ratios.view(np.int32), col_max, col_max.view(np.int32), np.empty(16, np.int64),
-                        cvt, cvt.view(np.int32))
+    return SplitScratch(ratios, ratios.view(np.int32), col_max, col_max.view(np.int32),
+                        np.zeros(2 * _S_LANES, np.float32), np.zeros(2 * _S_LANES, np.float32),
+                        np.empty(_N_KEYS, np.int64), np.empty(_N_KEYS, np.int32), cvt, cvt.view(np.int32))
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
-def _first_lane(i1: int) -> np.uint64:
-    """First lane (i2 - 1) of row i1 worth computing: lanes below i1 - 1 hold no valid split (i2 < i1).
-    Rows start on a multiple of 8 lanes (for IQ1_S's 32-lane rows: measured faster than 16 or
-    than whole rows)."""
-    return np.uint64(max(i1 - 1, 0) // 8 * 8)
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False, inline="always")
+def _bits_of(sc: SplitScratch, v: np.float32) -> np.int32:
+    sc.cvt[0] = v
+    return sc.cvt_bits[0]
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _column_max(ratios: np.ndarray, col_max: np.ndarray, n: int, n_signs: int) -> None:
-    """Per column (sign, i2 - 1) of the [n, n_signs, n - 1] ratios, the largest over the rows that computed
-    it (rows skip the lanes before ``_first_lane``: their values there are stale)."""
-    nl = np.uint64(n - 1)
-    cols = np.uint64(n_signs) * nl
-    for c in range(cols):
-        col_max[c] = ratios[c]
-    for i1 in range(1, n):
-        j0 = _first_lane(i1)
-        for sg in range(n_signs):
-            o = np.uint64(i1) * cols + np.uint64(sg) * nl + j0
-            oc = np.uint64(sg) * nl + j0
-            for jj in range(nl - j0):
-                r = ratios[o + jj]
-                col_max[oc + jj] = r if r > col_max[oc + jj] else col_max[oc + jj]
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
+def _contenders(sc: SplitScratch) -> int:
+    """The contenders among ``sc.ratios`` (``iq1_s_search``'s layout) as order keys ``(i1*33 + i2)*2 +
+    sign`` sorted into ``sc.keys``; returns their count, or -1 where the gap argument does not hold (fall
+    back to the scan). ``sc.col_max`` holds each column's largest ratio.
 
-
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _contenders(sc: SplitScratch, n: int, n_signs: int) -> int:
-    """The contenders among ``sc.ratios`` (``[i1, sign, i2 - 1]``, ``n`` split points) and the splits
-    (0, 0) (``sc.col_max[n_signs*(n-1) + sign]``), as order keys ``(i1*n + i2)*n_signs + sign`` sorted into
-    ``sc.keys``; returns their count, or -1 where the gap argument does not hold (fall back to the scan).
-    ``sc.col_max`` holds each column's largest ratio."""
-    nl = n - 1
-    cols = n_signs * nl
+    The threshold starts at ``T = M*(1 - 2**-16)``; where a ratio falls in the gap ``[T*(1 - 2**-18), T)``
+    below it, the gap's lower end becomes the threshold (that ratio a contender), up to ``_STEPS`` times:
+    the argument of the module docstring holds for any threshold with an empty gap below it. Near-equal
+    ratios (splits across a near-zero weight) put a ratio in the first gap in ~4% of random groups."""
     bits = sc.ratio_bits
     col_bits = sc.col_bits
     keys = sc.keys
+    kb = sc.key_bits
     m_bits = np.int32(-1)
-    for c in range(np.uint64(cols + n_signs)):
+    for c in range(np.uint64(_S_COLS)):
         m_bits = max(m_bits, col_bits[c])
     if m_bits < 0 or m_bits >= _INF_BITS:
         return -1
@@ -124,40 +121,56 @@ def _contenders(sc: SplitScratch, n: int, n_signs: int) -> int:
     top = sc.cvt[0]
     if not (_LO <= top <= _HI):
         return -1
-    sc.cvt[0] = top * _CONTENDER
-    t_bits = sc.cvt_bits[0]
-    sc.cvt[0] = top * _CONTENDER * _GAP
-    g_bits = sc.cvt_bits[0]
+    lo = top * _CONTENDER  # the lowest gap's lower end: every ratio at or above it is collected
+    for _ in range(_STEPS):
+        lo = lo * _GAP
+    lo_bits = _bits_of(sc, lo)
     nk = 0
-    for c in range(cols + n_signs):
+    for c in range(_S_COLS):
         rb = col_bits[c]
-        if rb < g_bits:
+        if rb < lo_bits:
             continue
-        if c >= cols:  # the split (0, 0)
-            if rb < t_bits or nk == keys.size:
-                return -1
-            keys[nk] = c - cols
-            nk += 1
-            continue
-        for i1 in range(c % nl + 2):  # rows i1 <= i2 (the others' lanes may hold stale values)
-            rb = bits[cols * i1 + c]
-            if rb < g_bits:
+        for d in range(_S_ROWS):
+            rb = bits[_S_COLS * d + c]
+            if rb < lo_bits:
                 continue
-            if rb < t_bits or nk == keys.size:
+            if nk == keys.size:
                 return -1
-            keys[nk] = (i1 * n + c % nl + 1) * n_signs + c // nl  # ggml's order: i1, then i2, then sign
+            a = c % _S_LANES
+            b = a + d
+            i1, i2 = (a, b) if b < _S_N else (b - _S_N, a)
+            keys[nk] = (i1 * _S_N + i2) * 2 + c // _S_LANES  # ggml's order: i1, then i2, then sign
+            kb[nk] = rb
             nk += 1
-    for j in range(1, nk):  # sort the few keys
+    t = top * _CONTENDER
+    for step in range(_STEPS + 1):
+        if step == _STEPS:
+            return -1
+        g = t * _GAP
+        t_bits = _bits_of(sc, t)
+        g_bits = _bits_of(sc, g)
+        in_gap = False
+        for j in range(nk):
+            in_gap |= (kb[j] >= g_bits) & (kb[j] < t_bits)
+        if not in_gap:
+            break
+        t = g
+    m = 0
+    for j in range(nk):
+        if kb[j] >= t_bits:
+            keys[m] = keys[j]
+            m += 1
+    for j in range(1, m):  # sort the few keys
         v = keys[j]
         i = j - 1
         while i >= 0 and keys[i] > v:
             keys[i + 1] = keys[i]
             i -= 1
         keys[i + 1] = v
-    return nk
+    return m
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _s_pair(sumx: np.ndarray, sumw: np.ndarray, i1: int, i2: int, sg: int) -> tuple[np.float32, np.float32]:
     """(sumqx, sumq2) of split (i1, i2) with shift sign sg (0: +delta, 1: -delta), as
     quantize_row_iq1_s_impl computes them."""
@@ -169,7 +182,7 @@ def _s_pair(sumx: np.ndarray, sumw: np.ndarray, i1: int, i2: int, sg: int) -> tu
     return sumqx, sumq2
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _replay(sumx: np.ndarray, sumw: np.ndarray, keys: np.ndarray, nk: int,
             scale: np.float32) -> tuple[np.float32, int, int, int]:
     """ggml's comparison over the candidates ``keys[:nk]`` (order keys ``(i1*33 + i2)*2 + sign``, in
@@ -194,69 +207,108 @@ def _replay(sumx: np.ndarray, sumw: np.ndarray, keys: np.ndarray, nk: int,
     return scale, besti1, besti2, best_shift
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def iq1_s_scan(sumx: np.ndarray, sumw: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
-    """ggml's scan: every candidate replayed, in ggml's order (i1, i2 >= i1, sign)."""
+    """ggml's scan: every candidate, in ggml's order (i1, i2 >= i1, sign), with ``_s_pair``'s operations
+    written out."""
     n = sumx.size
-    keys = np.empty(n * (n + 1), np.int64)
-    nk = 0
+    nl = n - 1
+    best = -FLT_MAX
+    besti1 = -1
+    besti2 = -1
+    best_shift = 0
     for i1 in range(n):
+        ax = sumx[i1] - sumx[0]
+        aw = sumw[i1] - sumw[0]
         for i2 in range(i1, n):
+            dx = sumx[i2] - sumx[i1]
+            ex = sumx[nl] - sumx[i2]
+            dw = sumw[i2] - sumw[i1]
+            ew = sumw[nl] - sumw[i2]
             for sg in range(2):
-                keys[nk] = (i1 * n + i2) * 2 + sg
-                nk += 1
-    return _replay(sumx, sumw, keys, nk, scale)
+                xx = X_P if sg == 0 else X_M
+                sumqx = ax * xx[0] + dx * xx[1] + ex * xx[2]
+                sumq2 = aw * xx[0] * xx[0] + dw * xx[1] * xx[1] + ew * xx[2] * xx[2]
+                if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
+                    scale = sumqx / sumq2
+                    best = scale * sumqx
+                    besti1 = i1
+                    besti2 = i2
+                    best_shift = 1 if sg == 0 else -1
+    return scale, besti1, besti2, best_shift
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
                  sc: SplitScratch) -> tuple[np.float32, int, int, int]:
     """``iq1_s_scan``'s result through the contender replay (module docstring).
 
-    ``sumx``/``sumw``: float32[33] prefix sums of ``w*x`` / ``w`` over the sorted weights. Ratios of the
-    splits (i1, i2 >= 1) are laid out ``[64*i1 + 32*sign + i2 - 1]``; the split (0, 0) goes to
-    ``sc.col_max[64 + sign]``.
+    ``sumx``/``sumw``: float32[33] prefix sums of ``w*x`` / ``w`` over the sorted weights. Layout (as
+    ``iq1_m_search``'s): the 561 splits i1 <= i2 as pairs of the 33 split points at circular distance d:
+    row d = 0..16, lane a = 0..32 holds the pair {a, (a + d) mod 33}; lanes 33..39 hold nothing. Each lane
+    loads ``p[a]`` and ``p[a + d]`` from the sums extended circularly (``sc.ext_x``/``sc.ext_w``), so a row
+    is two contiguous loads per array, and 17 rows of 40 lanes replace 33 rows over i2 >= i1 (a row's
+    set-up, its loops' overlap tests among them, cost about as much as its lanes). The ratio of row d, sign
+    s, lane a goes to ``sc.ratios[80*d + 40*s + a]``, the column maxima over the rows to
+    ``sc.col_max[40*s + a]``.
     """
     n = sumx.size  # 33 split points
     nl = n - 1
-    ratios = sc.ratios
     p0, p1, p2 = X_P[0], X_P[1], X_P[2]
     m0, m1, m2 = X_M[0], X_M[1], X_M[2]
     tx = sumx[nl]
     tw = sumw[nl]
     if not (_LO <= tw <= _HI and tw * amax <= _HI):
         return iq1_s_scan(sumx, sumw, amax)
-    for i1 in range(n):
-        ax = sumx[i1] - sumx[0]
-        aw = sumw[i1] - sumw[0]
-        axp = ax * p0
-        axm = ax * m0
-        awp = aw * p0 * p0
-        awm = aw * m0 * m0
-        bx = sumx[i1]
-        bw = sumw[i1]
-        o = np.uint64(2 * nl * i1)  # unsigned: no wrap-around test per element
-        j0 = _first_lane(i1)
-        for jj in range(np.uint64(nl) - j0):  # i2 = j + 1 (not range(1, n): LLVM leaves that one scalar)
-            j = j0 + jj
-            dx = sumx[j + np.uint64(1)] - bx
-            ex = tx - sumx[j + np.uint64(1)]
-            dw = sumw[j + np.uint64(1)] - bw
-            ew = tw - sumw[j + np.uint64(1)]
-            after = j + np.uint64(1) >= np.uint64(i1)
-            s = axp + dx * p1 + ex * p2
-            t = awp + dw * p1 * p1 + ew * p2 * p2
+    ex_ = sc.ext_x
+    ew_ = sc.ext_w
+    for t in range(_S_N):
+        ex_[t] = sumx[t]
+        ew_[t] = sumw[t]
+        ex_[t + _S_N] = sumx[t]
+        ew_[t + _S_N] = sumw[t]
+    x0 = sumx[0]
+    w0 = sumw[0]
+    ratios = sc.ratios
+    col_max = sc.col_max
+    # lanes per row, a count LLVM cannot see (with a known count it unrolls the loop and leaves it scalar)
+    n_lanes = np.uint64(ex_.size // 2)
+    for c in range(np.uint64(_S_COLS)):
+        col_max[c] = _NO_RATIO
+    for row in range(_S_ROWS):
+        d = np.uint64(row)
+        lim = np.uint64(_S_N - row)  # lanes below: i1 = a, i2 = a + d; from there on: i1 = a + d - 33, i2 = a
+        o = np.uint64(_S_COLS * row)
+        for a in range(n_lanes):
+            xa = ex_[a]
+            xb = ex_[a + d]
+            wa = ew_[a]
+            wb = ew_[a + d]
+            lo = a < lim
+            x1 = xa if lo else xb  # sumx[i1], sumx[i2]
+            x2 = xb if lo else xa
+            w1 = wa if lo else wb
+            w2 = wb if lo else wa
+            ax = x1 - x0
+            dx = x2 - x1
+            ex = tx - x2
+            aw = w1 - w0
+            dw = w2 - w1
+            ew = tw - w2
+            valid = a < np.uint64(_S_N)
+            s = ax * p0 + dx * p1 + ex * p2
+            t = aw * p0 * p0 + dw * p1 * p1 + ew * p2 * p2
             r = s * s / t
-            ratios[o + j] = r if after & (t > _F0) else _NO_RATIO
-            s = axm + dx * m1 + ex * m2
-            t = awm + dw * m1 * m1 + ew * m2 * m2
+            r = r if valid & (t > _F0) else _NO_RATIO
+            ratios[o + a] = r
+            col_max[a] = r if r > col_max[a] else col_max[a]
+            s = ax * m0 + dx * m1 + ex * m2
+            t = aw * m0 * m0 + dw * m1 * m1 + ew * m2 * m2
             r = s * s / t
-            ratios[o + np.uint64(nl) + j] = r if after & (t > _F0) else _NO_RATIO
-    _column_max(ratios, sc.col_max, n, 2)
-    for sg in range(2):
-        s, t = _s_pair(sumx, sumw, 0, 0, sg)
-        sc.col_max[2 * nl + sg] = s * s / t if t > _F0 else _NO_RATIO
-    nk = _contenders(sc, n, 2)
+            r = r if valid & (t > _F0) else _NO_RATIO
+            ratios[o + n_lanes + a] = r
+            col_max[n_lanes + a] = r if r > col_max[n_lanes + a] else col_max[n_lanes + a]
+    nk = _contenders(sc)
     if nk < 0:
         return iq1_s_scan(sumx, sumw, amax)
     return _replay(sumx, sumw, sc.keys, nk, amax)

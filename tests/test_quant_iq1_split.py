@@ -1,7 +1,8 @@
 """IQ1_S's and IQ1_M's split searches by contender replay (``ggufkit.quant.iq1_split``) return exactly what
 ggml's scans return, on every group: the scan (``iq1_s_scan``, ggml's loop, itself checked byte for byte against ggml in
 test_quant_iq.py through the whole kernel) is the reference here, group by group, over data that reaches the
-fast path, its gap fall-back and its range fall-backs. The kernels are also compared with ggml over
+fast path, its lowered thresholds (IQ1_S: a ratio in the gap below the first threshold in 85 of the 3000
+"normal" groups, 6 of them twice; IQ1_M: its gap fall-back) and the range fall-backs. The kernels are also compared with ggml over
 many groups and with negative importances."""
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _groups(kind: str, n: int, rng: np.random.Generator) -> list[tuple[np.ndarra
 @pytest.mark.parametrize("kind", ["normal", "ties", "zero_weights", "skewed", "tiny", "huge"])
 def test_contender_replay_equals_ggmls_scan(kind: str) -> None:
     rng = np.random.default_rng(11)
-    sc = split_scratch(33, 2)
+    sc = split_scratch()
     groups = _groups(kind, 3000 if kind == "normal" else 500, rng)
     for sumx, sumw in groups:
         amax = np.float32(0.05)
