@@ -260,7 +260,8 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
         _raise_non_finite(x.reshape(-1)[bad:bad + 1], bad, name)
     x = x.reshape(shape)
     if t in FLOAT_TYPES:
-        return _convert_float(x, t).reshape(out_shape)
+        with numba_threads(threads):
+            return _convert_float(x, t).reshape(out_shape)
     out = np.empty((rows, out_shape[-1]), dtype=np.uint8)
     if rows == 0 or n_per_row == 0:
         return out.reshape(out_shape)

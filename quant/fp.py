@@ -18,9 +18,9 @@ and use only scalar float64/int arithmetic plus ``math.frexp``/``math.ldexp``/``
 ``math.copysign``, which Numba supports on both the CPU and the CUDA target. float64 is used only where it
 is exact (widening an f32, scaling by powers of two, rint of values below 2^51).
 
-The vectorised NumPy helpers at the end (:func:`f32_to_f16_array`, :func:`f32_to_bf16_array`) convert
-whole tensors for the F16/BF16 targets; numpy's float16 cast is the same RNE (verified exhaustively in
-ggml-impl.h ggml_compute_fp32_to_fp16 for every non-NaN input).
+The whole-array helpers at the end convert tensors for the F16/BF16 targets: :func:`f32_to_f16_array` with
+NumPy, whose float16 cast is the same RNE as ggml-impl.h ggml_compute_fp32_to_fp16 for every non-NaN input
+(verified exhaustively), and :func:`f32_to_bf16_array` in one parallel Numba pass.
 """
 
 from __future__ import annotations
@@ -209,11 +209,26 @@ def f32_to_bf16_array(x: np.ndarray) -> np.ndarray:
     Returns:
         uint16 array: round-to-nearest-even on the bits; NaN -> ``(bits >> 16) | 0x40``.
     """
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
-    nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    out = np.where(nan, (bits >> 16) | 0x40, rounded)
-    return out.astype(np.uint16)
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    out = np.empty(bits.shape, dtype=np.uint16)
+    _bf16_bits(bits.reshape(-1), out.reshape(-1))
+    return out
+
+
+_BF16_CHUNK = 1 << 16
+
+
+@numba.njit(parallel=True, cache=True)
+def _bf16_bits(bits: np.ndarray, out: np.ndarray) -> None:
+    # ggml-impl.h ggml_compute_fp32_to_bf16 over a flat array, in parallel chunks (one pass, where NumPy
+    # needed several over uint64 temporaries). Below NaN the rounded sum stays under 2^32.
+    n = bits.shape[0]
+    for c in numba.prange((n + _BF16_CHUNK - 1) // _BF16_CHUNK):
+        for i in range(c * _BF16_CHUNK, min(n, (c + 1) * _BF16_CHUNK)):
+            b = np.uint32(bits[i])
+            rounded = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+            quiet = (b >> np.uint32(16)) | np.uint32(0x40)
+            out[i] = quiet if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else rounded
 
 
 #: 2^112: f16 bits moved into a float32's place read as the value times 2^-112 (see widen_f16_row).

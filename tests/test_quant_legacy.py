@@ -144,6 +144,11 @@ def test_float_targets_equal_ggml(qtype: T) -> None:
     x = x[np.isfinite(x)]
     edge = np.array([0.0, -0.0, 65504.0, 65519.99, 65520.0, -65520.0, 6.1035156e-05, 2.9802322e-08,
                      2.9802326e-08, 1.0009765625, 1.00048828125, 1e-45, 3.4e38], np.float32)
+    # BF16 rounding: ties to even (down, up), a carry into the exponent, the largest float32 (-> inf),
+    # subnormal ties.
+    bf16_edges = np.array([0x3F808000, 0x3F818000, 0x3FFF8000, 0x7F7FFFFF, 0xFF7FFFFF, 0x00008000, 0x80018000,
+                           0x3F80FFFF, 0x3F807FFF], np.uint32).view(np.float32)
+    edge = np.concatenate([edge, bf16_edges])
     x = np.concatenate([edge, x[: (x.size // 32) * 32 - edge.size]]).reshape(-1, 32)
     assert np.array_equal(quantize(x, qtype), ggml_quantize(x, qtype))
     assert np.array_equal(dequantize(quantize(x, qtype), qtype, x.shape).view(np.uint32),

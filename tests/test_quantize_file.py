@@ -184,6 +184,36 @@ def test_nan_weights_fail_naming_the_tensor_and_write_nothing(tmp_path):
     assert not (tmp_path / "out.gguf").exists()
 
 
+@pytest.mark.parametrize("bad_value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("dtype", [QT.F32, QT.F16, QT.BF16], ids=lambda t: t.name)
+def test_non_finite_copied_float_tensor_is_refused_as_in_llama_model_quantize(tmp_path, dtype, bad_value):
+    # A tensor copied as it is (target = its own type) is checked on its bits, as llama's loader checks it.
+    meta = Metadata()
+    meta.set("general.architecture", 8, "llama")
+    for key, value in (("block_count", 1), ("context_length", 256), ("embedding_length", 256),
+                       ("feed_forward_length", 256), ("attention.head_count", 4)):
+        meta.set(f"llama.{key}", 4, value)
+    meta.set("llama.attention.layer_norm_rms_epsilon", 6, 1e-5)
+    x = np.full((4, 256), 0.5, np.float32)
+    x[3, 255] = bad_value
+    data = {QT.F32: x, QT.F16: x.astype(np.float16), QT.BF16: (x.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
+    write_gguf(tmp_path / "bad.gguf", meta, [TensorSpec("blk.0.attn_q.weight", dtype, (4, 256))], [data])
+    target = dtype.name.lower()
+    with pytest.raises(RuntimeError, match="llama_model_quantize failed"):
+        llama_quantize(tmp_path / "bad.gguf", tmp_path / "ref.gguf", target)
+    with pytest.raises(QuantizationError, match=r"'blk\.0\.attn_q\.weight'.*invalid data"):
+        quantize_file(tmp_path / "bad.gguf", tmp_path / "out.gguf", target)
+    assert not (tmp_path / "out.gguf").exists()
+    x[3, 255] = 0.25  # the same file with finite values is copied byte for byte, as llama.cpp copies it
+    data = {QT.F32: x, QT.F16: x.astype(np.float16), QT.BF16: (x.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
+    write_gguf(tmp_path / "good.gguf", meta, [TensorSpec("blk.0.attn_q.weight", dtype, (4, 256))], [data])
+    quantize_file(tmp_path / "good.gguf", tmp_path / "out.gguf", target)
+    out = open_gguf(tmp_path / "out.gguf")
+    copied = np.frombuffer(out.raw(out["blk.0.attn_q.weight"]), np.uint8)
+    assert np.array_equal(copied, np.ascontiguousarray(data).view(np.uint8).reshape(-1))
+    out.close()
+
+
 def test_scale_overflowing_f16_fails_as_in_llama_model_quantize(tmp_path):
     meta = Metadata()
     meta.set("general.architecture", 8, "llama")
