@@ -207,35 +207,15 @@ def _replay(sumx: np.ndarray, sumw: np.ndarray, keys: np.ndarray, nk: int,
     return scale, besti1, besti2, best_shift
 
 
+#: Every IQ1_S candidate key ``(i1*33 + i2)*2 + sign``, i2 >= i1, in ggml's scan order.
+_SCAN_KEYS = np.array([(i1 * 33 + i2) * 2 + sg for i1 in range(33) for i2 in range(i1, 33) for sg in range(2)],
+                      np.int64)
+
+
 @numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def iq1_s_scan(sumx: np.ndarray, sumw: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
-    """ggml's scan: every candidate, in ggml's order (i1, i2 >= i1, sign), with ``_s_pair``'s operations
-    written out."""
-    n = sumx.size
-    nl = n - 1
-    best = -FLT_MAX
-    besti1 = -1
-    besti2 = -1
-    best_shift = 0
-    for i1 in range(n):
-        ax = sumx[i1] - sumx[0]
-        aw = sumw[i1] - sumw[0]
-        for i2 in range(i1, n):
-            dx = sumx[i2] - sumx[i1]
-            ex = sumx[nl] - sumx[i2]
-            dw = sumw[i2] - sumw[i1]
-            ew = sumw[nl] - sumw[i2]
-            for sg in range(2):
-                xx = X_P if sg == 0 else X_M
-                sumqx = ax * xx[0] + dx * xx[1] + ex * xx[2]
-                sumq2 = aw * xx[0] * xx[0] + dw * xx[1] * xx[1] + ew * xx[2] * xx[2]
-                if sumq2 > _F0 and sumqx * sumqx > best * sumq2:
-                    scale = sumqx / sumq2
-                    best = scale * sumqx
-                    besti1 = i1
-                    besti2 = i2
-                    best_shift = 1 if sg == 0 else -1
-    return scale, besti1, besti2, best_shift
+    """ggml's scan: ggml's comparison (``_replay``) over every candidate, in ggml's order."""
+    return _replay(sumx, sumw, _SCAN_KEYS, _SCAN_KEYS.size, scale)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)

@@ -220,6 +220,24 @@ def _q3_lanes(nl: int, xt: np.ndarray, lf: np.ndarray, ls: np.ndarray, sc: np.nd
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
+def gather_lanes(x: np.ndarray, t0: int, nblk: int, xt: np.ndarray) -> None:
+    """Blocks ``t0 .. t0+nblk-1`` of ``x`` (float32[n_rows, n_per_row], block t at row ``t // nb``, column
+    ``256*(t % nb)``) in lane order: weight i of sub-block j of the k-th block at ``xt[i*nl + 16*k + j]``,
+    ``nl = 16*nblk`` (Q3_K's and Q6_K's 16-weight sub-blocks fitted side by side)."""
+    nb = x.shape[1] // QK_K
+    nl = 16 * nblk
+    for k in range(nblk):
+        t = t0 + k
+        r = t // nb
+        b = t - r * nb
+        xb = x[r, b * QK_K:(b + 1) * QK_K]
+        for i in range(16):  # (a 16-wide write per weight index: the fastest form of this transposition)
+            o = xt[i * nl + 16 * k:i * nl + 16 * k + 16]
+            for j in range(16):
+                o[j] = xb[16 * j + i]
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy")
 def q3k_chunk(x: np.ndarray, qw: np.ndarray, out: np.ndarray, t0: int, nblk: int, buf: np.ndarray,
               bad: np.ndarray) -> None:
     """Q3_K quantization of blocks ``t0 .. t0+nblk-1`` of ``x``, as ``quantize_row_q3_K_ref`` (``qw`` of
@@ -244,15 +262,7 @@ def q3k_chunk(x: np.ndarray, qw: np.ndarray, out: np.ndarray, t0: int, nblk: int
     xt = buf[:32 * nl]  # weights (and, reference path, the compacted lanes' weights from 16*nl on)
     lf = buf[32 * nl:64 * nl]
     ls2 = buf[64 * nl:81 * nl].reshape((17, nl))  # per-lane values of the fit
-    for k in range(nblk):
-        t = t0 + k
-        r = t // nb
-        b = t - r * nb
-        xb = x[r, b * QK_K:(b + 1) * QK_K]
-        for i in range(16):  # (a 16-wide write per weight index: the fastest form of this transposition)
-            o = xt[i * nl + 16 * k:i * nl + 16 * k + 16]
-            for j in range(16):
-                o[j] = xb[16 * j + i]
+    gather_lanes(x, t0, nblk, xt)
     ls = np.empty((nblk, 16), np.int64)  # the 6-bit scales (0..63) of each block
     d16s = np.empty(nblk, np.int64)
     if use_qw:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ggufkit.quant.fp import fmul, fp16_to_fp32, fp32_to_fp16
 from ggufkit.quant.kquants_math import GROUP_MAX_EPS, nearest_int_full, round_clamp
-from ggufkit.quant.q3k_cpu import _qx_lanes
+from ggufkit.quant.q3k_cpu import _qx_lanes, gather_lanes
 
 QK_K = 256
 Q6_K_BYTES = 210
@@ -70,15 +70,7 @@ def q6k_chunk(x: np.ndarray, qw: np.ndarray, out: np.ndarray, t0: int, nblk: int
     dl = buf[76 * nl:77 * nl]  # d * scale of each sub-block (0: the C keeps the fit's quants)
     nok = buf[77 * nl:78 * nl]  # per lane: quotients off round_clamp's range
     lr2 = buf[16 * nl:32 * nl]  # the requantized quants, where the weights were (read by the fit only)
-    for k in range(nblk):
-        t = t0 + k
-        r = t // nb
-        b = t - r * nb
-        xb = x[r, b * QK_K:(b + 1) * QK_K]
-        for i in range(16):  # (a 16-wide write per weight index: the fastest form of this transposition)
-            o = xt[i * nl + 16 * k:i * nl + 16 * k + 16]
-            for j in range(16):
-                o[j] = xb[16 * j + i]
+    gather_lanes(x, t0, nblk, xt)
     if use_qw:
         # make_qx_quants with quant_weights: w is the imatrix itself (quantize_row_q6_K_impl passes qw raw).
         for k in range(nblk):
