@@ -260,8 +260,8 @@ def quantize(data: np.ndarray, qtype: GGMLQuantizationType, *, imatrix: np.ndarr
         _raise_non_finite(x.reshape(-1)[bad:bad + 1], bad, name)
     x = x.reshape(shape)
     if t in FLOAT_TYPES:
-        with numba_threads(threads):
-            return _convert_float(x, t).reshape(out_shape)
+        with numba_threads(threads):  # F16 input was widened into a new array: F32 output needs no copy
+            return _convert_float(x, t, owned=np.asarray(data).dtype == np.float16).reshape(out_shape)
     out = np.empty((rows, out_shape[-1]), dtype=np.uint8)
     if rows == 0 or n_per_row == 0:
         return out.reshape(out_shape)
@@ -314,11 +314,11 @@ def _raise_non_finite(values: np.ndarray, base: int, name: str | None) -> None:
                             "NaN/inf weights cannot be quantized", tensor=name)
 
 
-def _convert_float(x: np.ndarray, t: GGMLQuantizationType) -> np.ndarray:
+def _convert_float(x: np.ndarray, t: GGMLQuantizationType, owned: bool) -> np.ndarray:
     from ggufkit.quant.fp import f32_to_bf16_array, f32_to_f16_array
 
     if t == GGMLQuantizationType.F32:
-        return x.view(np.uint8).copy()
+        return x.view(np.uint8) if owned else x.view(np.uint8).copy()
     if t == GGMLQuantizationType.F16:
         return f32_to_f16_array(x).view(np.uint8)
     return f32_to_bf16_array(x).view(np.uint8)

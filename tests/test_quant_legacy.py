@@ -153,6 +153,9 @@ def test_float_targets_equal_ggml(qtype: T) -> None:
     assert np.array_equal(quantize(x, qtype), ggml_quantize(x, qtype))
     assert np.array_equal(dequantize(quantize(x, qtype), qtype, x.shape).view(np.uint32),
                           ggml_dequantize(ggml_quantize(x, qtype), qtype, x.shape).view(np.uint32))
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # F16 input: widened, then converted
+    halves = halves[(halves & 0x7C00) != 0x7C00].view(np.float16)[: 63488 // 32 * 32].reshape(-1, 32)
+    assert np.array_equal(quantize(halves, qtype), ggml_quantize(halves.astype(np.float32), qtype))
 
 
 def test_fp16_helper_equals_numpy_rne_on_random_bit_patterns() -> None:
