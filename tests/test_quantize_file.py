@@ -184,7 +184,7 @@ def test_nan_weights_fail_naming_the_tensor_and_write_nothing(tmp_path):
     assert not (tmp_path / "out.gguf").exists()
 
 
-@pytest.mark.parametrize("bad_value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("bad_value", [np.nan, -np.nan, np.inf, -np.inf], ids=["nan", "-nan", "inf", "-inf"])
 @pytest.mark.parametrize("dtype", [QT.F32, QT.F16, QT.BF16], ids=lambda t: t.name)
 def test_non_finite_copied_float_tensor_is_refused_as_in_llama_model_quantize(tmp_path, dtype, bad_value):
     # A tensor copied as it is (target = its own type) is checked on its bits, as llama's loader checks it.
