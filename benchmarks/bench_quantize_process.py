@@ -122,3 +122,39 @@ if __name__ == "__main__":
 #   iq1_m wall 31.8 vs 89.3 s (0.36), CPU 15.1 vs 43.6 s (0.35). ggml's grid-table set-up
 #   (ggml_quantize_init) alone took 2.7 s for IQ2_XXS and 12-24 s for IQ1_S/IQ1_M in a fresh process here;
 #   ggufkit builds its tables in 1-4.4 s.
+#
+# 2026-11-27, later (same machine; after the IQ1_S and Q6_K kernel rounds and the float-target changes).
+#   Every row, 135M shape, 1 run each, load 1.8-4.5 (two engineers' jobs running; CPU ratios are the steadier):
+#     type        wall s ours/llama   wall  CPU    | type        wall s ours/llama   wall  CPU
+#     q4_0        2.09 / 1.73         1.21  1.29   | iq3_xxs     14.18 / 35.20       0.40  0.38
+#     q4_1        2.37 / 1.95         1.21  1.23   | iq3_s        9.83 / 27.66       0.36  0.33
+#     mxfp4_moe   2.39 / 3.07         0.78  0.90   | iq3_xs      16.80 / 42.81       0.39  0.38
+#     q5_0        1.73 / 2.13         0.81  0.98   | q3_k_s       1.60 / 1.39        1.15  1.19
+#     q5_1        1.89 / 1.72         1.10  1.06   | q3_k_m       2.15 / 3.74        0.57  0.51
+#     iq2_xxs    18.99 / 62.56        0.30  0.32   | q3_k_l       2.67 / 4.03        0.66  0.62
+#     iq2_xs     23.46 / 48.30        0.49  0.30   | iq4_nl      14.12 / 36.36       0.39  0.34
+#     iq2_s      16.31 / 33.83        0.48  0.26   | iq4_xs      12.76 / 30.31       0.42  0.36
+#     iq2_m      10.33 / 31.96        0.32  0.30   | q4_k_s       1.91 / 4.57        0.42  0.50
+#     iq1_m      12.55 / 29.81        0.42  0.32   | q4_k_m       2.07 / 2.73        0.76  0.58
+#     tq1_0       1.74 / 1.51         1.16  1.04   | q5_k_s       1.71 / 2.68        0.64  0.52
+#     tq2_0       1.72 / 1.18         1.46  1.20   | q5_k_m       1.67 / 2.64        0.63  0.66
+#     q2_k        2.18 / 1.47         1.48  1.05   | q8_0         1.16 / 1.69        0.69  0.69
+#     q2_k_s      4.32 / 7.50         0.58  0.48   | f32          1.18 / 1.05        1.13  1.34
+#   (q1_0: both tools refuse this model -- 576-wide rows, no fallback type for Q1_0's 128-weight blocks.)
+#   Quieter (load 1.1-1.6), after the changes: iq1_s 9.12 vs 26.28 s (0.35) CPU 0.29; iq3_m 9.51 vs 23.01 s (0.41)
+#   CPU 0.39; 3 runs: q8_0 1.10 / CPU 0.85, q4_0 1.40 / 1.17, q6_k 0.85 / 0.67, f16 1.49 / 2.27, bf16 1.62 / 1.68
+#   (2.78 s -> 1.46 s with the Numba BF16 pass), copy 1.30 / 1.60.
+#   At 135M every row whose tool takes ~1-4 s in llama-quantize is bound by ggufkit's start-up (~0.45 CPU-s of
+#   imports: NumPy 0.1, gguf 0.05, Numba 0.2; ~0.1 per cached kernel loaded). The same rows on the 1.1B shape
+#   (--shape 1b), 1 run each, load 1.3-4.7:
+#     q8_0 3.45 vs 7.43 s (0.46) CPU 0.43      q4_0 2.95 vs 7.03 (0.42) CPU 0.49    q4_1 6.83 vs 11.40 (0.60) CPU 0.44
+#     q5_0 5.28 vs 11.69 (0.45) CPU 0.41       q5_1 5.80 vs 11.21 (0.52) CPU 0.44  mxfp4_moe 4.59 vs 10.46 (0.44) 0.33
+#     tq2_0 5.27 vs 13.59 (0.39) CPU 0.34      q2_k 19.26 vs 44.97 (0.43) 0.40     q2_k_s 52.93 vs 137.38 (0.39) 0.32
+#     q3_k_s 6.40 vs 13.83 (0.46) CPU 0.40     q3_k_m 11.27 vs 27.61 (0.41) 0.36   q3_k_l 11.15 vs 26.72 (0.42) 0.38
+#     q4_k_m 26.85 vs 112.36 (0.24) CPU 0.30   q5_k_s 17.27 vs 51.71 (0.33) 0.30   q5_k_m 16.39 vs 52.36 (0.31) 0.28
+#     q6_k 11.56 vs 31.18 (0.37) CPU 0.33      (q6_k before the Q6_K round: 30.62 vs 84.06 s, 0.36 / CPU 0.44)
+#   Float rows at 1.1B, load 1.2-1.4: f16 5.15 vs 3.91 s (1.32) CPU 1.87; bf16 6.78 vs 6.35 (1.07) CPU 1.14;
+#   f32 10.30 vs 10.87 (0.95) CPU 0.94; copy 3.55 vs 5.41 (0.66) CPU 0.80. These are copies and element
+#   conversions bound by reading and writing the file: ggufkit reads each tensor into a buffer (pread) and
+#   writes it, one copy more than a writer from a mapping; f16 and copy run the same plan (every tensor copied),
+#   so their difference is run-to-run I/O noise.
