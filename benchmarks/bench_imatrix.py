@@ -28,9 +28,12 @@ process): llama-perplexity ``-t 1 -nr`` 18.3-19.7 s user CPU, ``ggufkit ppl`` wi
 Run: ``python -m pytest benchmarks/bench_imatrix.py --benchmark-enable -s`` (not part of CI).
 ``GGUFKIT_BENCH_LLAMA_BIN=DIR`` takes llama.cpp's two tools from another build. An AVX2-only machine (the 2-core AMD
 EPYC kind the issue measured) is approximated on an AVX-512 CPU by a llama.cpp build with ``-DGGML_NATIVE=OFF
--DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON`` (no AVX-512) on one side and ``NUMBA_CPU_NAME=haswell
-ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` on the other (the same instruction sets; not the same
-micro-architecture).
+-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON`` (no AVX-512) on one side and ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2`` on the other (the same instruction sets; not the same micro-architecture). Numba needs
+``NUMBA_CPU_NAME`` *and* ``NUMBA_CPU_FEATURES``: with the name alone it keeps the host's feature list, AVX-512
+included (numba/core/config.py); ``benchmarks/bench_quantize_kernels.py --avx2-only`` builds that list. The F16
+model here runs no Numba kernel (the evaluator's arithmetic is PyTorch's), so the figures measured with the
+name alone stand.
 """
 
 from __future__ import annotations

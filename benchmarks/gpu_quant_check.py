@@ -7,9 +7,12 @@ Not a pytest file (CI has no GPU). Run on a machine with CUDA, with ggufkit impo
 For every type in ``ggufkit.quant.KERNELS`` that has CUDA kernels it quantizes a few million weights of
 several distributions (normal, bf16-rounded, edge blocks: zeros, constants, one non-zero, subnormals,
 huge magnitudes, negative maxima, .5 ties) with and without an imatrix, on the GPU and the CPU, and
-compares bytes; then compares dequantization; then times the GPU path on ``--bench-weights`` weights
-and reports GB/s of the equivalent F16 input (2 bytes per weight), end to end (host f32 in, host bytes
-out) and kernel only. Prints one JSON object per line.
+compares bytes; then the same through the public API on F16 input (``quantize(f16, t, device="cuda")``
+against ``device="cpu"``: the file pipeline's path, whose CPU side has its own fused F16 kernels), on a
+row length that is a whole number of super-blocks and one that is not; then compares dequantization;
+then times the GPU path on ``--bench-weights`` weights and reports GB/s of the equivalent F16 input (2
+bytes per weight), end to end (host f32 in, host bytes out) and kernel only. Prints one JSON object per
+line.
 """
 
 from __future__ import annotations
@@ -40,11 +43,36 @@ def _data(n_weights: int, n_per_row: int, seed: int) -> np.ndarray:
     return x
 
 
+def _f16_api_check(quantize, qtype, block_size: int, rows: int, qw: np.ndarray) -> dict:
+    """F16 rows (normal, edge rows: zeros, a constant, sparse, subnormal halves, near 65504, negative, ties)
+    quantized by the public API on both devices; returns ``f16_<n>_<path>_equal`` per row length."""
+    rec: dict = {}
+    for n in (4096, 4352 if block_size == 256 else 576 if 576 % block_size == 0 else 4096 + block_size):
+        rng = np.random.default_rng(int(qtype) * 7 + n)
+        x = (rng.standard_normal((rows, n)) * 0.02).astype(np.float16)
+        x[0] = 0
+        x[1] = np.float16(0.37)
+        x[2, ::37] = 1.5
+        x[3] = (rng.standard_normal(n) * 1e-6).astype(np.float16)
+        x[4] = (rng.standard_normal(n) * 6e4).clip(-65504, 65504).astype(np.float16)
+        x[5] = -np.abs(x[5])
+        x[6] = (rng.integers(-64, 64, n) / 16).astype(np.float16)
+        w = np.resize(qw, n)
+        for label, im in (("ref", None), ("imatrix", w)):
+            a = quantize(x, qtype, imatrix=im, device="cpu")
+            b = quantize(x, qtype, imatrix=im, device="cuda")
+            rec[f"f16_{n}_{label}_equal"] = bool(np.array_equal(a, b))
+            if not rec[f"f16_{n}_{label}_equal"]:
+                rec[f"f16_{n}_{label}_bad_rows"] = np.nonzero((a != b).any(axis=1))[0][:10].tolist()
+    return rec
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", type=int, default=4_000_000)
     ap.add_argument("--bench-weights", type=int, default=1 << 28)
     ap.add_argument("--types", default="")
+    ap.add_argument("--f16-rows", type=int, default=512, help="rows per F16 public-API check (0: skip)")
     args = ap.parse_args()
     if not hasattr(np, "row_stack"):
         # numba 0.68.0's parallel CPU backend still names np.row_stack, which NumPy 2.5 removed (seen on
@@ -53,7 +81,7 @@ def main() -> None:
 
     from numba import cuda
 
-    from ggufkit.quant import KERNELS
+    from ggufkit.quant import KERNELS, quantize
 
     try:
         name = cuda.get_current_device().name
@@ -93,6 +121,8 @@ def main() -> None:
                     rec[f"{label}_bad_rows"] = np.nonzero(per_row)[0][:10].tolist()
                 rec[f"{label}_cpu_s"] = round(t1 - t0, 3)
                 rec[f"{label}_gpu_first_call_s"] = round(t2 - t1, 3)
+            if args.f16_rows:
+                rec.update(_f16_api_check(quantize, qtype, k.block_size, args.f16_rows, qw))
             ya = np.empty(x.shape, np.float32)
             yb = np.empty_like(ya)
             cdq(a, ya)

@@ -31,7 +31,8 @@ failed loudly rather than taken another path):
   earlier session measured ggufkit 2.0x llama-perplexity's CUDA rate, F16, without flash attention).
 * The same script on 2 of the host's cores with AVX2 only on both sides (``CUDA_VISIBLE_DEVICES=`` ``taskset -c
   0,1``; the build's CPU backend is compiled for AVX2/FMA/F16C without AVX-512; ggufkit with
-  ``NUMBA_CPU_NAME=haswell ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``), 8 x 512 tokens, 1 round:
+  ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``; the ``NUMBA_CPU_NAME=haswell`` also set did not hold
+  Numba to AVX2 without ``NUMBA_CPU_FEATURES``, but this F16 model runs no Numba kernel), 8 x 512 tokens, 1 round:
   imatrix whole process 17.41 s vs 14.32 s (ratio 1.22; after start-up 1.91), ppl 16.53 s vs 16.20 s (ratio 1.02;
   after start-up 1.53); PPL 77431.51 (llama.cpp) vs 77425.66.
 """

@@ -23,7 +23,7 @@ import numba
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16_x86, fsub
+from ggufkit.quant.fp import fadd, fmul, fp16_to_fp32, fp32_to_fp16_x86
 from ggufkit.quant.kquants_math import GROUP_MAX_EPS, nearest_int_full
 
 IQ4_NL_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.IQ4_NL][1]  # 18
@@ -37,39 +37,36 @@ _NTRY = 7
 _CHUNK = 64
 
 
+#: The midpoints between neighbouring table values (half-integers, exact in float32): ``_MID_IQ4NL[k]`` lies
+#: between ``KVALUES_IQ4NL[k]`` and ``KVALUES_IQ4NL[k + 1]``.
+_MID_IQ4NL = ((KVALUES_IQ4NL[:-1] + KVALUES_IQ4NL[1:]) / np.float32(2.0)).astype(np.float32)
+
+
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def best_index_iq4(x: np.float32) -> int:
-    """``best_index_int8(16, kvalues_iq4nl, x)``: the nearest table entry (bisection, ties to the upper)."""
-    val = KVALUES_IQ4NL
-    if x <= val[0]:
-        return 0
-    if x >= val[15]:
-        return 15
-    ml = 0
-    mu = 15
-    while mu - ml > 1:
-        mav = (ml + mu) // 2
-        if x < val[mav]:
-            mu = mav
-        else:
-            ml = mav
-    return mu - 1 if fsub(x, val[mu - 1]) < fsub(val[mu], x) else mu
+    """``best_index_int8(16, kvalues_iq4nl, x)`` (ggml-quants.c): the index of the nearest table value.
+
+    The C bisects to the neighbours ``lo <= x < hi`` and takes ``lo`` only when ``fl(x - lo) < fl(hi - x)``.
+    Both differences are monotone in ``x``, so between two neighbours the choice flips at one point, and that
+    point is their midpoint (``tests/test_quant_lowbit.py`` checks the float below each midpoint picks ``lo``
+    and the midpoint itself ``hi``). So the index is the number of midpoints ``x`` reaches: compares only, no
+    table lookups, which lets loops over it vectorize without gathers (slow on AVX2). NaN gets 15, as the
+    C's bisection gives it.
+    """
+    idx = 0
+    for k in range(15):
+        idx += x >= _MID_IQ4NL[k]
+    return 15 if x != x else idx
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
 def _nearest_value(al: np.float32) -> np.float32:
-    # KVALUES_IQ4NL[best_index_iq4(al)] without branches (so that loops over it vectorize). The bisection ends
-    # at the mu with val[mu-1] <= al < val[mu], i.e. mu = #{k: val[k] <= al}; then the nearer of the two wins
-    # (the lower one only when strictly nearer). NaN gets the last value, as the C's bisection gives it.
+    # KVALUES_IQ4NL[best_index_iq4(al)] as a chain of selects (see best_index_iq4 for why the midpoints decide).
     val = KVALUES_IQ4NL
-    mu = 1
-    for k in range(1, 15):
-        mu += al >= val[k]
-    lo = val[mu - 1]
-    hi = val[mu]
-    q = lo if fsub(al, lo) < fsub(hi, al) else hi
-    q = val[0] if al <= val[0] else q
-    return val[15] if (al >= val[15]) | (al != al) else q
+    q = val[0]
+    for k in range(15):
+        q = val[k + 1] if al >= _MID_IQ4NL[k] else q
+    return val[15] if al != al else q
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")

@@ -199,6 +199,48 @@ def test_mxfp4_codes_match_ggml_at_and_beside_every_midpoint_in_every_binade() -
     _assert_same_blocks(QT.MXFP4, _ours(QT.MXFP4, x, None), ggml_quantize(x, QT.MXFP4))
 
 
+def _best_index_int8(values: np.ndarray, x: np.float32) -> int:
+    """ggml-quants.c best_index_int8, step for step in float32 (the oracle for the midpoint form)."""
+    if x <= values[0]:
+        return 0
+    if x >= values[-1]:
+        return len(values) - 1
+    ml, mu = 0, len(values) - 1
+    while mu - ml > 1:
+        mav = (ml + mu) // 2
+        if x < values[mav]:
+            mu = mav
+        else:
+            ml = mav
+    return mu - 1 if np.float32(x - values[mu - 1]) < np.float32(values[mu] - x) else mu
+
+
+def test_iq4_nearest_index_flips_exactly_at_each_midpoint() -> None:
+    # best_index_iq4 counts the midpoints x reaches instead of bisecting. That is exact because the C's choice
+    # between neighbours lo <= x < hi, fl(x - lo) < fl(hi - x), is monotone in x: it must flip at the
+    # midpoint itself, so the float just below each midpoint picks lo and the midpoint picks hi.
+    values = iq_nonlinear.KVALUES_IQ4NL
+    with np.errstate(invalid="ignore"):
+        for lo, hi, mid in zip(values[:-1], values[1:], iq_nonlinear._MID_IQ4NL):
+            below = np.nextafter(mid, np.float32(-np.inf))
+            assert np.float32(below - lo) < np.float32(hi - below)
+            assert not np.float32(mid - lo) < np.float32(hi - mid)
+        marks = np.concatenate([values, iq_nonlinear._MID_IQ4NL, [0.0, 1e-30, -1e-30, 1e30, -1e30]]).astype(np.float32)
+        near = [marks]
+        for direction in (np.inf, -np.inf):
+            step = marks
+            for _ in range(3):
+                step = np.nextafter(step, np.float32(direction))
+                near.append(step)
+        rng = np.random.default_rng(0)
+        probes = np.concatenate([*near, rng.uniform(-140, 130, 4000).astype(np.float32),
+                                 np.array([np.inf, -np.inf, np.nan], np.float32)])
+        for x in probes:
+            want = _best_index_int8(values, x)
+            assert iq_nonlinear.best_index_iq4(x) == want, x
+            assert iq_nonlinear._nearest_value(x) == values[want], x
+
+
 def _dequant_inputs(qtype: QT, rng: np.random.Generator) -> np.ndarray:
     """Blocks of quantized real data plus random bytes (every quant/scale pattern; f16 scales finite)."""
     type_size = GGML_QUANT_SIZES[qtype][1]
