@@ -23,8 +23,11 @@ def machine() -> str:
             if f in flags]
     mem = next((ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
                 if ln.startswith("MemTotal")), "0") if Path("/proc/meminfo").exists() else "0"
+    held = ""
+    if "-avx512f" in os.environ.get("NUMBA_CPU_FEATURES", ""):  # benchmarks/avx2_only.py's environment
+        held = f"; ggufkit's Numba held to AVX2 (NUMBA_CPU_NAME={os.environ.get('NUMBA_CPU_NAME', '?')}, AVX-512 off)"
     return (f"{model}, {os.cpu_count()} cores, {int(mem) >> 20} GiB, flags: {' '.join(simd) or 'none'} "
-            "(llama.cpp tools run with -nr / no repack: AMX is reported but unusable here)")
+            f"(llama.cpp tools run with -nr / no repack: AMX is reported but unusable here){held}")
 
 
 def load() -> float:
