@@ -442,8 +442,9 @@ def _validate_scales(out: np.ndarray, entry: PlanEntry) -> None:
         blocks = out.reshape(-1, type_size)
         bad = False
         for off in TYPES[entry.dst_type].scale_offsets:
-            h = blocks[:, off].astype(np.uint16) | (blocks[:, off + 1].astype(np.uint16) << 8)
-            bad = bad or bool(((h & 0x7C00) == 0x7C00).any())
+            # f16 inf/NaN: all five exponent bits set, which all sit in the high byte (little-endian), 0x7C
+            # there; one strided byte column instead of widening and joining two (4x less time)
+            bad = bad or bool(((blocks[:, off + 1] & 0x7C) == 0x7C).any())
     else:
         return
     if bad:

@@ -214,16 +214,19 @@ def test_non_finite_copied_float_tensor_is_refused_as_in_llama_model_quantize(tm
     out.close()
 
 
-def test_scale_overflowing_f16_fails_as_in_llama_model_quantize(tmp_path):
+@pytest.mark.parametrize(("target", "value"), [("q4_0", 1e6), ("q4_0", -1e6), ("q6_k", 1e9)])
+def test_scale_overflowing_f16_fails_as_in_llama_model_quantize(tmp_path, target, value):
+    # Q4_0: d = 1e6 / -8 does not fit in f16 (either sign); Q6_K: its f16 super-block scale sits at byte 208
     meta = Metadata()
     meta.set("general.architecture", 8, "llama")
     meta.set("llama.block_count", 4, 1)
-    big = np.full((4, 256), 1e6, np.float32)  # Q4_0: d = 1e6 / -8 does not fit in f16
+    big = np.full((4, 256), value, np.float32)
+    big[:, ::7] = value / 3
     write_gguf(tmp_path / "big.gguf", meta, [TensorSpec("blk.0.attn_q.weight", QT.F32, (4, 256))], [big])
     with pytest.raises(RuntimeError, match="llama_model_quantize failed"):
-        llama_quantize(tmp_path / "big.gguf", tmp_path / "ref.gguf", "q4_0")
+        llama_quantize(tmp_path / "big.gguf", tmp_path / "ref.gguf", target)
     with pytest.raises(QuantizationError, match=r"'blk\.0\.attn_q\.weight': quantized data validation failed"):
-        quantize_file(tmp_path / "big.gguf", tmp_path / "out.gguf", "q4_0")
+        quantize_file(tmp_path / "big.gguf", tmp_path / "out.gguf", target)
     assert not (tmp_path / "out.gguf").exists()
 
 
