@@ -27,7 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ggufkit.quant.fp import fp16_to_fp32
-from ggufkit.quant.iq2_search import MAX_LANES, lane_search, qp_scale32, trials, trials_seq
+from ggufkit.quant.iq2_search import MAX_LANES, MAX_PAD, lane_search, qp_scale32, trials, trials_seq
 from ggufkit.quant.iq_common import (
     NEGATIVE_SCALE,
     NO_GRID_POINT,
@@ -48,8 +48,6 @@ GROUP_MAX_EPS_IQ2_S = np.float32(1e-8)
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
-#: Bound on the lanes of one neighbour list (the longest IQ2 list pads to 296 lanes, IQ2_XS).
-_MAX_PAD = 512
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
@@ -82,14 +80,14 @@ class _Lanes(NamedTuple):
 @cache
 def _lanes(qtype: GGMLQuantizationType) -> _Lanes:
     """:class:`_Lanes` of ``neighbour_lanes(qtype)``, checked to fit the kernels' scratch (two lists of
-    ``_MAX_PAD`` lanes) and the ``info`` encoding."""
+    ``MAX_PAD`` lanes) and the ``info`` encoding."""
     n = neighbour_lanes(qtype)
-    if int(n.pad.max()) >= _MAX_PAD:
-        raise AssertionError(f"{qtype.name}: a neighbour list of {int(n.pad.max())} lanes, not below {_MAX_PAD}")
+    if int(n.pad.max()) >= MAX_PAD:
+        raise AssertionError(f"{qtype.name}: a neighbour list of {int(n.pad.max())} lanes, not below {MAX_PAD}")
     values = n.values.astype(np.uint8)
     if not np.array_equal(values.astype(np.float32), n.values):
         raise AssertionError(f"{qtype.name}: grid levels that are not small integers")
-    info = np.where(n.start >= 0, n.start.astype(np.int64) * _MAX_PAD + n.pad, -1)
+    info = np.where(n.start >= 0, n.start.astype(np.int64) * MAX_PAD + n.pad, -1)
     if int(info.max()) >= 2**31:
         raise AssertionError(f"{qtype.name}: too many lanes for int32 list info")
     return _Lanes(info.astype(np.int32), n.grid_index, values)
@@ -102,11 +100,11 @@ def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np
     trial scales, the two sums, 4 for the packed indices (and make_qp_quants' lanes before), one for the
     out-of-range counts, 3 spare, then the candidate values ``q``), int32[4, MAX_LANES] packed
     indices, bool[MAX_LANES, 4] on-grid flags, float32[4, 32] (weight, waux, xval, scales), int8[2, 32]
-    (L, Laux), uint8[32], float32[2 * _MAX_PAD] (the distances of one list at two scales), int64[20] (IQ2_XXS's 16 words of
+    (L, Laux), uint8[32], float32[2 * MAX_PAD] (the distances of one list at two scales), int64[20] (IQ2_XXS's 16 words of
     ``qs``, then the sign bits of the sub-groups)."""
     return (np.empty((12 + n, MAX_LANES), np.float32), np.zeros((4, MAX_LANES), np.int32),
             np.zeros((MAX_LANES, 4), np.bool_), np.zeros((4, 32), np.float32), np.zeros((2, 32), np.int8),
-            np.zeros(32, np.uint8), np.zeros(2 * _MAX_PAD, np.float32), np.zeros(20, np.int64))
+            np.zeros(32, np.uint8), np.zeros(2 * MAX_PAD, np.float32), np.zeros(20, np.int64))
 
 
 # --- IQ2_XXS ---------------------------------------------------------------------------------------

@@ -34,11 +34,14 @@ _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
 _FLT_MAX_BITS = 0x7F7FFFFF
-_NO_KEY = _FLT_MAX_BITS << 32
+#: Bound on the lanes of one neighbour list (the longest IQ2 list pads to 296 lanes, IQ2_XS); iq2 checks it.
+MAX_PAD = 512
 _MAGIC = np.float32(12582912.0)  # 1.5 * 2^23: v + _MAGIC - _MAGIC rounds half to even for |v| < 2^22
 _ROUND_OK = np.float32(4194304.0)  # 2^22
 #: Most trial lanes :func:`trials` takes (IQ2_XS/IQ2_S use 24 for their 19 trials, IQ2_XXS 16 for 13).
 MAX_LANES = 32
+
+
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False, inline="always")
@@ -51,9 +54,11 @@ def lane_search(nt: int, k0: int, k1: int, u: np.ndarray, ts: np.ndarray, xval: 
 
     ``linfo[u]`` is -1 on the grid, else ``start * 512 + pad`` of the list's lanes. Each candidate's
     distance is ggml's float32 operations in element order (from +0, so >= +0; NaN and anything not below
-    FLT_MAX, which never wins in ggml, become FLT_MAX), and the smallest ``bits << 32 | lane`` key is
-    ggml's first strictly-smallest candidate (padding lanes repeat the last). Two consecutive trials with
-    the same off-grid point (most are: the trial scales differ by 2 %) share one pass over the list.
+    FLT_MAX, which never wins in ggml, become FLT_MAX); the first lane holding the smallest distance bits
+    (int32 minima: the distances are >= +0, so their bits order as the floats) is ggml's first
+    strictly-smallest candidate (padding lanes repeat the last). Two consecutive trials with the same
+    off-grid point (most are: the trial scales differ by 2 %) share one pass over the list; a trial alone
+    (and every search at one scale: ggml's final pass, :func:`trials_seq`) takes a one-scale pass.
     """
     d2bits = d2.view(np.int32)
     for k in range(k0, k1):
@@ -87,7 +92,33 @@ def lane_search(nt: int, k0: int, k1: int, u: np.ndarray, ts: np.ndarray, xval: 
             bb = np.uint64(8) * s0
             nb = 2 if t + 1 < nt and u[k, t + 1] == uu else 1
             sa = ts[t]
-            sb = ts[t + nb - 1]
+            if nb == 1:
+                for j in range(p):
+                    e0 = sa * np.float32(lvalues[bb + j]) - x0
+                    e1 = sa * np.float32(lvalues[bb + p + j]) - x1
+                    e2 = sa * np.float32(lvalues[bb + np.uint64(2) * p + j]) - x2
+                    e3 = sa * np.float32(lvalues[bb + np.uint64(3) * p + j]) - x3
+                    e4 = sa * np.float32(lvalues[bb + np.uint64(4) * p + j]) - x4
+                    e5 = sa * np.float32(lvalues[bb + np.uint64(5) * p + j]) - x5
+                    e6 = sa * np.float32(lvalues[bb + np.uint64(6) * p + j]) - x6
+                    e7 = sa * np.float32(lvalues[bb + np.uint64(7) * p + j]) - x7
+                    dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
+                            + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
+                    d2[j] = dd if dd < FLT_MAX else FLT_MAX
+                m1 = np.int32(_FLT_MAX_BITS)
+                for j in range(p):
+                    m1 = min(m1, d2bits[j])
+                if m1 >= _FLT_MAX_BITS:
+                    return NO_GRID_POINT
+                j1 = np.int32(MAX_PAD)
+                for j in range(p):
+                    j1 = min(j1, np.int32(j) if d2bits[j] == m1 else np.int32(MAX_PAD))
+                gi = np.int64(lindex[s0 + np.uint64(j1)])
+                for i in range(8):
+                    q[o + i, t] = np.float32(qgrid[gi, i])
+                t += 1
+                continue
+            sb = ts[t + 1]
             for j in range(p):
                 g0 = np.float32(lvalues[bb + j])
                 g1 = np.float32(lvalues[bb + p + j])
@@ -119,22 +150,30 @@ def lane_search(nt: int, k0: int, k1: int, u: np.ndarray, ts: np.ndarray, xval: 
                 dd = (((((((_F0 + w0 * e0 * e0) + w1 * e1 * e1) + w2 * e2 * e2) + w3 * e3 * e3)
                         + w4 * e4 * e4) + w5 * e5 * e5) + w6 * e6 * e6) + w7 * e7 * e7
                 d2[p + j] = dd if dd < FLT_MAX else FLT_MAX
-            key = np.int64(_NO_KEY)
-            key2 = np.int64(_NO_KEY)
+            # the smallest distance as int32 bits (all >= +0, so ordered as the floats), then its first lane:
+            # 32-bit minima, 8 lanes a vector on AVX2 (a 64-bit ``bits << 32 | lane`` key needs AVX-512's
+            # vpminsq, else compare-and-blend)
+            m1 = np.int32(_FLT_MAX_BITS)
+            m2 = np.int32(_FLT_MAX_BITS)
             for j in range(p):
-                key = min(key, (np.int64(d2bits[j]) << 32) | np.int64(j))
-                key2 = min(key2, (np.int64(d2bits[p + j]) << 32) | np.int64(j))
-            if (key >> 32) >= _FLT_MAX_BITS or (key2 >> 32) >= _FLT_MAX_BITS:
+                m1 = min(m1, d2bits[j])
+                m2 = min(m2, d2bits[p + j])
+            if m1 >= _FLT_MAX_BITS or m2 >= _FLT_MAX_BITS:
                 return NO_GRID_POINT
-            gi = np.int64(lindex[s0 + np.uint64(key & 0xFFFFFFFF)])
+            j1 = np.int32(MAX_PAD)
+            j2 = np.int32(MAX_PAD)
+            for j in range(p):
+                jj = np.int32(j)
+                j1 = min(j1, jj if d2bits[j] == m1 else np.int32(MAX_PAD))
+                j2 = min(j2, jj if d2bits[p + j] == m2 else np.int32(MAX_PAD))
+            gi = np.int64(lindex[s0 + np.uint64(j1)])
             for i in range(8):
                 q[o + i, t] = np.float32(qgrid[gi, i])
-            if nb == 2:
-                on_grid[t + 1, k] = False
-                gi = np.int64(lindex[s0 + np.uint64(key2 & 0xFFFFFFFF)])
-                for i in range(8):
-                    q[o + i, t + 1] = np.float32(qgrid[gi, i])
-            t += nb
+            on_grid[t + 1, k] = False
+            gi = np.int64(lindex[s0 + np.uint64(j2)])
+            for i in range(8):
+                q[o + i, t + 1] = np.float32(qgrid[gi, i])
+            t += 2
     return 0
 
 
