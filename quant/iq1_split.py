@@ -332,7 +332,7 @@ _CM1 = X_M[0] * X_M[0] - X_M[1] * X_M[1]
 _CM2 = X_M[1] * X_M[1] - X_M[2] * X_M[2]
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _m_pair(pre: np.ndarray, i1: int, i2: int, k: int) -> tuple[np.float32, np.float32]:
     """(sumqx[k], sumq2[k]) of split (i1, i2) as quantize_row_iq1_m_impl computes them (k: bit 1 the sign
     of the first half's shift, bit 0 the second's; 0 = +delta)."""
@@ -357,7 +357,7 @@ def _m_pair(pre: np.ndarray, i1: int, i2: int, k: int) -> tuple[np.float32, np.f
     return qx0 + qx1, q20 + q21
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _m_replay(pre: np.ndarray, keys: np.ndarray, nk: int, scale: np.float32) -> tuple[np.float32, int, int, int]:
     """ggml's comparison over the IQ1_M candidates ``keys[:nk]`` (order keys ``(i1*17 + i2)*4 + k``, in
     ggml's order) from ggml's initial state: (scale, besti1, besti2, best_k), -1s when none is valid."""
@@ -379,7 +379,7 @@ def _m_replay(pre: np.ndarray, keys: np.ndarray, nk: int, scale: np.float32) -> 
     return scale, besti1, besti2, best_k
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def iq1_m_scan(pre: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
     """ggml's scan of quantize_row_iq1_m_impl: every candidate, in ggml's order (i1, i2 >= i1, k), with
     ggml's operations (``_m_pair``'s, written out per split)."""
@@ -415,7 +415,7 @@ def iq1_m_scan(pre: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int
     return scale, besti1, besti2, best_k
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _m_split_of(row: int, i: int) -> tuple[int, int]:
     """The split (i1, i2) of lane ``i`` of row ``row`` of ``iq1_m_search``'s layout."""
     if row == 9:
@@ -425,7 +425,7 @@ def _m_split_of(row: int, i: int) -> tuple[int, int]:
     return i + row - 17, i
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def iq1_m_search(pre: np.ndarray, amax: np.float32, sc: np.ndarray, sc_bits: np.ndarray,
                  keys: np.ndarray) -> tuple[np.float32, int, int, int]:
     """``iq1_m_scan``'s result through the contender replay (module docstring, IQ1_M part).
