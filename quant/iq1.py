@@ -69,6 +69,8 @@ _HALF = np.float32(0.5)
 _MAX_LANES = 256
 _MASKS = np.array([0x00, 0x80, 0x08, 0x88], np.int64)
 _FLT_MAX_BITS = np.int32(0x7F7FFFFF)
+#: Lane numbers as int32 (``_stable_order``'s tie test).
+_LANE_IDS = np.arange(32, dtype=np.int32)
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
@@ -78,14 +80,16 @@ def _stable_order(xb: np.ndarray, idx: np.ndarray, rank: np.ndarray) -> None:
     By rank: ``xb[i]`` goes to the number of values below it plus the equal ones before it. The counts
     are accumulated for all ``i`` at once, one ``j`` at a time (``rank``: int32 scratch as long as ``xb``):
     branch-free vector loops without a horizontal sum per ``i`` (328 -> 221 ns per 32 values); an insertion
-    sort mispredicts most of its comparisons."""
+    sort mispredicts most of its comparisons. The tie test ``j < i`` compares int32 lane numbers (a constant
+    array): on the loop's int64 counter AVX2 needs two 4-wide compares and packing per 8 lanes."""
     n = np.uint64(xb.size)
     for i in range(n):
         rank[i] = 0
     for j in range(n):
         xj = xb[j]
+        jj = np.int32(j)
         for i in range(n):
-            rank[i] += np.int32((xj < xb[i]) | ((xj == xb[i]) & (j < i)))
+            rank[i] += np.int32((xj < xb[i]) | ((xj == xb[i]) & (jj < _LANE_IDS[i])))
     for i in range(n):
         idx[rank[i]] = i
 
@@ -362,24 +366,58 @@ def _half_xx(best_k: int, k: int) -> np.ndarray:
     return _X_P if best_k % 2 == 0 else _X_M
 
 
+class _MScratch(NamedTuple):
+    """Per-worker scratch of ``_iq1_m_block`` (``_m_scratch``)."""
+
+    scales: np.ndarray  # float32[16]
+    shifts: np.ndarray  # int64[16]
+    weight: np.ndarray  # float32[16]
+    idx: np.ndarray  # int64[16]
+    rank: np.ndarray  # int32[16]
+    terms: np.ndarray  # float32[32]
+    pre: np.ndarray  # float32[M_PRE]
+    sc_ratios: np.ndarray  # float32[M_SCRATCH]
+    sc_bits: np.ndarray  # its int32 view
+    keys: np.ndarray  # int64[M_KEYS]
+    L: np.ndarray  # int8[16]
+    grid_idx: np.ndarray  # int64[2]
+    sc: np.ndarray  # int64[4]
+    d2: np.ndarray  # float32[_MAX_LANES]
+
+
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, qgrid: np.ndarray,
-                 kmap: np.ndarray, lanes: NeighbourLanes) -> int:
-    """quantize_row_iq1_m_impl for one super-block (56 bytes); returns a failure code."""
-    scales = np.zeros(16, np.float32)
-    shifts = np.zeros(16, np.int64)
-    weight = np.empty(16, np.float32)
-    idx = np.empty(16, np.int64)
-    rank = np.empty(16, np.int32)
-    terms = np.empty(32, np.float32)
-    pre = np.zeros(M_PRE, np.float32)
+def _m_scratch() -> _MScratch:
     sc_ratios = np.empty(M_SCRATCH, np.float32)
-    sc_bits = sc_ratios.view(np.int32)
-    keys = np.empty(M_KEYS, np.int64)
-    L = np.zeros(16, np.int8)
-    index = np.zeros(2, np.int64)
-    sc = np.zeros(4, np.int64)
-    d2 = np.empty(_MAX_LANES, np.float32)
+    return _MScratch(np.zeros(16, np.float32), np.zeros(16, np.int64), np.empty(16, np.float32),
+                     np.empty(16, np.int64), np.empty(16, np.int32), np.empty(32, np.float32),
+                     np.zeros(M_PRE, np.float32), sc_ratios, sc_ratios.view(np.int32), np.empty(M_KEYS, np.int64),
+                     np.zeros(16, np.int8), np.zeros(2, np.int64), np.zeros(4, np.int64),
+                     np.empty(_MAX_LANES, np.float32))
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
+def _iq1_m_block(xbl: np.ndarray, qw: np.ndarray, use_qw: bool, y: np.ndarray, qgrid: np.ndarray,
+                 kmap: np.ndarray, lanes: NeighbourLanes, scr: _MScratch) -> int:
+    """quantize_row_iq1_m_impl for one super-block (56 bytes); returns a failure code. Allocates nothing
+    and is compiled without reference counting, as ``_iq1_s_block`` is (and so are the searches)."""
+    scales = scr.scales
+    shifts = scr.shifts
+    weight = scr.weight
+    idx = scr.idx
+    rank = scr.rank
+    terms = scr.terms
+    pre = scr.pre
+    sc_ratios = scr.sc_ratios
+    sc_bits = scr.sc_bits
+    keys = scr.keys
+    L = scr.L
+    index = scr.grid_idx
+    sc = scr.sc
+    d2 = scr.d2
+    for i in range(4):
+        sc[i] = 0
+    for a in (PX0, PX1, PW0, PW1):  # the prefix sums' leading zeros (the search uses the slots past 16)
+        pre[a] = _F0
     y[:] = 0
     sigma2 = _sigma2(xbl)
     max_scale = _F0
@@ -500,6 +538,7 @@ def _iq1_m_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarra
     use_qw = qw.size > 0
     todo = work_counter(x.shape[0] * nb)
     for _w in numba.prange(n_workers):
+        scr = _m_scratch()
         lo, hi = claim(todo)
         while lo < hi:
             for t in range(lo, hi):
@@ -507,7 +546,7 @@ def _iq1_m_rows(x: np.ndarray, qw: np.ndarray, out: np.ndarray, qgrid: np.ndarra
                 b = t % nb
                 qwb = qw[QK_K * b:QK_K * (b + 1)] if use_qw else qw
                 code = _iq1_m_block(x[r, QK_K * b:QK_K * (b + 1)], qwb, use_qw, out[r, 56 * b:56 * (b + 1)],
-                                    qgrid, kmap, lanes)
+                                    qgrid, kmap, lanes, scr)
                 if code:
                     bad[r] = code
             lo, hi = claim(todo)

@@ -60,6 +60,9 @@ _S_N = 33
 _S_ROWS = 17
 _S_LANES = 40
 _S_COLS = 2 * _S_LANES
+#: Lane numbers as int32: the searches' lane tests compare these, not the loop's int64 counter (AVX2 has
+#: no 8-wide int64 compare: two 4-wide ones and packing per vector).
+_LANE_IDS = np.arange(_S_LANES, dtype=np.int32)
 DELTA = np.float32(0.125)  # IQ1S_DELTA == IQ1M_DELTA
 _F1 = np.float32(1.0)
 X_P = np.array([-_F1 + DELTA, DELTA, _F1 + DELTA], np.float32)
@@ -96,6 +99,21 @@ def split_scratch() -> SplitScratch:
 def _bits_of(sc: SplitScratch, v: np.float32) -> np.int32:
     sc.cvt[0] = v
     return sc.cvt_bits[0]
+
+
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
+def _column_maxima(bits: np.ndarray, col_bits: np.ndarray, n_rows: np.uint64, n_cols: np.uint64) -> None:
+    """``col_bits[c]``: the largest of ``bits[n_cols*r + c]`` over the rows ``r``, as int32 (the ratios are
+    -1 or >= +0, never NaN: on them the bits order as the floats do). A pass of its own after the search,
+    not a running float maximum in the search loop: that compiles to a select between the new ratio and
+    the stored maximum, which LLVM turns into a masked store (``vmaskmovps`` on AVX2, microcoded and slow
+    on AMD Zen), and it keeps fewer values live in the loop (AVX2 has 16 vector registers, not 32)."""
+    for c in range(n_cols):
+        col_bits[c] = bits[c]
+    for r in range(np.uint64(1), n_rows):
+        o = n_cols * r
+        for c in range(n_cols):
+            col_bits[c] = max(col_bits[c], bits[o + c])
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
@@ -250,21 +268,20 @@ def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
     x0 = sumx[0]
     w0 = sumw[0]
     ratios = sc.ratios
-    col_max = sc.col_max
     # lanes per row, a count LLVM cannot see (with a known count it unrolls the loop and leaves it scalar)
     n_lanes = np.uint64(ex_.size // 2)
-    for c in range(np.uint64(_S_COLS)):
-        col_max[c] = _NO_RATIO
+    n_pts = np.int32(n)
     for row in range(_S_ROWS):
         d = np.uint64(row)
-        lim = np.uint64(_S_N - row)  # lanes below: i1 = a, i2 = a + d; from there on: i1 = a + d - 33, i2 = a
+        lim = np.int32(_S_N - row)  # lanes below: i1 = a, i2 = a + d; from there on: i1 = a + d - 33, i2 = a
         o = np.uint64(_S_COLS * row)
         for a in range(n_lanes):
             xa = ex_[a]
             xb = ex_[a + d]
             wa = ew_[a]
             wb = ew_[a + d]
-            lo = a < lim
+            lane = _LANE_IDS[a]
+            lo = lane < lim
             x1 = xa if lo else xb  # sumx[i1], sumx[i2]
             x2 = xb if lo else xa
             w1 = wa if lo else wb
@@ -275,19 +292,18 @@ def iq1_s_search(sumx: np.ndarray, sumw: np.ndarray, amax: np.float32,
             aw = w1 - w0
             dw = w2 - w1
             ew = tw - w2
-            valid = a < np.uint64(_S_N)
+            valid = lane < n_pts  # a bound LLVM cannot see: with the constant it compares the int64 counter
             s = ax * p0 + dx * p1 + ex * p2
             t = aw * p0 * p0 + dw * p1 * p1 + ew * p2 * p2
             r = s * s / t
             r = r if valid & (t > _F0) else _NO_RATIO
             ratios[o + a] = r
-            col_max[a] = r if r > col_max[a] else col_max[a]
             s = ax * m0 + dx * m1 + ex * m2
             t = aw * m0 * m0 + dw * m1 * m1 + ew * m2 * m2
             r = s * s / t
             r = r if valid & (t > _F0) else _NO_RATIO
             ratios[o + n_lanes + a] = r
-            col_max[n_lanes + a] = r if r > col_max[n_lanes + a] else col_max[n_lanes + a]
+    _column_maxima(sc.ratio_bits, sc.col_bits, np.uint64(_S_ROWS), n_lanes + n_lanes)
     nk = _contenders(sc)
     if nk < 0:
         return iq1_s_scan(sumx, sumw, amax)
@@ -316,7 +332,7 @@ _CM1 = X_M[0] * X_M[0] - X_M[1] * X_M[1]
 _CM2 = X_M[1] * X_M[1] - X_M[2] * X_M[2]
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _m_pair(pre: np.ndarray, i1: int, i2: int, k: int) -> tuple[np.float32, np.float32]:
     """(sumqx[k], sumq2[k]) of split (i1, i2) as quantize_row_iq1_m_impl computes them (k: bit 1 the sign
     of the first half's shift, bit 0 the second's; 0 = +delta)."""
@@ -341,7 +357,7 @@ def _m_pair(pre: np.ndarray, i1: int, i2: int, k: int) -> tuple[np.float32, np.f
     return qx0 + qx1, q20 + q21
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _m_replay(pre: np.ndarray, keys: np.ndarray, nk: int, scale: np.float32) -> tuple[np.float32, int, int, int]:
     """ggml's comparison over the IQ1_M candidates ``keys[:nk]`` (order keys ``(i1*17 + i2)*4 + k``, in
     ggml's order) from ggml's initial state: (scale, besti1, besti2, best_k), -1s when none is valid."""
@@ -363,7 +379,7 @@ def _m_replay(pre: np.ndarray, keys: np.ndarray, nk: int, scale: np.float32) -> 
     return scale, besti1, besti2, best_k
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def iq1_m_scan(pre: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int, int]:
     """ggml's scan of quantize_row_iq1_m_impl: every candidate, in ggml's order (i1, i2 >= i1, k), with
     ggml's operations (``_m_pair``'s, written out per split)."""
@@ -399,7 +415,7 @@ def iq1_m_scan(pre: np.ndarray, scale: np.float32) -> tuple[np.float32, int, int
     return scale, besti1, besti2, best_k
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def _m_split_of(row: int, i: int) -> tuple[int, int]:
     """The split (i1, i2) of lane ``i`` of row ``row`` of ``iq1_m_search``'s layout."""
     if row == 9:
@@ -409,7 +425,7 @@ def _m_split_of(row: int, i: int) -> tuple[int, int]:
     return i + row - 17, i
 
 
-@numba.njit(cache=True, fastmath=False, error_model="numpy")
+@numba.njit(cache=True, fastmath=False, error_model="numpy", _nrt=False)
 def iq1_m_search(pre: np.ndarray, amax: np.float32, sc: np.ndarray, sc_bits: np.ndarray,
                  keys: np.ndarray) -> tuple[np.float32, int, int, int]:
     """``iq1_m_scan``'s result through the contender replay (module docstring, IQ1_M part).
@@ -448,12 +464,10 @@ def iq1_m_search(pre: np.ndarray, amax: np.float32, sc: np.ndarray, sc_bits: np.
     cols = np.uint64(_M_COLS)
     # 16 lanes per row, a count LLVM cannot see (with a known count it unrolls the loop and leaves it scalar)
     n_lanes = np.uint64(keys.size // 2)
-    for c in range(np.uint64(64)):
-        sc[cols + c] = _NO_RATIO
     for row in range(10):
         d = np.uint64(32 if row == 9 else row)
-        lim = np.uint64(16 if row == 9 else 17 - row)  # lanes below: i1 = i, i2 = the other
-        n_valid = np.uint64(8 if row == 9 else 16)
+        lim = np.int32(16 if row == 9 else 17 - row)  # lanes below: i1 = i, i2 = the other
+        n_valid = np.int32(8 if row == 9 else 16)
         o = np.uint64(64 * row)
         for i in range(n_lanes):
             xa0 = pre[np.uint64(PX0) + i]
@@ -464,7 +478,8 @@ def iq1_m_search(pre: np.ndarray, amax: np.float32, sc: np.ndarray, sc_bits: np.
             wb0 = pre[np.uint64(PW0) + i + d]
             wa1 = pre[np.uint64(PW1) + i]
             wb1 = pre[np.uint64(PW1) + i + d]
-            lo = i < lim
+            lane = _LANE_IDS[i]
+            lo = lane < lim
             w10 = wa0 if lo else wb0  # pw[i1], pw[i2] of each half
             w20 = wb0 if lo else wa0
             w11 = wa1 if lo else wb1
@@ -479,31 +494,28 @@ def iq1_m_search(pre: np.ndarray, amax: np.float32, sc: np.ndarray, sc_bits: np.
             tm0 = bw0m + w10 * _CM1 + w20 * _CM2
             tp1 = bw1p + w11 * _CP1 + w21 * _CP2
             tm1 = bw1m + w11 * _CM1 + w21 * _CM2
-            valid = i < n_valid
+            valid = lane < n_valid
             s = qp0 + qp1
             t = tp0 + tp1
             r = s * s / t
             r = r if valid & (t > _F0) else _NO_RATIO
             sc[o + i] = r
-            sc[cols + i] = r if r > sc[cols + i] else sc[cols + i]
             s = qp0 + qm1
             t = tp0 + tm1
             r = s * s / t
             r = r if valid & (t > _F0) else _NO_RATIO
             sc[o + np.uint64(16) + i] = r
-            sc[cols + np.uint64(16) + i] = r if r > sc[cols + np.uint64(16) + i] else sc[cols + np.uint64(16) + i]
             s = qm0 + qp1
             t = tm0 + tp1
             r = s * s / t
             r = r if valid & (t > _F0) else _NO_RATIO
             sc[o + np.uint64(32) + i] = r
-            sc[cols + np.uint64(32) + i] = r if r > sc[cols + np.uint64(32) + i] else sc[cols + np.uint64(32) + i]
             s = qm0 + qm1
             t = tm0 + tm1
             r = s * s / t
             r = r if valid & (t > _F0) else _NO_RATIO
             sc[o + np.uint64(48) + i] = r
-            sc[cols + np.uint64(48) + i] = r if r > sc[cols + np.uint64(48) + i] else sc[cols + np.uint64(48) + i]
+    _column_maxima(sc_bits, sc_bits[_M_COLS:_M_COLS + 64], np.uint64(10), np.uint64(64))
     # the split (16, 16), _m_pair's operations written out (a call here costs as much as a row)
     x0 = tx0 + tx0
     x1 = tx1 + tx1
