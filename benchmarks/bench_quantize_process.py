@@ -158,3 +158,10 @@ if __name__ == "__main__":
 #   conversions bound by reading and writing the file: ggufkit reads each tensor into a buffer (pread) and
 #   writes it, one copy more than a writer from a mapping; f16 and copy run the same plan (every tensor copied),
 #   so their difference is run-to-run I/O noise.
+#   AVX2 only (eval "$(python benchmarks/avx2_only.py)": ggufkit's Numba compiled without AVX-512; llama-quantize's
+#   quantizer is SSE2 code either way), 1.1B shape, 3 interleaved runs, loaded (load 3.0-4.9: two other jobs on
+#   the 2 cores, so both sides slow down), medians, wall / CPU ratio:
+#     q8_0 8.36 vs 19.19 s (0.44) CPU 0.49     q4_0 10.16 vs 18.67 (0.54) CPU 0.54  q4_1 8.88 vs 18.62 (0.48) 0.52
+#     q5_1 18.37 vs 25.53 (0.72) CPU 0.57      q4_k_m 53.25 vs 184.65 (0.29) 0.27   q6_k 28.94 vs 92.48 (0.31) 0.30
+#   The fast rows' extra CPU time on a loaded box is reading (pread, ~2 s of 2.1 GB) and writing, not the kernels
+#   (~1.7 CPU-s for q4_0's 1.1B weights at AVX2); the output's f16 scale check now costs ~0.15 s instead of ~0.65.
