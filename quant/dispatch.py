@@ -4,8 +4,9 @@
 the only callers of the kernels in :mod:`ggufkit.quant.registry`. Numba, and ``numba.cuda`` (only through
 the ``cuda_*`` modules), are imported lazily inside them.
 
-F16 input on the CPU goes, for the types with one (the legacy types and Q6_K), to a fused kernel that
-widens each row inside the parallel loop (:mod:`ggufkit.quant.legacy_f16`, :mod:`ggufkit.quant.kquants_f16`);
+F16 input on the CPU goes, for the types with one (the legacy types, Q6_K and MXFP4), to a fused kernel that
+widens each row inside the parallel loop (:mod:`ggufkit.quant.legacy_f16`, :mod:`ggufkit.quant.kquants_f16`,
+:mod:`ggufkit.quant.mxfp4_f16`);
 other types widen the whole array first, in one parallel pass that also looks for inf/NaN.
 
 Devices: ``"cpu"``; ``"cuda"`` (an error if Numba sees no GPU); ``"auto"`` (CUDA when Numba sees a GPU,

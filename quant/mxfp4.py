@@ -129,6 +129,38 @@ def _exponent_of_bits(m: int) -> int:
     return _e8m0_of_amax(np.int32(m).view(np.float32))
 
 
+@numba.njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def quantize_row_mxfp4(fr: np.ndarray, o: np.ndarray, amax_bits: np.ndarray) -> None:
+    """One row: ``fr`` float32[n] -> ``o`` uint8[n/32*17]; ``amax_bits`` int32[n/32] scratch. Same bytes as
+    :func:`mxfp4_quantize_block` on each block (the CPU entry points of this module and of
+    :mod:`ggufkit.quant.mxfp4_f16` run it)."""
+    xr = fr.view(np.int32)
+    nb = fr.shape[0] // QK_MXFP4
+    for b in range(nb):
+        m = np.int32(0)
+        for j in range(b * QK_MXFP4, (b + 1) * QK_MXFP4):
+            a = xr[j] & np.int32(0x7FFFFFFF)
+            m = a if a > m else m
+        amax_bits[b] = m
+    for b in range(nb):
+        base = b * QK_MXFP4
+        ob = b * MXFP4_BYTES
+        e = _exponent_of_bits(amax_bits[b])
+        d = np.int32((0x00200000 << e) if e < 2 else ((e - 1) << 23)).view(np.float32)
+        o[ob] = e
+        m0 = d * np.float32(0.5)  # midpoints of 0, 1, 2, 3, 4, 6, 8, 12 times d (exact)
+        m1 = d * np.float32(1.5)
+        m2 = d * np.float32(2.5)
+        m3 = d * np.float32(3.5)
+        m4 = d * np.float32(5.0)
+        m5 = d * np.float32(7.0)
+        m6 = d * np.float32(10.0)
+        for j in range(16):
+            lo = _code(fr[base + j], m0, m1, m2, m3, m4, m5, m6)
+            hi = _code(fr[base + 16 + j], m0, m1, m2, m3, m4, m5, m6)
+            o[ob + 1 + j] = lo | (hi << 4)
+
+
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
 def quantize_rows_mxfp4(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     """MXFP4 quantization of ``x`` float32[n_rows, n_per_row] into ``out`` uint8[n_rows, n_per_row/32*17].
@@ -137,35 +169,8 @@ def quantize_rows_mxfp4(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
     :func:`mxfp4_quantize_block` on every block.
     """
     n_rows, n_per_row = x.shape
-    nb = n_per_row // QK_MXFP4
     for r in numba.prange(n_rows):
-        xr = x[r].view(np.int32)
-        fr = x[r]
-        o = out[r]
-        amax_bits = np.empty(nb, np.int32)
-        for b in range(nb):
-            m = np.int32(0)
-            for j in range(b * QK_MXFP4, (b + 1) * QK_MXFP4):
-                a = xr[j] & np.int32(0x7FFFFFFF)
-                m = a if a > m else m
-            amax_bits[b] = m
-        for b in range(nb):
-            base = b * QK_MXFP4
-            ob = b * MXFP4_BYTES
-            e = _exponent_of_bits(amax_bits[b])
-            d = np.int32((0x00200000 << e) if e < 2 else ((e - 1) << 23)).view(np.float32)
-            o[ob] = e
-            m0 = d * np.float32(0.5)  # midpoints of 0, 1, 2, 3, 4, 6, 8, 12 times d (exact)
-            m1 = d * np.float32(1.5)
-            m2 = d * np.float32(2.5)
-            m3 = d * np.float32(3.5)
-            m4 = d * np.float32(5.0)
-            m5 = d * np.float32(7.0)
-            m6 = d * np.float32(10.0)
-            for j in range(16):
-                lo = _code(fr[base + j], m0, m1, m2, m3, m4, m5, m6)
-                hi = _code(fr[base + 16 + j], m0, m1, m2, m3, m4, m5, m6)
-                o[ob + 1 + j] = lo | (hi << 4)
+        quantize_row_mxfp4(x[r], out[r], np.empty(n_per_row // QK_MXFP4, np.int32))
 
 
 @numba.njit(parallel=True, cache=True, fastmath=False, error_model="numpy")

@@ -206,7 +206,7 @@ TYPES: dict[GGMLQuantizationType, TypeTraits] = dict((
     _row(T.TQ1_0, "ternary", scales=(52,), cuda_family="cuda_lowbit"),
     _row(T.TQ2_0, "ternary", scales=(64,), cuda_family="cuda_lowbit"),
     # ggml-quants.c quantize_row_mxfp4_ref (E8M0 shared exponent: no f16 scale to validate)
-    _row(T.MXFP4, "mxfp4", cuda_family="cuda_lowbit"),
+    _row(T.MXFP4, "mxfp4", f16_kernel=True, cuda_family="cuda_lowbit"),
     # ggml-quants.c quantize_row_q1_0_ref
     _row(T.Q1_0, "q1_0", scales=(0,), cuda_family="cuda_lowbit"),
     # ggml-quants.c quantize_iq2_xxs ... quantize_iq1_m: searches over ggml's grids (tables built as

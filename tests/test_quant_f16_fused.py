@@ -1,4 +1,4 @@
-"""The fused F16-input kernels (quant/legacy_f16.py, quant/kquants_f16.py): same bytes as ggml on the widened values.
+"""The fused F16-input kernels (quant/legacy_f16.py, quant/kquants_f16.py, quant/mxfp4_f16.py): same bytes as ggml on the widened values.
 
 F16 input with enough rows (``dispatch._FUSED_MIN_ROWS``) takes the fused widen-and-quantize path on the
 CPU; these tests feed float16 arrays of many distributions (f16 subnormals, zeros, huge values near the
@@ -45,8 +45,8 @@ def _f16_rows(seed: int) -> np.ndarray:
     return x
 
 
-def test_the_fused_types_are_the_legacy_types_and_q6_k() -> None:
-    assert set(FUSED) == {*LEGACY, T.Q6_K}
+def test_the_fused_types_are_the_legacy_types_q6_k_and_mxfp4() -> None:
+    assert set(FUSED) == {*LEGACY, T.Q6_K, T.MXFP4}
 
 
 @pytest.mark.parametrize("with_imatrix", [False, True], ids=["ref", "imatrix"])
