@@ -135,6 +135,21 @@ def get_preset(target: str) -> Preset:
                      "or a numeric file type id")
 
 
+def quant_option_name(word: str) -> str | None:
+    """The ``QUANT_OPTIONS`` name llama-quantize gives ``word`` (``Q4_K_M``; an alias keeps its own name,
+    a numeric id names its first row), or None when ``word`` is not a type: quantize.cpp's
+    ``try_parse_ftype``, whose name also makes the default output name ``ggml-model-NAME.gguf``."""
+    key = word.strip().lower()
+    if key in PRESETS:
+        return key.upper()
+    m = _STOI.match(word)
+    if m:
+        for p in PRESETS.values():
+            if int(p.file_type) == int(m.group(1)):
+                return p.name.upper()
+    return None
+
+
 def parse_type(name: str | GGMLQuantizationType, what: str = "tensor type") -> GGMLQuantizationType:
     """A ggml type from its name (``q8_0``, ``Q4_K``, ``iq2_xxs``), case-insensitive, as quantize.cpp's
     ``parse_ggml_type``; limited to :data:`TENSOR_TYPES`.

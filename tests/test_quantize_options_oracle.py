@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cli_helpers import invoke
 from fixtures_quantize import arch_case, imatrix_values, make_gguf, make_llama_gguf, write_imatrix_gguf
 from llama_cpp_sources import tool_path
 
@@ -204,4 +205,45 @@ def test_a_type_without_kernel_plans_but_does_not_quantize(models, tmp_path):
     assert report.plan.missing_kernels()
     with pytest.raises(UsageError, match="no kernel for"):
         quantize_file(models["gqa4"], tmp_path / "out.gguf", missing[0].name)
+    assert not (tmp_path / "out.gguf").exists()
+
+
+@pytest.mark.parametrize("words", [["q8_0"], ["15", "1"], ["Q4_K", "0"], ["7"]], ids="-".join)
+def test_positional_form_without_output_names_the_file_as_llama_quantize(models, tmp_path, words):
+    """``IN TYPE [NTHREADS]``: both tools write ggml-model-NAME.gguf beside IN (NAME: the QUANT_OPTIONS row the
+    word parses to, an alias or a numeric id's first row included), with the same bytes."""
+    for side in ("ref", "ours"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "in.gguf").write_bytes(models["odd"].read_bytes())
+    res = subprocess.run([str(tool_path("llama-quantize")), str(tmp_path / "ref" / "in.gguf"), *words],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr[-1500:]
+    got = invoke("quantize", str(tmp_path / "ours" / "in.gguf"), *words)
+    assert got.exit_code == 0, got.stderr
+    refs = sorted(p.name for p in (tmp_path / "ref").iterdir())
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == refs and len(refs) == 2
+    name = next(n for n in refs if n != "in.gguf")
+    assert name.startswith("ggml-model-")
+    assert_same_file(tmp_path / "ref" / name, tmp_path / "ours" / name)
+
+
+def test_positional_form_with_output_type_and_threads_equals_the_option_form(models, tmp_path):
+    src = models["gqa4"]
+    res = llama_quantize_bin(src, tmp_path / "ref.gguf", "q4_k_m")  # IN OUT TYPE NTHREADS
+    assert res.returncode == 0, res.stderr[-1500:]
+    got = invoke("quantize", str(src), str(tmp_path / "ours.gguf"), "q4_k_m", "2", "--json")
+    assert got.exit_code == 0, got.stderr
+    assert_same_file(tmp_path / "ref.gguf", tmp_path / "ours.gguf")
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["out.gguf", "q9_9"], "invalid type 'q9_9'"),
+    (["out.gguf", "q8_0", "two"], "invalid thread count 'two'"),
+    (["out.gguf", "q8_0", "2", "extra"], "unexpected extra argument 'extra'"),
+    (["out.gguf", "q8_0", "--type", "q4_0"], "the type is given twice"),
+    (["out.gguf", "q8_0", "2", "--threads", "1"], "the thread count is given twice"),
+])
+def test_bad_positional_words_are_one_line_errors(models, tmp_path, words, message):
+    got = invoke("quantize", str(models["gqa4"]), *[str(tmp_path / w) if w == "out.gguf" else w for w in words])
+    assert got.exit_code == 2 and message in got.stderr and len(got.stderr.strip().splitlines()) == 1, got.stderr
     assert not (tmp_path / "out.gguf").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,7 +88,7 @@ def _render_target(d: Mapping[str, Any]) -> str:
 
 @click.command("quantize", epilog=_EPILOG)
 @click.argument("input_file", metavar="IN.gguf", type=click.Path(dir_okay=False, path_type=str))
-@click.argument("output_file", metavar="OUT.gguf", required=False, type=click.Path(dir_okay=False, path_type=str))
+@click.argument("positional", metavar="[OUT.gguf] [TYPE [NTHREADS]]", nargs=-1)
 @click.option("--type", "target", type=_TargetType(),
               help=f"Preset or type as llama-quantize names them, or its numeric id ({len(TYPE_CHOICES)} names, "
                    "listed below; q4_k = q4_k_m). Or one of --target-size/--target-bpw/--target-like.")
@@ -136,7 +137,7 @@ def _render_target(d: Mapping[str, Any]) -> str:
 @device_option
 @dry_run_option
 @common_options
-def quantize(input_file: str, output_file: str | None, target: str | None, target_size: str | None,
+def quantize(input_file: str, positional: tuple[str, ...], target: str | None, target_size: str | None,
              target_bpw: float | None, target_like: str | None, cand_types: str | None, mix_out: str | None,
              cache_dir: str | None, calibration_text: str | None, sensitivity: str, pure: bool, imatrix: str | None,
              tensor_types: tuple[str, ...], output_tensor_type: str | None, token_embedding_type: str | None,
@@ -154,10 +155,22 @@ def quantize(input_file: str, output_file: str | None, target: str | None, targe
       ggufkit quantize model-f16.gguf model-q4_k_m.gguf --type q4_k_m
       ggufkit quantize model-f16.gguf --type q4_k_m --dry-run --json | jq '.totals'
       ggufkit quantize model-f16.gguf out.gguf --type q4_0 --pure --imatrix imatrix.gguf
+
+    llama-quantize's positional form works too: IN.gguf [OUT.gguf] TYPE [NTHREADS]. Without OUT.gguf the
+    output is ggml-model-TYPE.gguf beside IN.gguf, as llama-quantize names it.
     """
     from ggufkit.errors import UsageError
     from ggufkit.quant.pipeline import quantize_file
 
+    output_file, positional_type, positional_threads = split_positional(input_file, positional, dry_run)
+    if positional_type is not None:
+        if target is not None:
+            raise UsageError(f"the type is given twice: {positional_type} and --type {target}")
+        target = positional_type
+    if positional_threads is not None:
+        if threads is not None:
+            raise UsageError(f"the thread count is given twice: {positional_threads} and --threads {threads}")
+        threads = positional_threads or None
     if output_file is None and not dry_run:
         raise click.UsageError("OUT.gguf is required unless --dry-run is given")
     searching = target_size is not None or target_bpw is not None or target_like is not None
@@ -191,6 +204,47 @@ def quantize(input_file: str, output_file: str | None, target: str | None, targe
     for warning in report.warnings:
         out.warn(warning)
     out.result(report.to_dict(), _render)
+
+
+def split_positional(input_file: str, args: tuple[str, ...], dry_run: bool
+                     ) -> tuple[str | None, str | None, int | None]:
+    """(OUT, TYPE, NTHREADS) from the words after IN.gguf, read as llama-quantize reads them
+    (tools/quantize/quantize.cpp, ``main``): a first word that parses as a type is the type and the output
+    is ``ggml-model-NAME.gguf`` in IN's folder; otherwise it is the output and the type may follow; a last
+    word is the thread count (0 or less: all cores, returned as 0).
+
+    Raises:
+        UsageError: a word that is not a type where a type must be, a thread count that is not an integer,
+            or more words than the form takes.
+    """
+    from ggufkit.errors import UsageError
+    from ggufkit.quant.presets import quant_option_name
+
+    if not args:
+        return None, None, None
+    rest = list(args)
+    out: str | None = None
+    name = quant_option_name(rest[0])
+    if name is not None:  # IN TYPE [NTHREADS]
+        if not dry_run:
+            out = os.path.join(os.path.dirname(input_file), f"ggml-model-{name}.gguf")
+        target: str | None = rest.pop(0)
+    else:  # IN OUT [TYPE [NTHREADS]]
+        out = rest.pop(0)
+        target = rest.pop(0) if rest else None
+        if target is not None and quant_option_name(target) is None:
+            raise UsageError(f"invalid type {target!r} after OUT.gguf; choose one of {', '.join(TYPE_CHOICES)} "
+                             "or a numeric file type id")
+    threads: int | None = None
+    if rest:
+        word = rest.pop(0)
+        try:
+            threads = max(int(word), 0)
+        except ValueError:
+            raise UsageError(f"invalid thread count {word!r}") from None
+    if rest:
+        raise UsageError(f"unexpected extra argument {rest[0]!r}; the form is IN.gguf [OUT.gguf] [TYPE [NTHREADS]]")
+    return out, target, threads
 
 
 #: ``--sensitivity auto`` measures the KLD sensitivity only up to this many weights.
