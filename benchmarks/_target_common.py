@@ -26,8 +26,13 @@ def machine() -> str:
     held = ""
     if "-avx512f" in os.environ.get("NUMBA_CPU_FEATURES", ""):  # benchmarks/avx2_only.py's environment
         held = f"; ggufkit's Numba held to AVX2 (NUMBA_CPU_NAME={os.environ.get('NUMBA_CPU_NAME', '?')}, AVX-512 off)"
-    return (f"{model}, {os.cpu_count()} cores, {int(mem) >> 20} GiB, flags: {' '.join(simd) or 'none'} "
-            f"(llama.cpp tools run with -nr / no repack: AMX is reported but unusable here){held}")
+    # "AMD EPYC" names no generation: the family says it (23 Zen 1/2, 25 Zen 3/4, 26 Zen 5)
+    field = {ln.split(":", 1)[0].strip(): ln.split(":", 1)[1].strip() for ln in text.split("\n\n")[0].splitlines()
+             if ":" in ln}
+    family = f" (family {field.get('cpu family', '?')} model {field.get('model', '?')})" if "AMD" in model else ""
+    amx = " (llama.cpp tools run with -nr / no repack: AMX is reported but unusable here)" if "amx_int8" in flags else ""
+    return (f"{model}{family}, {os.cpu_count()} cores, {int(mem) >> 20} GiB, flags: {' '.join(simd) or 'none'}"
+            f"{amx}{held}")
 
 
 def load() -> float:

@@ -336,6 +336,11 @@ class _Source:
             pos += n
         return out
 
+    @property
+    def scratch(self) -> np.ndarray:
+        """The buffer ``rows(..., scratch=True)`` reuses."""
+        return self._scratch
+
     def close(self) -> None:
         for fd in self.fds:
             os.close(fd)
@@ -356,7 +361,13 @@ def _stream(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, threads: int 
                 yield raw
                 del raw
                 continue
-            yield _convert(src, info, entry, im, threads, device)
+            out = _convert(src, info, entry, im, threads, device)
+            # The writer holds each yielded tensor while the next one is read and quantized (writer.py,
+            # write_gguf): it must never live in the reused read buffer.
+            if np.may_share_memory(out, src.scratch):
+                raise QuantizationError("internal error: output aliases the read buffer", tensor=entry.name)
+            yield out
+            del out
     finally:
         src.close()
 

@@ -65,6 +65,37 @@ def test_exception_mid_stream_leaves_the_target_untouched_and_no_temporary(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
 
 
+_FSIZE_PROBE = """
+import resource, signal, sys
+import numpy as np
+from gguf import GGMLQuantizationType
+from ggufkit.format import Metadata, TensorSpec, write_gguf
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+specs = [TensorSpec(f"t{i}", GGMLQuantizationType.F32, (256, 256)) for i in range(8)]  # 256 KiB each
+try:
+    write_gguf(sys.argv[1], Metadata(), specs, (np.ones((256, 256), np.float32) for _ in range(8)))
+except OSError as exc:
+    print("OSError", exc.errno)
+"""
+
+
+def test_a_failing_tensor_write_is_raised_and_leaves_the_target_untouched(tmp_path: Path) -> None:
+    # Tensor bytes are written by a helper thread (writer.py, _write_tensor): its error must reach the caller
+    # and undo the write like any other. A real failure: the file size limit (RLIMIT_FSIZE) is hit mid-file.
+    import errno
+    import subprocess
+    import sys
+
+    target = tmp_path / "m.gguf"
+    target.write_bytes(b"previous contents")
+    run = subprocess.run([sys.executable, "-c", _FSIZE_PROBE, str(target)], capture_output=True, text=True,
+                         check=True)
+    assert run.stdout.split() == ["OSError", str(errno.EFBIG)], run.stdout + run.stderr
+    assert target.read_bytes() == b"previous contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
 def test_wrong_data_size_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     specs = [TensorSpec("t", GGMLQuantizationType.F32, (4, 64))]
     with pytest.raises(GGUFKitError, match="got 4 bytes of data, expected 1024"):

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
@@ -202,6 +203,12 @@ def _complete_headers(files: Sequence[Any], headers: Sequence[tuple[Metadata, li
         f.seek(0, 2)
 
 
+def _write_tensor(f: BinaryIO, view: memoryview, padding: int, writeback: EarlyWriteback) -> None:
+    f.write(view)
+    f.write(b"\0" * padding)
+    writeback.wrote(view.nbytes)
+
+
 def write_gguf(path: str | Path, metadata: Mapping[str, EncodableValue], tensors: Sequence[TensorSpec],
                data: Iterable[Any], *, magic: bytes = GGUF_MAGIC, split_max_size: int | None = None,
                split_max_tensors: int | None = None, slack_bytes: int = DEFAULT_SLACK_BYTES,
@@ -266,18 +273,28 @@ def write_gguf(path: str | Path, metadata: Mapping[str, EncodableValue], tensors
             written.append(header)
             f.write(header)
             f.write(b"\0" * (align_up(len(header), alignment) - len(header)))
-            with EarlyWriteback(f) as writeback:
+            # Tensor i is written by a helper thread while the caller's iterator reads and quantizes tensor
+            # i + 1 (a write syscall runs without the GIL); at most two tensors' bytes are held at a time.
+            with EarlyWriteback(f) as writeback, ThreadPoolExecutor(1) as writer:
+                pending: Future[None] | None = None
+                pending_bytes = 0
                 for spec in shard_tensors:
                     try:
                         chunk = next(data_iter)
                     except StopIteration:
                         raise GGUFKitError(f"data ended before tensor {spec.name!r}") from None
                     view = _as_bytes(chunk, spec)
-                    f.write(view)
-                    f.write(b"\0" * (align_up(spec.nbytes, alignment) - spec.nbytes))
-                    del chunk, view
-                    progress.advance(spec.nbytes)
-                    writeback.wrote(spec.nbytes)
+                    del chunk
+                    if pending is not None:
+                        pending.result()  # re-raises the write's error here
+                        progress.advance(pending_bytes)
+                    pending = writer.submit(_write_tensor, f, view, align_up(spec.nbytes, alignment) - spec.nbytes,
+                                            writeback)
+                    pending_bytes = spec.nbytes
+                    del view
+                if pending is not None:
+                    pending.result()
+                    progress.advance(pending_bytes)
         if next(data_iter, None) is not None:
             raise GGUFKitError("more tensor data than tensors")
         _complete_headers(files, headers, written, magic, alignment)
