@@ -49,6 +49,43 @@ Q1_0      0.38 (0.29)                  0.34 (0.33)
 The grid and IQ4 rows are after this stop's changes (IQ4's nearest value by midpoints: 0.61-0.79 with AVX2
 before, from table gathers; IQ1/IQ2 without 64-bit lane compares and minima); the other rows were taken
 earlier the same day on code this stop did not change.
+
+Measured again the next day on a 2-core AMD EPYC (cpu family 26 model 2: Zen 5; AVX2 and AVX-512, LLVM's host
+CPU ``znver5``), same script and sizes, 7 alternations, ratio of the fastest times (medians in brackets), load
+about 1 (nothing else running; the 2-thread rows used both cores). MXFP4 is with its fused F16 kernel.
+
+========  ============  ============  ============  ============
+type      native 1 thr  AVX2 1 thr    native 2 thr  AVX2 2 thr
+========  ============  ============  ============  ============
+Q8_0      0.14 (0.07)   0.29 (0.25)   0.15 (0.15)   0.20 (0.20)
+Q4_0      0.19 (0.19)   0.27 (0.27)   0.12 (0.11)   0.20 (0.17)
+Q4_1      0.24 (0.25)   0.33 (0.27)   0.14 (0.32)   0.26 (0.26)
+Q5_0      0.16 (0.16)   0.24 (0.21)   0.11 (0.11)   0.17 (0.10)
+Q5_1      0.22 (0.22)   0.38 (0.32)   0.16 (0.14)   0.24 (0.21)
+Q2_K      0.24 (0.24)   0.25 (0.25)   0.20 (0.20)   0.23 (0.24)
+Q3_K      0.27 (0.28)   0.36 (0.35)   0.25 (0.25)   0.32 (0.33)
+Q4_K      0.21 (0.21)   0.24 (0.24)   0.25 (0.25)   0.24 (0.25)
+Q5_K      0.27 (0.26)   0.24 (0.24)   0.26 (0.27)   0.24 (0.25)
+Q6_K      0.19 (0.20)   0.21 (0.20)   0.18 (0.16)   0.19 (0.20)
+TQ1_0     0.22 (0.22)   0.33 (0.29)   0.16 (0.17)   0.21 (0.23)
+TQ2_0     0.19 (0.19)   0.29 (0.31)   0.16 (0.16)   0.19 (0.20)
+MXFP4     0.21 (0.21)   0.31 (0.31)   0.16 (0.16)   0.23 (0.22)
+Q1_0      0.17 (0.17)   0.22 (0.26)   0.15 (0.15)   0.17 (0.18)
+IQ4_NL    0.07 (0.07)   0.15 (0.15)   0.07 (0.07)   0.10 (0.09)
+IQ4_XS    0.07 (0.07)   0.10 (0.10)   0.07 (0.07)   0.10 (0.11)
+IQ1_S     0.31 (0.33)   0.37 (0.37)   0.32 (0.33)   0.37 (0.34)
+IQ1_M     0.30 (0.30)   0.35 (0.36)   0.30 (0.30)   0.37 (0.36)
+IQ2_XXS   0.33 (0.35)   0.37 (0.37)   0.33 (0.34)   0.34 (0.35)
+IQ2_XS    0.21 (0.21)   0.24 (0.23)   0.21 (0.22)   0.24 (0.24)
+IQ2_S     0.34 (0.37)   0.34 (0.35)   0.35 (0.36)   0.35 (0.36)
+IQ3_XXS   0.44 (0.45)   0.38 (0.38)   0.44 (0.44)   0.37 (0.37)
+IQ3_S     0.38 (0.38)   0.38 (0.39)   0.37 (0.36)   0.37 (0.38)
+========  ============  ============  ============  ============
+
+On this CPU LLVM does not prefer 256-bit vectors (its Intel server targets do). Compiling everything with
+``+prefer-256-bit`` added to the host features brought IQ3_XXS to 0.34 and IQ3_S to 0.33 at 1 thread, but
+slowed most other rows (Q5_1 0.28, Q3_K 0.32, IQ2_S 0.48, IQ2_XS 0.30, IQ4_NL 0.14), so it is not set; Numba
+has one feature set per process.
 """
 
 from __future__ import annotations
