@@ -14,6 +14,9 @@ warmed by one untimed run of each type first (compiling is paid once per install
 
     python benchmarks/bench_quantize_process.py [--types q8_0,q4_0,q4_k_m,iq2_xxs] [--runs 5] [--threads 2]
 
+``--together`` times the whole list as one ``ggufkit quantize --type a,b,...`` process against one
+``llama-quantize`` process per type (a publisher's matrix of files from one F16 model).
+
 Measured: see the notes at the end of this file.
 """
 
@@ -75,15 +78,22 @@ def main() -> None:
                         help="comma-separated llama-quantize type names, or 'all' (every row but the aliases)")
     parser.add_argument("--runs", type=int, default=5, help="timed runs of each tool per type (interleaved)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--together", action="store_true",
+                        help="the whole list as one `ggufkit quantize --type a,b,...` process against one "
+                             "llama-quantize process per type (a publisher's matrix of files)")
     args = parser.parse_args()
     print(machine(), f"load {load()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         model, imatrix = build_model(folder, args.shape)
         print(f"model: {model.stat().st_size >> 20} MiB of F16, threads {args.threads}", flush=True)
+        targets = ALL_TYPES if args.types == "all" else args.types.split(",")
+        if args.together:
+            together(targets, model, imatrix, folder, args.threads, args.runs)
+            return
         print(f"{'type':8} {'ggufkit s':>10} {'llama s':>8} {'wall ratio':>10} {'ggufkit cpu':>11} {'llama cpu':>9} "
               f"{'cpu ratio':>9}  load")
-        for target in ALL_TYPES if args.types == "all" else args.types.split(","):
+        for target in targets:
             ours, theirs = commands(target, model, imatrix, folder / "out.gguf", args.threads)
             try:
                 timed(ours)  # warm Numba's cache (and the page cache) untimed
@@ -103,6 +113,25 @@ def main() -> None:
             print(f"{target:8} {wall['ggufkit']:10.2f} {wall['llama']:8.2f} {wall['ggufkit'] / wall['llama']:10.2f} "
                   f"{cpu['ggufkit']:11.2f} {cpu['llama']:9.2f} {cpu['ggufkit'] / cpu['llama']:9.2f}  "
                   f"{min(loads):.1f}-{max(loads):.1f}", flush=True)
+
+
+def together(targets: list[str], model: Path, imatrix: Path, folder: Path, threads: int, runs: int) -> None:
+    """One ggufkit process writing every type (start-up paid once) vs llama-quantize once per type."""
+    ours = commands(",".join(targets), model, imatrix, folder / "ours-{type}.gguf", threads)[0]
+    if any(t in IMATRIX_TYPES for t in targets) and "--imatrix" not in ours:
+        ours += ["--imatrix", str(imatrix)]
+    theirs = [commands(t, model, imatrix, folder / "out.gguf", threads)[1] for t in targets]
+    timed(ours)  # warm Numba's cache (and the page cache) untimed
+    mine: list[Timed] = []
+    sums: list[tuple[float, float]] = []
+    for _ in range(runs):
+        mine.append(timed(ours, poll_s=0.01))
+        each = [timed(cmd, poll_s=0.01) for cmd in theirs]
+        sums.append((sum(t.seconds for t in each), sum(t.cpu_seconds for t in each)))
+    wall = statistics.median(t.seconds for t in mine), statistics.median(w for w, _ in sums)
+    cpu = statistics.median(t.cpu_seconds for t in mine), statistics.median(c for _, c in sums)
+    print(f"{len(targets)} types in one run ({','.join(targets)}): wall {wall[0]:.2f} vs {wall[1]:.2f} s "
+          f"({wall[0] / wall[1]:.2f}), CPU {cpu[0]:.2f} vs {cpu[1]:.2f} s ({cpu[0] / cpu[1]:.2f})", flush=True)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from ggufkit.quant.plan import (
     parse_tensor_type_option,
     parse_type,
     plan_quantization,
+    refuse_missing_imatrix,
 )
 from ggufkit.quant.registry import TYPES
 
@@ -187,14 +188,12 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
             from ggufkit.quant.plan_powerinfer import sparse_ffn_warnings
 
             warnings += sparse_ffn_warnings(plan)
-        missing = plan.missing_kernels()
         dev = _device_or_none(device, dry_run)
         if plan.cpu_only_types() and dev == "cuda":
             warnings.append(f"{', '.join(t.name for t in plan.cpu_only_types())} have no CUDA kernel: "
                             "quantized on the CPU")
-        if missing and not dry_run:
-            raise UsageError(f"no kernel for {', '.join(t.name for t in missing)} in this ggufkit build yet "
-                             "(--dry-run shows the plan)")
+        if not dry_run:
+            refuse_unrunnable(plan)
         if dry_run:
             return QuantReport(input, None, plan, True, time.perf_counter() - start, tuple(warnings),
                                im.path if im is not None else None)
@@ -345,6 +344,21 @@ class _Source:
         for fd in self.fds:
             os.close(fd)
         self.fds = []
+
+
+def refuse_unrunnable(plan: QuantPlan) -> None:
+    """What a real run refuses once the plan is made, before anything is written: a tensor that needs an
+    importance matrix and has none, a type without a kernel in this build. A dry run reports both instead.
+
+    Raises:
+        QuantizationError: a missing importance matrix (naming the tensor).
+        UsageError: a type without a kernel.
+    """
+    refuse_missing_imatrix(plan)
+    missing = plan.missing_kernels()
+    if missing:
+        raise UsageError(f"no kernel for {', '.join(t.name for t in missing)} in this ggufkit build yet "
+                         "(--dry-run shows the plan)")
 
 
 def _stream(model: GGUFModel, plan: QuantPlan, im: Imatrix | None, threads: int | None,

@@ -474,10 +474,20 @@ def plan_quantization(tensors: Sequence[TensorSource], target: str, *, arch: str
                                 f"{len(entries)} tensors, {plan.fallback_share:.1%} of weights, need a fallback)",
                                 tensor=first.name)
     if not opts.dry_run:
-        for e in plan.imatrix_required():
-            raise QuantizationError(f"missing importance matrix for {e.dst_type.name} (a very low-bit type): "
-                                    "pass --imatrix with an entry for this tensor", tensor=e.name)
+        refuse_missing_imatrix(plan)
     return plan
+
+
+def refuse_missing_imatrix(plan: QuantPlan) -> None:
+    """Raise for the first tensor that needs an importance matrix and has none, as llama-quantize stops
+    ("Missing importance matrix for tensor ... in a very low-bit quantization", llama-quant.cpp).
+
+    Raises:
+        QuantizationError: naming the tensor and its type.
+    """
+    for e in plan.imatrix_required():
+        raise QuantizationError(f"missing importance matrix for {e.dst_type.name} (a very low-bit type): "
+                                "pass --imatrix with an entry for this tensor", tensor=e.name)
 
 
 def _input_file_type(metadata: Mapping[str, Any], tensors: Sequence[TensorSource]) -> LlamaFileType | int:

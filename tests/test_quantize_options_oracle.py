@@ -9,6 +9,7 @@ others is checked against ``--dry-run`` in test_quant_presets_oracle.py.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -247,3 +248,37 @@ def test_bad_positional_words_are_one_line_errors(models, tmp_path, words, messa
     got = invoke("quantize", str(models["gqa4"]), *[str(tmp_path / w) if w == "out.gguf" else w for w in words])
     assert got.exit_code == 2 and message in got.stderr and len(got.stderr.strip().splitlines()) == 1, got.stderr
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_several_types_in_one_run_equal_llama_quantize_file_by_file(models, tmp_path):
+    """``--type a,b,c``: one file per type (OUT's {type} is the QUANT_OPTIONS name), each equal to the file
+    llama-quantize writes for that type alone; without OUT, ggml-model-NAME.gguf beside IN."""
+    src = models["odd"]
+    targets = ["q4_0", "Q8_0", "q4_k", "q6_k"]
+    got = invoke("quantize", str(src), str(tmp_path / "ours-{type}.gguf"), "--type", ",".join(targets), "--json")
+    assert got.exit_code == 0, got.stderr
+    results = json.loads(got.stdout)["results"]
+    names = ["Q4_0", "Q8_0", "Q4_K", "Q6_K"]
+    assert [r["output"] for r in results] == [str(tmp_path / f"ours-{n}.gguf") for n in names]
+    for target, name in zip(targets, names):
+        res = llama_quantize_bin(src, tmp_path / f"ref-{name}.gguf", target)
+        assert res.returncode == 0, res.stderr[-1500:]
+        assert_same_file(tmp_path / f"ref-{name}.gguf", tmp_path / f"ours-{name}.gguf")
+    (tmp_path / "beside").mkdir()
+    (tmp_path / "beside" / "in.gguf").write_bytes(src.read_bytes())
+    assert invoke("quantize", str(tmp_path / "beside" / "in.gguf"), "--type", "q8_0,q4_0").exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "beside").iterdir()) == [
+        "ggml-model-Q4_0.gguf", "ggml-model-Q8_0.gguf", "in.gguf"]
+    assert_same_file(tmp_path / "ref-Q8_0.gguf", tmp_path / "beside" / "ggml-model-Q8_0.gguf")
+
+
+@pytest.mark.parametrize(("out", "types", "message"), [
+    ("ours-{type}.gguf", "q8_0,iq2_xxs", "missing importance matrix for IQ2_XXS"),  # refused in the plan: nothing written
+    ("ours.gguf", "q8_0,q4_0", "several types need an output name with {type}"),
+    ("ours-{type}.gguf", "q8_0,Q8_0", "a type is named twice"),
+    ("ours-{type}.gguf", "q8_0,q9_9", "unknown quantization type 'q9_9'"),
+])
+def test_a_bad_list_of_types_writes_nothing(models, tmp_path, out, types, message):
+    got = invoke("quantize", str(models["gqa4"]), str(tmp_path / out), "--type", types)
+    assert got.exit_code == 2 and message in got.stderr, got.stderr
+    assert list(tmp_path.iterdir()) == []

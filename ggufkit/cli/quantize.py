@@ -10,7 +10,13 @@ import click
 
 from ggufkit.cli._options import common_options, device_option, dry_run_option, threads_option
 from ggufkit.cli._output import Output, human_bytes, table
-from ggufkit.quant.presets import TYPE_CHOICES, get_preset, preset_help_lines, type_help_lines
+from ggufkit.quant.presets import (
+    TYPE_CHOICES,
+    get_preset,
+    preset_help_lines,
+    quant_option_name,
+    type_help_lines,
+)
 
 
 class _TargetType(click.ParamType):
@@ -18,13 +24,21 @@ class _TargetType(click.ParamType):
 
     name = "TYPE"
 
+    def __init__(self, several: bool = False) -> None:
+        self.several = several  # a comma-separated list is accepted
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from ggufkit.errors import UsageError
 
+        words = str(value).split(",") if self.several else [str(value)]
         try:
-            get_preset(str(value))
+            for word in words:
+                get_preset(word)
         except UsageError as exc:
             self.fail(str(exc), param, ctx)
+        names = [quant_option_name(w) for w in words]
+        if len(set(names)) < len(names):
+            self.fail(f"a type is named twice in {value!r}", param, ctx)
         return str(value)
 
 
@@ -89,9 +103,11 @@ def _render_target(d: Mapping[str, Any]) -> str:
 @click.command("quantize", epilog=_EPILOG)
 @click.argument("input_file", metavar="IN.gguf", type=click.Path(dir_okay=False, path_type=str))
 @click.argument("positional", metavar="[OUT.gguf] [TYPE [NTHREADS]]", nargs=-1)
-@click.option("--type", "target", type=_TargetType(),
+@click.option("--type", "target", type=_TargetType(several=True),
               help=f"Preset or type as llama-quantize names them, or its numeric id ({len(TYPE_CHOICES)} names, "
-                   "listed below; q4_k = q4_k_m). Or one of --target-size/--target-bpw/--target-like.")
+                   "listed below; q4_k = q4_k_m). Several, comma-separated, make one file each in one run "
+                   "(OUT then holds {type}; without OUT: ggml-model-TYPE.gguf beside IN). Or one of "
+                   "--target-size/--target-bpw/--target-like.")
 @click.option("--target-size", metavar="SIZE",
               help="Best mix whose whole file is at most SIZE bytes (K/M/G decimal, KiB/MiB/GiB binary).")
 @click.option("--target-bpw", type=float, metavar="X", help="Best mix of at most X bits per weight (tensor data).")
@@ -171,7 +187,7 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
         if threads is not None:
             raise UsageError(f"the thread count is given twice: {positional_threads} and --threads {threads}")
         threads = positional_threads or None
-    if output_file is None and not dry_run:
+    if output_file is None and not dry_run and not (target and "," in target):
         raise click.UsageError("OUT.gguf is required unless --dry-run is given")
     searching = target_size is not None or target_bpw is not None or target_like is not None
     if (target is None) == (not searching):
@@ -194,16 +210,58 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
         raise UsageError("--types, --mix-out, --cache-dir, --calibration-text and --sensitivity belong to a target "
                          "search (--target-size ...)")
     assert target is not None
-    report = quantize_file(
-        input_file, output_file, target, pure=pure, imatrix=imatrix, tensor_types=tensor_types,
-        output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
-        leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize, no_fallback=no_fallback,
-        threads=threads, device=device, dry_run=dry_run, progress=out.progress(),
+    options: dict[str, Any] = dict(
+        pure=pure, imatrix=imatrix, tensor_types=tensor_types, output_tensor_type=output_tensor_type,
+        token_embedding_type=token_embedding_type, leave_output_tensor=leave_output_tensor,
+        allow_requantize=allow_requantize, no_fallback=no_fallback, threads=threads, device=device,
         tensor_type_file=tensor_type_file, include_weights=include_weights, exclude_weights=exclude_weights,
         prune_layers=prune_layers or (), keep_split=keep_split, override_kv=override_kv)
+    targets = target.split(",")
+    if len(targets) > 1:
+        _several(out, input_file, several_outputs(input_file, output_file, targets), targets, dry_run, options)
+        return
+    report = quantize_file(input_file, output_file, target, dry_run=dry_run, progress=out.progress(), **options)
     for warning in report.warnings:
         out.warn(warning)
     out.result(report.to_dict(), _render)
+
+
+def several_outputs(input_file: str, output_file: str | None, targets: list[str]) -> list[str]:
+    """One output per type: OUT with ``{type}`` replaced by the type's QUANT_OPTIONS name, or without OUT
+    ``ggml-model-NAME.gguf`` beside IN (llama-quantize's name for a run without an output path).
+
+    Raises:
+        UsageError: OUT names one file for several types.
+    """
+    from ggufkit.errors import UsageError
+
+    names = [quant_option_name(t) or t.upper() for t in targets]
+    if output_file is None:
+        return [os.path.join(os.path.dirname(input_file), f"ggml-model-{n}.gguf") for n in names]
+    if "{type}" not in output_file:
+        raise UsageError(f"several types need an output name with {{type}} in it (got {output_file!r}), "
+                         "e.g. model-{type}.gguf")
+    return [output_file.replace("{type}", n) for n in names]
+
+
+def _several(out: Output, input_file: str, outputs: list[str], targets: list[str], dry_run: bool,
+             options: dict[str, Any]) -> None:
+    """Every type's plan first (a refused one stops the run before anything is written), then one file per
+    type in this process: imports, kernel loading and the input's pages in the page cache are shared."""
+    from ggufkit.quant.pipeline import quantize_file, refuse_unrunnable
+
+    reports = [quantize_file(input_file, o, t, dry_run=True, **options) for t, o in zip(targets, outputs)]
+    if not dry_run:
+        for report in reports:
+            refuse_unrunnable(report.plan)
+        reports = []
+        for t, o in zip(targets, outputs):
+            reports.append(quantize_file(input_file, o, t, progress=out.progress(), **options))
+    results = [r.to_dict() for r in reports]
+    for d in results:
+        for warning in d["warnings"]:
+            out.warn(f"{d['target'].upper()}: {warning}")
+    out.result({"results": results}, lambda d: "\n\n".join(_render(r) for r in d["results"]))
 
 
 def split_positional(input_file: str, args: tuple[str, ...], dry_run: bool
