@@ -226,6 +226,11 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
     out.result(report.to_dict(), _render)
 
 
+def default_output(input_file: str, name: str) -> str:
+    """llama-quantize's output path when none is given: ``ggml-model-NAME.gguf`` in IN's folder."""
+    return os.path.join(os.path.dirname(input_file), f"ggml-model-{name}.gguf")
+
+
 def several_outputs(input_file: str, output_file: str | None, targets: list[str]) -> list[str]:
     """One output per type: OUT with ``{type}`` replaced by the type's QUANT_OPTIONS name, or without OUT
     ``ggml-model-NAME.gguf`` beside IN (llama-quantize's name for a run without an output path).
@@ -237,7 +242,7 @@ def several_outputs(input_file: str, output_file: str | None, targets: list[str]
 
     names = [quant_option_name(t) or t.upper() for t in targets]
     if output_file is None:
-        return [os.path.join(os.path.dirname(input_file), f"ggml-model-{n}.gguf") for n in names]
+        return [default_output(input_file, n) for n in names]
     if "{type}" not in output_file:
         raise UsageError(f"several types need an output name with {{type}} in it (got {output_file!r}), "
                          "e.g. model-{type}.gguf")
@@ -276,7 +281,6 @@ def split_positional(input_file: str, args: tuple[str, ...], dry_run: bool
             or more words than the form takes.
     """
     from ggufkit.errors import UsageError
-    from ggufkit.quant.presets import quant_option_name
 
     if not args:
         return None, None, None
@@ -285,7 +289,7 @@ def split_positional(input_file: str, args: tuple[str, ...], dry_run: bool
     name = quant_option_name(rest[0])
     if name is not None:  # IN TYPE [NTHREADS]
         if not dry_run:
-            out = os.path.join(os.path.dirname(input_file), f"ggml-model-{name}.gguf")
+            out = default_output(input_file, name)
         target: str | None = rest.pop(0)
     else:  # IN OUT [TYPE [NTHREADS]]
         out = rest.pop(0)
