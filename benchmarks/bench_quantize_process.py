@@ -194,3 +194,17 @@ if __name__ == "__main__":
 #     q5_1 18.37 vs 25.53 (0.72) CPU 0.57      q4_k_m 53.25 vs 184.65 (0.29) 0.27   q6_k 28.94 vs 92.48 (0.31) 0.30
 #   The fast rows' extra CPU time on a loaded box is reading (pread, ~2 s of 2.1 GB) and writing, not the kernels
 #   (~1.7 CPU-s for q4_0's 1.1B weights at AVX2); the output's f16 scale check now costs ~0.15 s instead of ~0.65.
+#
+# AMD EPYC (cpu family 26 model 2: Zen 5; AVX2 + AVX-512), 2 cores, 2 threads, 2026-11-27 (ratio ggufkit /
+# llama-quantize, wall / CPU, medians; load 1-2):
+#   1.1B shape, 2-3 runs: q8_0 0.68-0.72 / 0.54-0.57, q4_0 0.57-0.69 / 0.45-0.55, q4_1 0.73-0.83 / 0.58-0.67,
+#   q5_0 0.59 / 0.46, q5_1 0.68-0.72 / 0.54-0.56, mxfp4_moe 0.58 / 0.45, tq2_0 0.47 / 0.36 (llama-quantize does
+#   1.1B q4_0 in 2.96-3.18 s here); 1 run: q4_k_m 8.94 vs 27.25 s (0.33 / 0.27), q6_k 0.24 / 0.21, q3_k_m 0.31 / 0.29.
+#   135M shape, 3 runs: q8_0 1.25 / 1.04, q4_0 1.21 / 1.25, q4_1 1.48, q5_1 1.31, tq2_0 1.56, q4_k_m 0.66 / 0.68,
+#   q6_k 0.79, mxfp4_moe 0.91; 1 run: iq2_xxs 0.23 / 0.20, iq3_xxs 0.25 / 0.22, iq1_s 0.15 / 0.12, iq2_m 0.16 / 0.13,
+#   iq4_xs 0.13 / 0.11. A fresh process spends ~0.07 s importing ggufkit.quant and ~0.2 s on its first kernel
+#   (Numba's import and runtime set-up included); each further cached kernel loads in 0.01-0.02 s.
+#   --together (one ggufkit process for every type vs one llama-quantize process per type), .pyc files present:
+#     135M, q2_k,q3_k_s,q3_k_m,q3_k_l,q4_0,q4_k_s,q4_k_m,q5_k_s,q5_k_m,q6_k,q8_0, 2 runs: 3.87 vs 9.05 s (0.43), CPU 0.35
+#     135M, q8_0,q4_0,q4_1,q5_1,q4_k_m,q6_k, 3 runs: 1.93 vs 3.64 s (0.53), CPU 0.42
+#     1.1B, the same 11 types, 1 run: 57.54 vs 185.45 s (0.31), CPU 91.97 vs 337.34 s (0.27)
