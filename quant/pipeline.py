@@ -192,11 +192,10 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
         if plan.cpu_only_types() and dev == "cuda":
             warnings.append(f"{', '.join(t.name for t in plan.cpu_only_types())} have no CUDA kernel: "
                             "quantized on the CPU")
-        if not dry_run:
-            refuse_unrunnable(plan)
         if dry_run:
             return QuantReport(input, None, plan, True, time.perf_counter() - start, tuple(warnings),
                                im.path if im is not None else None)
+        refuse_unrunnable(plan)
         if out_path is None or dev is None:  # unreachable: checked above; keeps the type checker informed
             raise UsageError("an output path is required (or use --dry-run)")
         metadata = _output_metadata(model, plan, im if options.imatrix_sizes is not None else None, options,
