@@ -116,38 +116,38 @@ TENSOR_TYPES: dict[str, GGMLQuantizationType] = {type_name(t).lower(): t for t i
 _STOI = re.compile(r"\s*([+-]?\d+)")
 
 
+def _quant_option_row(word: str) -> Preset | None:
+    """The ``QUANT_OPTIONS`` row quantize.cpp's ``try_parse_ftype`` picks for ``word`` (an alias is its own
+    row): a name, case-insensitive, else the first row whose id is ``word``'s leading integer; None if none."""
+    key = word.strip().lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    m = _STOI.match(word)
+    if m:
+        return next((p for p in PRESETS.values() if int(p.file_type) == int(m.group(1))), None)
+    return None
+
+
 def get_preset(target: str) -> Preset:
     """The preset for a ``--type`` value: a ``QUANT_OPTIONS`` name (case-insensitive) or a numeric ftype id
-    (the first row with that id, as quantize.cpp's ``try_parse_ftype``).
+    (the first row with that id, as quantize.cpp's ``try_parse_ftype``); an alias gives the row it stands for.
 
     Raises:
         UsageError: unknown name or id.
     """
-    key = target.strip().lower()
-    if key in PRESETS:
-        return PRESETS[ALIASES.get(key, key)]
-    m = _STOI.match(target)
-    if m:
-        for p in PRESETS.values():
-            if int(p.file_type) == int(m.group(1)):
-                return PRESETS[ALIASES.get(p.name, p.name)]
-    raise UsageError(f"unknown quantization type {target!r}; choose one of {', '.join(TYPE_CHOICES)} "
-                     "or a numeric file type id")
+    row = _quant_option_row(target)
+    if row is None:
+        raise UsageError(f"unknown quantization type {target!r}; choose one of {', '.join(TYPE_CHOICES)} "
+                         "or a numeric file type id")
+    return PRESETS[ALIASES.get(row.name, row.name)]
 
 
 def quant_option_name(word: str) -> str | None:
     """The ``QUANT_OPTIONS`` name llama-quantize gives ``word`` (``Q4_K_M``; an alias keeps its own name,
-    a numeric id names its first row), or None when ``word`` is not a type: quantize.cpp's
-    ``try_parse_ftype``, whose name also makes the default output name ``ggml-model-NAME.gguf``."""
-    key = word.strip().lower()
-    if key in PRESETS:
-        return key.upper()
-    m = _STOI.match(word)
-    if m:
-        for p in PRESETS.values():
-            if int(p.file_type) == int(m.group(1)):
-                return p.name.upper()
-    return None
+    a numeric id names its first row), or None when ``word`` is not a type; the name also makes
+    llama-quantize's default output name ``ggml-model-NAME.gguf``."""
+    row = _quant_option_row(word)
+    return None if row is None else row.name.upper()
 
 
 def parse_type(name: str | GGMLQuantizationType, what: str = "tensor type") -> GGMLQuantizationType:
