@@ -165,3 +165,26 @@ def test_each_inf_and_nan_pattern_is_refused_on_both_f16_paths(pattern: int) -> 
         x[rows - 1, 63] = pattern
         with pytest.raises(QuantizationError, match=rf"non-finite value {value} at flat index {rows * 64 - 1};"):
             quantize(x.view(np.float16), T.Q8_0, threads=2)
+
+
+def test_two_pass_f16_rows_reuse_one_widening_buffer_without_leaking_between_calls() -> None:
+    # The two-pass path widens F16 into one reused float32 buffer per thread (dispatch._widening_buffer).
+    # Calls of different sizes in a row, a failing call in between, and F32 outputs (which must own their
+    # memory) keep every result equal to ggml on that call's own values.
+    big = _f16_rows(11)[:40]  # fewer rows than _FUSED_MIN_ROWS: the two-pass path for every type
+    small = _f16_rows(12)[:3, :64]
+    assert big.shape[0] < _FUSED_MIN_ROWS
+    for qtype in (T.TQ2_0, T.Q4_K, T.Q8_0):
+        first = quantize(big, qtype, threads=2)
+        smaller = small if qtype == T.Q8_0 else big[5:8]  # TQ2_0 and Q4_K need 256-wide rows
+        assert np.array_equal(quantize(smaller, qtype, threads=2), ggml_quantize(smaller.astype(np.float32), qtype))
+        bad = big.copy()
+        bad[2, 5] = np.inf
+        with pytest.raises(QuantizationError):
+            quantize(bad, qtype, threads=2)
+        assert np.array_equal(quantize(big, qtype, threads=2), first)
+        assert np.array_equal(first, ggml_quantize(big.astype(np.float32), qtype))
+    kept = quantize(big, T.F32, threads=2)
+    quantize(small, T.Q8_0, threads=2)
+    quantize(small, T.F32, threads=2)
+    assert np.array_equal(kept.view(np.float32), big.astype(np.float32))
