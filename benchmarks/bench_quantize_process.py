@@ -291,3 +291,12 @@ if __name__ == "__main__":
 #   in this session, before settle()) came from the order of the runs, not from the quantizer: each ggufkit run
 #   followed a llama-quantize run that left its 0.6-1.1 GB output unsynced, so ggufkit's fsync queued behind the
 #   disk writing that back, and its rename freed the previous output's blocks (this ext4 discards online).
+#   AVX2 only (eval "$(python benchmarks/avx2_only.py)"), 1.1B shape, 3 runs, load 0.7-1.8, same columns:
+#     before the reused widening buffer (quant/dispatch.py _widening_buffer):
+#       q8_0 0.49 / 0.45, floor 0.50     q4_0 0.44 / 0.42, floor 0.46    q4_1 0.54 / 0.50, floor 0.43
+#       q5_0 0.43 / 0.41                 q5_1 0.46 / 0.43                tq1_0 0.52 / 0.51, floor 0.22
+#       tq2_0 0.54 / 0.53, floor 0.23    mxfp4_moe 0.55 / 0.50, floor 0.47
+#     after: tq1_0 0.46 / 0.45, tq2_0 0.48 / 0.47 (the F16 -> F32 widening of their two-pass path 0.59 -> 0.31 s);
+#       q4_1 0.56 / 0.53, floor 0.46; q8_0 0.57 / 0.53 and mxfp4_moe 0.58 / 0.54 with floors of 0.50-0.53: a
+#       1.1 GB output's write + fsync on this VM's disk (386-1200 MB/s, run to run) is half of llama-quantize's
+#       time by itself, so those two rows cannot reach 0.5 here without giving up the fsync.
