@@ -100,13 +100,14 @@ def main() -> None:
         model, imatrix = build_model(folder, args.shape)
         print(f"model: {model.stat().st_size >> 20} MiB of F16, threads {args.threads}", flush=True)
         targets = ALL_TYPES if args.types == "all" else args.types.split(",")
+        out_dir = args.out_dir or folder
         if args.together:
-            together(targets, model, imatrix, folder, args.threads, args.runs)
+            together(targets, model, imatrix, out_dir, args.threads, args.runs)
             return
         print(f"{'type':8} {'ggufkit s':>9} {'llama s':>7} {'+fsync s':>8} {'wall ratio':>10} {'vs +fsync':>9} "
               f"{'cpu ratio':>9} {'floor s':>7} {'floor ratio':>11}  load")
         for target in targets:
-            out = args.out_dir / "out.gguf" if args.out_dir else folder / "out.gguf"
+            out = out_dir / "out.gguf"
             ours, theirs = commands(target, model, imatrix, out, args.threads)
             try:
                 timed(ours)  # warm Numba's cache (and the page cache) untimed
@@ -178,8 +179,8 @@ def together(targets: list[str], model: Path, imatrix: Path, folder: Path, threa
     mine: list[Timed] = []
     sums: list[tuple[float, float]] = []
     for _ in range(runs):
-        for target in targets:
-            (folder / f"ours-{target}.gguf").unlink(missing_ok=True)
+        for old in folder.glob("ours-*.gguf"):  # named by the QUANT_OPTIONS spelling of each type
+            old.unlink()
         settle(folder / "out.gguf")
         mine.append(timed(ours, poll_s=0.01))
         each = []
@@ -187,6 +188,9 @@ def together(targets: list[str], model: Path, imatrix: Path, folder: Path, threa
             settle(folder / "out.gguf")
             each.append(timed(cmd, poll_s=0.01))
         sums.append((sum(t.seconds for t in each), sum(t.cpu_seconds for t in each)))
+    for old in folder.glob("ours-*.gguf"):
+        old.unlink()
+    settle(folder / "out.gguf")
     wall = statistics.median(t.seconds for t in mine), statistics.median(w for w, _ in sums)
     cpu = statistics.median(t.cpu_seconds for t in mine), statistics.median(c for _, c in sums)
     print(f"{len(targets)} types in one run ({','.join(targets)}): wall {wall[0]:.2f} vs {wall[1]:.2f} s "

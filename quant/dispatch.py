@@ -159,17 +159,20 @@ def _as_type(qtype: GGMLQuantizationType | int) -> GGMLQuantizationType:
     return t
 
 
+#: Weights per kernel call in the file pipeline (64 MiB of f32): bounds memory for huge tensors while keeping
+#: every call large enough to use all threads.
+SLAB_ELEMENTS = 16 * 1024 * 1024
+
 # F16 rows widened for a kernel that only reads them go into one float32 buffer per thread, reused: a fresh
 # 64 MB array costs a page fault per 4 KiB, which took longer than the widening itself (1.1B F16 to TQ2_0:
-# 0.27-0.6 ns per weight in fresh arrays against 0.18 reused). Arrays above the file pipeline's slab
-# (pipeline.SLAB_ELEMENTS) get a fresh buffer, so what stays allocated is bounded.
-_WIDEN_REUSE_MAX = 16 * 1024 * 1024
+# 0.27-0.6 ns per weight in fresh arrays against 0.18 reused). Arrays above one slab get a fresh buffer, so
+# what stays allocated is bounded.
 _widen_buffers = threading.local()
 
 
 def _widening_buffer(shape: tuple[int, int]) -> np.ndarray:
     n = shape[0] * shape[1]
-    if n > _WIDEN_REUSE_MAX:
+    if n > SLAB_ELEMENTS:
         return np.empty(shape, dtype=np.float32)
     buf: np.ndarray | None = getattr(_widen_buffers, "f32", None)
     if buf is None or buf.size < n:

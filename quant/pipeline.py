@@ -31,6 +31,7 @@ from ggufkit.format.reader import GGUFModel, TensorInfo
 from ggufkit.format.shards import SPLIT_KEYS
 from ggufkit.format.values import VT, Metadata
 from ggufkit.format.writer import Progress, TensorSpec
+from ggufkit.quant.dispatch import SLAB_ELEMENTS
 from ggufkit.quant.imatrix import (
     KEY_QUANTIZE_IMATRIX_DATASET,
     KEY_QUANTIZE_IMATRIX_FILE,
@@ -55,9 +56,6 @@ from ggufkit.quant.registry import TYPES
 
 QT = GGMLQuantizationType
 
-#: f32 elements converted per kernel call (64 MiB of f32): bounds memory for huge tensors while keeping
-#: every call large enough to use all threads.
-SLAB_ELEMENTS = 16 * 1024 * 1024
 #: llama-quantize truncates string KV overrides to 127 characters (llama_model_kv_override::val_str).
 _MAX_KV_STR = 127
 
