@@ -118,3 +118,19 @@ class CheckFailedError(GGUFKitError):
     """A check ran and failed: a quality gate, a fidelity check. The output, if any, is kept."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """``"did you mean Q4_K_M? "`` for a near miss of one of ``choices`` (case, ``_`` and ``-`` ignored), else ``""``.
+
+    Meant to stand before the list of choices in an error message: ``f"unknown type {w!r}; {did_you_mean(w, c)}
+    choose one of ..."``.
+    """
+    import difflib
+
+    def key(text: str) -> str:
+        return text.lower().replace("_", "").replace("-", "")
+
+    keyed = {key(c): c for c in choices}
+    match = difflib.get_close_matches(key(word), list(keyed), n=1, cutoff=0.6)
+    return f"did you mean {keyed[match[0]]}? " if match else ""

@@ -8,12 +8,17 @@ and the next write to that target removes it once that process is gone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar
+
+from ggufkit.errors import OutputExistsError
+
+_T = TypeVar("_T")
 
 _SUFFIX = ".ggufkit-part"
 
@@ -129,6 +134,24 @@ class EarlyWriteback:
             getattr(os, "fdatasync", os.fsync)(fd)
 
 
+def _check_target(target: Path) -> None:
+    """Refuse, naming the user's path, a target that is a folder or lies in a folder that does not exist
+    (the temporary file's name would otherwise appear in the error)."""
+    if target.is_dir():
+        raise OutputExistsError(f"{target} is a folder; name a file to write (or a path ending in /)")
+    parent = target.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "folder does not exist (create it first)", str(parent))
+
+
+def _as_target_error(target: Path, func: Callable[..., _T], *args: Any) -> _T:
+    """``func(*args)`` with an OSError on the temporary file reported on ``target``, the path the user named."""
+    try:
+        return func(*args)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror or str(exc), str(target)) from None
+
+
 @contextlib.contextmanager
 def atomic_write(*targets: Path) -> Iterator[list[BinaryIO]]:
     """Open one temporary file per target; on success rename them all over their targets.
@@ -145,21 +168,22 @@ def atomic_write(*targets: Path) -> Iterator[list[BinaryIO]]:
     """
     paths = [Path(t) for t in targets]
     for p in paths:
+        _check_target(p)
         remove_stale_temporaries(p)
     temps = [_temp_name(p) for p in paths]
     files: list[BinaryIO] = []
     committed = False
     with _terminate_as_exception():
         try:
-            for t in temps:
-                files.append(open(t, "xb"))  # noqa: SIM115 - closed below
+            for t, p in zip(temps, paths):
+                files.append(_as_target_error(p, open, t, "xb"))
             yield files
             for f in files:
                 f.flush()
                 os.fsync(f.fileno())
                 f.close()
             for t, p in zip(temps, paths):
-                os.replace(t, p)
+                _as_target_error(p, os.replace, t, p)
             committed = True
             for d in {p.parent for p in paths}:
                 _fsync_dir(d)
