@@ -27,7 +27,7 @@ OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_
 def convert(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",
             predictor: Path | None = None, vocab_only: bool = False, split_max_size: int | None = None,
             metadata_file: Path | None = None, pre_tokenizer: str | None = None, dry_run: bool = False,
-            progress: Progress | None = None) -> ConvertReport:
+            progress: Progress | None = None, with_mmproj: bool = False) -> ConvertReport:
     """Convert a Hugging Face checkpoint to GGUF; see :func:`ggufkit.converters.core.convert`.
 
     Example:
@@ -38,7 +38,7 @@ def convert(model: str | Path, output: str | Path | None = None, *, outtype: str
 
     return _convert(model, output, outtype=outtype, predictor=predictor, vocab_only=vocab_only,
                     split_max_size=split_max_size, metadata_file=metadata_file, pre_tokenizer=pre_tokenizer,
-                    dry_run=dry_run, progress=progress)
+                    dry_run=dry_run, progress=progress, with_mmproj=with_mmproj)
 
 
 def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",

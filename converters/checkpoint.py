@@ -65,6 +65,18 @@ def _file_sha256(file: Path) -> Future[str]:
     return result
 
 
+def checkpoint_inputs(model_dir: Path, weight_files: list[Path] | None = None) -> list[Path]:
+    """Every file of a checkpoint directory a conversion may read: its weight files and the files the hub
+    keeps beside them (:data:`_HUB_PATTERNS`: config, tokenizer, chat templates, model card, indexes), for
+    :func:`ggufkit.outputs.refuse_overwriting_inputs`. A GGUF left in the folder is not one of them, so
+    converting again over the previous output stays allowed."""
+    d = Path(model_dir)
+    found = {p for pattern in _HUB_PATTERNS for p in d.glob(pattern) if p.is_file()}
+    found |= {p for p in d.glob("additional_chat_templates/*.jinja") if p.is_file()}
+    found |= set(weight_files or [])
+    return sorted(found)
+
+
 @dataclass(frozen=True)
 class SourceTensor:
     """A tensor in a checkpoint, known from its file's header.

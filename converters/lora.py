@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType, Keys
 
-from ggufkit.converters.checkpoint import Checkpoint, resolve_model
+from ggufkit.converters.checkpoint import Checkpoint, checkpoint_inputs, resolve_model
 from ggufkit.converters.lora_source import (
     AdapterTensors,
     LoraBase,
@@ -38,6 +38,7 @@ from ggufkit.converters.transforms import TRANSFORMS
 from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
 from ggufkit.format.values import VT, Metadata
 from ggufkit.format.writer import NullProgress, Progress, TensorSpec, write_gguf
+from ggufkit.outputs import refuse_overwriting_inputs, resolve_output
 
 Q = GGMLQuantizationType
 G = Keys.General
@@ -209,11 +210,9 @@ def _metadata(base: LoraBase, settings: LoraSettings, name: str, file_type: int)
 
 
 def _output_path(output: str | Path | None, adapter_dir: Path, basename: str, label: str) -> Path:
-    default = f"{basename}-{label}-LoRA.gguf"
-    if output is None:
-        return adapter_dir / default
-    out = Path(str(output).replace("{ftype}", label.lower()))
-    return out / default if out.is_dir() else out
+    """``-o`` as every command reads it (:func:`ggufkit.outputs.resolve_output`), or
+    ``{basename}-{FTYPE}-LoRA.gguf`` in the adapter directory."""
+    return resolve_output(output, f"{basename}-{label}-LoRA.gguf", adapter_dir, type_name=label)
 
 
 def convert_lora(adapter: str | Path, output: str | Path | None = None, *, base: str | Path | None = None,
@@ -257,6 +256,7 @@ def convert_lora(adapter: str | Path, output: str | Path | None = None, *, base:
         planned, ranks, targets, folded = _plan_tensors(ckpt, tensors, lora_base, settings, _TARGETS[resolved])
         file_type = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[resolved]
         out = _output_path(output, adapter_dir, adapter_dir.name, _FTYPE_LABEL[resolved])
+        refuse_overwriting_inputs([out], checkpoint_inputs(adapter_dir, ckpt.files) + _base_inputs(lora_base))
         specs = [TensorSpec(t.name, t.ggml_type, t.shape) for t in planned]
         report = LoraReport(out, lora_base.entry.arch, lora_base.name, settings.alpha, ranks, targets, planned,
                             folded, 0.0, dry_run, sum(s.nbytes for s in specs))
@@ -272,6 +272,13 @@ def convert_lora(adapter: str | Path, output: str | Path | None = None, *, base:
         return report
     finally:
         ckpt.close()
+
+
+def _base_inputs(base: LoraBase) -> list[Path]:
+    """The base's files the conversion reads: its GGUF, or its checkpoint's files."""
+    if base.path.is_file():
+        return [base.path]
+    return checkpoint_inputs(base.path) if base.path.is_dir() else []
 
 
 def _stream(planned: list[LoraTensor]) -> Iterator[np.ndarray]:
@@ -318,6 +325,8 @@ def merge_lora(adapter: str | Path, output: str | Path | None = None, *, base: s
             raise UsageError("fan_in_fan_out (Conv1D) adapters are not supported")
         plan = build_plan(src, outtype=outtype, predictor=None, vocab_only=False, output=output,
                           metadata_file=None, pre_tokenizer=None)
+        assert plan.output is not None
+        refuse_overwriting_inputs([plan.output], plan.inputs + checkpoint_inputs(adapter_dir, ckpt.files))
         merged = _merge_loaders(plan, src.checkpoint, ckpt, tensors, settings, lora_base)
         plan.entries = [dataclasses.replace(e, src_dtype="F32") if e.source in merged else e
                         for e in plan.entries]

@@ -20,7 +20,8 @@ from ggufkit.constants import (
 from ggufkit.converters.hparams import hparams_metadata
 from ggufkit.converters.powerinfer import predictor_threshold
 from ggufkit.errors import CheckpointError, UsageError
-from ggufkit.format.values import VT, Metadata
+from ggufkit.format.values import VT, EncodableValue, Metadata
+from ggufkit.outputs import resolve_output
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -40,24 +41,25 @@ def default_name(model_dir: Path, repo: str | None) -> str:
     return (repo.split("/")[-1] if repo else model_dir.resolve().name) or "model"
 
 
-def output_path(output: str | Path | None, model_dir: Path, repo: str | None, basename: str, label: str | None,
-                ftype_name: str, vocab_only: bool) -> Path:
-    """``-o`` file, directory or template (``{ftype}``, ``{FTYPE}``, ``{outtype}``), or the hub convention
-    ``{basename}-{size_label}-{FTYPE}.gguf`` in the model directory (the current one for hub ids)."""
+def model_file_name(basename: str, label: str | None, ftype_name: str, vocab_only: bool = False,
+                    prefix: str = "") -> str:
+    """The hub's file name: ``{basename}-{size_label}-{FTYPE}.gguf`` (``-vocab`` for a vocabulary-only
+    file; ``prefix`` ``mmproj-`` for a projector), as llama.cpp's converter names its default output."""
     parts = [basename.replace(" ", "-").replace("/", "-")] + ([label] if label else []) + [ftype_name.upper()]
-    name = "-".join(parts) + ("-vocab" if vocab_only else "") + ".gguf"
-    if output is None:
-        return (Path.cwd() if repo else model_dir) / name
-    out = Path(output)
-    if out.is_dir():
-        return out / name
-    if "{" in str(out):
-        try:
-            return Path(str(out).format(ftype_name.lower(), ftype=ftype_name.lower(), outtype=ftype_name.lower(),
-                                        FTYPE=ftype_name.upper(), OUTTYPE=ftype_name.upper()))
-        except (KeyError, IndexError, ValueError) as exc:
-            raise UsageError(f"output template {str(out)!r}: {exc}") from None
-    return out
+    return prefix + "-".join(parts) + ("-vocab" if vocab_only else "") + ".gguf"
+
+
+def output_path(output: str | Path | None, model_dir: Path, repo: str | None, file_name: str,
+                ftype_name: str) -> Path:
+    """Where ``convert`` (and ``--mmproj``) writes: ``-o`` as :func:`ggufkit.outputs.resolve_output` reads it
+    (a file; a folder, or a path ending in a separator, holding ``file_name``; a template whose ``{type}``,
+    ``{ftype}``, ``{outtype}`` and upper-case forms become ``ftype_name``), or ``file_name`` in the model
+    directory (the current one for hub ids).
+
+    Raises:
+        UsageError: a path ending in a separator whose folder does not exist, or an unknown placeholder.
+    """
+    return resolve_output(output, file_name, Path.cwd() if repo else model_dir, type_name=ftype_name)
 
 
 def read_metadata_file(path: Path | None) -> dict[str, Any]:
@@ -93,6 +95,49 @@ def _set_general(meta: Metadata, key: str, value: Any) -> None:
 
 
 
+def model_card_metadata(model_dir: Path, own: Mapping[str, EncodableValue], n_params: int) -> Metadata:
+    """The ``general.*`` keys llama.cpp's converter writes about the model, in its order:
+    ``general.sampling.*`` (generation_config.json), author, version, organization, finetune, description,
+    license, URLs, ``general.base_model.*``, ``general.dataset.*``, tags, languages (README.md front matter
+    and config.json's ``_name_or_path``).
+
+    Read and written by gguf-py itself, as convert_hf_to_gguf.py's ``prepare_metadata`` does
+    (``gguf.Metadata.load``, then ``Metadata.set_gguf_meta_model`` into a ``GGUFWriter``), with two
+    differences: the keys already in ``own`` (ggufkit's type, name, basename, size label and hub address)
+    keep ggufkit's values, and nothing is guessed from the folder's name (llama.cpp splits it into basename,
+    size label, finetune and version, where ggufkit's basename is the whole name). A front matter that is not
+    YAML gives no keys, as a README without one.
+    """
+    import yaml
+    from gguf import GGUFWriter
+    from gguf.metadata import Metadata as CardMetadata
+
+    writer = GGUFWriter(None, "")  # records the add_* calls in writer.kv_data; writes nothing
+    try:
+        card = CardMetadata.load(None, model_dir, None, n_params)
+        # llama.cpp's reading without the folder-name guesses (apply_metadata_heuristic's last step)
+        unguessed = CardMetadata.apply_metadata_heuristic(CardMetadata(), CardMetadata.load_model_card(model_dir),
+                                                           CardMetadata.load_hf_parameters(model_dir), None,
+                                                           n_params)
+        card.organization, card.finetune, card.version = (unguessed.organization, unguessed.finetune,
+                                                          unguessed.version)
+        card.name, card.basename, card.size_label = "", None, None  # ggufkit's own, in ``own``
+        card.set_gguf_meta_model(writer)
+    except (yaml.YAMLError, OSError, ValueError, TypeError, AttributeError):
+        return Metadata()
+    out = Metadata()
+    for key, gv in writer.kv_data[0].items():
+        if key in own or key == G.ARCHITECTURE:
+            continue
+        if gv.type == VT.ARRAY:  # tags, languages: strings (a YAML number among them is written as text)
+            out.set(key, VT.ARRAY, [v if isinstance(v, str) else str(v) for v in gv.value], VT.STRING)
+        elif gv.type == VT.STRING:
+            out.set(key, VT.STRING, gv.value if isinstance(gv.value, str) else str(gv.value))
+        else:
+            out.set(key, gv.type, gv.value)
+    return out
+
+
 def build_metadata(src: Source, hp: Mapping[str, tuple[VT, Any]], entries: list[PlanEntry], file_type: int,
               vocab_only: bool, metadata_file: Path | None, powerinfer: bool, predictor: Path | None,
               pre_tokenizer: str | None) -> tuple[Metadata, PreTokenizerMatch | None]:
@@ -108,13 +153,16 @@ def build_metadata(src: Source, hp: Mapping[str, tuple[VT, Any]], entries: list[
     name = overrides.get(G.NAME, default_name(src.model_dir, src.repo))
     meta.set(G.NAME, VT.STRING, str(name))
     meta.set(G.BASENAME, VT.STRING, str(overrides.get(G.BASENAME, name)).replace(" ", "-"))
+    n_params = sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)
     if not vocab_only:
-        n_params = sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)
         meta.set(G.SIZE_LABEL, VT.STRING, str(overrides.get(G.SIZE_LABEL, size_label(n_params))))
     if src.repo:
         meta.set(G.SOURCE_REPO_URL, VT.STRING, f"https://huggingface.co/{src.repo}")
+    own = set(meta)
+    for key, value in model_card_metadata(src.model_dir, meta, 0 if vocab_only else n_params).items():
+        meta.put(key, value)
     for key, value in overrides.items():
-        if key not in meta:
+        if key not in own:  # --metadata wins over the model card
             _set_general(meta, key, value)
     for key, value in hparams_metadata(hp).items():
         meta.put(key, value)

@@ -20,16 +20,17 @@ import numpy as np
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, Keys, LlamaFileType
 
 from ggufkit.constants import GGUF_MAGIC, KEY_SOURCE_SHA256, KEY_TOOL_VERSION
-from ggufkit.converters.checkpoint import Checkpoint, read_config, resolve_model
+from ggufkit.converters.checkpoint import Checkpoint, checkpoint_inputs, read_config, resolve_model
 from ggufkit.converters.hooks import hooks_for
 from ggufkit.converters.hparams import _MISSING, first_of
-from ggufkit.converters.metadata import default_name, size_label
+from ggufkit.converters.metadata import default_name, model_file_name, output_path, size_label
 from ggufkit.converters.mmproj_registry import ARCH, ProjectorSpec
 from ggufkit.converters.plan import OUTTYPES, ConvertPlan, PlanEntry, match_rules, resolve_outtype
 from ggufkit.converters.registry import ArchEntry, load_registry
 from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_dtype
 from ggufkit.errors import CheckpointError, TensorMappingError, UnsupportedArchitectureError, UsageError
 from ggufkit.format.values import VT, Metadata
+from ggufkit.outputs import refuse_overwriting_inputs
 
 Q = GGMLQuantizationType
 G = Keys.General
@@ -324,26 +325,15 @@ def build_mmproj_plan(model_dir: Path, repo: str | None, config: dict[str, Any],
     meta.put(KEY_SOURCE_SHA256, ckpt.sha256_value(files))
     ftype = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     out = mmproj_output_path(output, model_dir, repo, name, ftype)
-    return ConvertPlan(entry.hf_class, ARCH, resolved, file_type, GGUF_MAGIC, meta, entries, ignored, out, loaders)
+    return ConvertPlan(entry.hf_class, ARCH, resolved, file_type, GGUF_MAGIC, meta, entries, ignored, out, loaders,
+                       inputs=checkpoint_inputs(model_dir, ckpt.files))
 
 
 def mmproj_output_path(output: str | Path | None, model_dir: Path, repo: str | None, basename: str,
                        ftype: str) -> Path:
-    """``-o`` file, directory or ``{ftype}`` template, or ``mmproj-{basename}-{FTYPE}.gguf`` (the hub's name) in
-    the model directory (the current one for hub ids)."""
-    file_name = f"mmproj-{basename.replace(' ', '-').replace('/', '-')}-{ftype.upper()}.gguf"
-    if output is None:
-        return (Path.cwd() if repo else model_dir) / file_name
-    out = Path(output)
-    if out.is_dir():
-        return out / file_name
-    if "{" in str(out):
-        try:
-            return Path(str(out).format(ftype.lower(), ftype=ftype.lower(), outtype=ftype.lower(),
-                                        FTYPE=ftype.upper(), OUTTYPE=ftype.upper()))
-        except (KeyError, IndexError, ValueError) as exc:
-            raise UsageError(f"output template {str(out)!r}: {exc}") from None
-    return out
+    """``-o`` as for the text model (:func:`ggufkit.converters.metadata.output_path`), or
+    ``mmproj-{basename}-{FTYPE}.gguf`` (the hub's name) in the model directory (the current one for hub ids)."""
+    return output_path(output, model_dir, repo, model_file_name(basename, None, ftype, prefix="mmproj-"), ftype)
 
 
 def _loader(ckpt: Checkpoint, source: str, transform: str | None, heads: Heads) -> Callable[[], np.ndarray]:
@@ -387,6 +377,8 @@ def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outty
     ckpt = Checkpoint(model_dir)
     try:
         plan = build_mmproj_plan(model_dir, repo, config, ckpt, outtype=outtype, output=output)
+        assert plan.output is not None
+        refuse_overwriting_inputs([plan.output], plan.inputs)
         if dry_run:
             return ConvertReport(plan, [], time.perf_counter() - start, dry_run=True, model_dir=model_dir)
         return write_plan(plan, model_dir, start, progress=progress)

@@ -19,10 +19,16 @@ from gguf import GGMLQuantizationType, Keys, LlamaFileType
 
 from ggufkit.constants import GGUF_MAGIC, KEY_SLACK, POWERINFER_MAGIC
 from ggufkit.converters import OUTTYPES
-from ggufkit.converters.checkpoint import Checkpoint, read_config, resolve_model
+from ggufkit.converters.checkpoint import Checkpoint, checkpoint_inputs, read_config, resolve_model
 from ggufkit.converters.hooks import hooks_for
 from ggufkit.converters.hparams import resolve_hparams
-from ggufkit.converters.metadata import build_metadata, default_name, output_path, size_label
+from ggufkit.converters.metadata import (
+    build_metadata,
+    default_name,
+    model_file_name,
+    output_path,
+    size_label,
+)
 from ggufkit.converters.powerinfer import check_activation, load_predictor, read_predictor
 from ggufkit.converters.pretokenizer import PreTokenizerMatch
 from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
@@ -88,6 +94,8 @@ class ConvertPlan:
     loaders: dict[str, Callable[[], np.ndarray]] = field(default_factory=dict, repr=False)
     #: how tokenizer.ggml.pre was chosen (None for sentencepiece vocabularies)
     pre_tokenizer: PreTokenizerMatch | None = None
+    #: every file the conversion reads (checkpoint, predictor, --metadata): no output may be one of them
+    inputs: list[Path] = field(default_factory=list)
 
     @property
     def n_params(self) -> int:
@@ -347,10 +355,16 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
     label = None if vocab_only else size_label(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries))
     name_value = meta.get(G.BASENAME) or meta.get(G.NAME)
     basename = str(getattr(name_value, "value", default_name(src.model_dir, src.repo)))
-    out = output_path(output, src.model_dir, src.repo, basename, label,
-                      LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_"), vocab_only)
+    ftype_name = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    out = output_path(output, src.model_dir, src.repo, model_file_name(basename, label, ftype_name, vocab_only),
+                      ftype_name)
+    inputs = checkpoint_inputs(src.model_dir, src.checkpoint.files if src.checkpoint is not None else None)
+    if predictor is not None and Path(predictor).is_dir():
+        inputs += sorted(p for p in Path(predictor).iterdir() if p.is_file())
+    if metadata_file is not None:
+        inputs.append(Path(metadata_file))
     return ConvertPlan(entry.hf_class, arch, resolved, file_type, POWERINFER_MAGIC if powerinfer else GGUF_MAGIC,
-                       meta, entries, ignored, out, loaders, pre_match)
+                       meta, entries, ignored, out, loaders, pre_match, inputs)
 
 
 def _expert_of(entry: ArchEntry, rule: TensorRule, hf: str) -> tuple[int, int, str]:

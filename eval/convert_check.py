@@ -260,6 +260,44 @@ def check_conversion(model_dir: str | Path, gguf: str | Path, plan: ConvertPlan,
             return CheckResult(FAILED, failures=[f"the comparison could not run ({_one_line(exc)})"])
 
 
+def _token(tid: int, pieces: list[str]) -> str:
+    """``1234 '▁the'``: a token id and its text in the GGUF's vocabulary."""
+    return f"{tid} {pieces[tid]!r}" if 0 <= tid < len(pieces) else f"{tid} (not in the vocabulary)"
+
+
+def token_difference(text: str, want: list[int], got: list[int], pieces: list[str], context: int = 3) -> str:
+    """One line naming where two tokenizations of ``text`` part and the tokens each side has there.
+
+    Example: ``tokens differ for 'Emoji 🦙🚀 …' at token 4: transformers [12 '▁a', 40 'b'], GGUF [77 '▁ab']``.
+    """
+    first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+
+    def window(ids: list[int]) -> str:
+        shown = ", ".join(_token(t, pieces) for t in ids[first:first + context])
+        more = ", ..." if len(ids) > first + context else ""
+        return f"[{shown}{more}]" if shown else "[] (ends here)"
+
+    return (f"tokens differ for {text[:30]!r} at token {first} ({len(want)} vs {len(got)} tokens): "
+            f"transformers {window(want)}, GGUF {window(got)}")
+
+
+#: What to try when the logits disagree.
+LOGITS_HINT = ("try --outtype f32: if it passes, a tensor is rounded wrongly; if not, a tensor is mapped or "
+               "permuted wrongly (report it with config.json and `ggufkit convert --dry-run --json`)")
+
+
+def _token_hint(vocab_kind: Any, pre: Any, model_dir: Path) -> str:
+    """What to try when the tokens differ, for the vocabulary's kind (tokenizer.ggml.model)."""
+    if vocab_kind == "gpt2":
+        return (f"the pre-tokenizer splits text differently: try --pre-tokenizer NAME with the name llama.cpp "
+                f"gives this model family (tokenizer.ggml.pre is {pre!r})")
+    if vocab_kind == "llama" and not (model_dir / "tokenizer.model").is_file():
+        return ("llama.cpp reads a Llama tokenizer.json without tokenizer.model with scores that merge in "
+                "another order: try adding the model's tokenizer.model (sentencepiece) beside it")
+    return ("try the model's own tokenizer files: tokenizer.model, tokenizer.json, added_tokens.json and "
+            "tokenizer_config.json must agree")
+
+
 def _compare(model_dir: Path, hf_tok: Any, reference: Any, converted: Any, gguf: str | Path) -> CheckResult:
     import torch
 
@@ -271,16 +309,19 @@ def _compare(model_dir: Path, hf_tok: Any, reference: Any, converted: Any, gguf:
     compared = 0
     with open_gguf(gguf) as model:
         gguf_tok = load_tokenizer(model)
+        pieces = [str(t) for t in (model.get("tokenizer.ggml.tokens") or [])]
+        vocab_kind, pre = model.get("tokenizer.ggml.model"), model.get("tokenizer.ggml.pre")
         for text in CHECK_TEXTS:
             want = encode_ref(text)
             got = gguf_tok.encode(text, add_special=True, parse_special=parse_special)
             compared += len(want)
             if want != got:
-                first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-                failures.append(f"tokens differ for {text[:30]!r} at position {first}")
+                failures.append(token_difference(text, want, got, pieces) + "; "
+                                + _token_hint(vocab_kind, pre, model_dir))
     max_abs = max_ref = 0.0
     agree = total = 0
     finite = True
+    first_top1_miss = ""
     for text in LOGIT_TEXTS:
         ids = torch.tensor([list(hf_tok(text)["input_ids"])[:64]])
         with torch.no_grad():
@@ -291,15 +332,23 @@ def _compare(model_dir: Path, hf_tok: Any, reference: Any, converted: Any, gguf:
             continue
         max_abs = max(max_abs, float((got_logits - want_logits).abs().max()))
         max_ref = max(max_ref, float(want_logits.abs().max()))
-        agree += int((got_logits.argmax(-1) == want_logits.argmax(-1)).sum())
+        same = got_logits.argmax(-1) == want_logits.argmax(-1)
+        agree += int(same.sum())
+        if not first_top1_miss and not bool(same.all()):
+            pos = int((~same).nonzero()[0, 0])
+            first_top1_miss = (f"first at token {pos} of {text[:30]!r}, transformers predicts "
+                               f"{_token(int(want_logits[pos].argmax()), pieces)}, the GGUF "
+                               f"{_token(int(got_logits[pos].argmax()), pieces)}")
         total += ids.shape[1]
     rel = max_abs / max(max_ref, 1e-12)
     top1 = agree / max(total, 1)
     if not finite:
-        failures.append("the GGUF's logits are not finite (weights overflowing the outtype, e.g. f16?)")
+        failures.append("the GGUF's logits are not finite (weights overflowing the outtype, e.g. f16?); "
+                        "try --outtype bf16 or f32")
     elif rel > TOLERANCE[0]:
         failures.append(f"logits differ by {max_abs:.4g} ({rel:.2%} of the largest logit; the check allows "
-                        f"{TOLERANCE[0]:.2%} against transformers running the same rounded weights)")
+                        f"{TOLERANCE[0]:.2%} against transformers running the same rounded weights); {LOGITS_HINT}")
     if finite and top1 < TOLERANCE[1]:
-        failures.append(f"top-1 agrees at {top1:.1%} of positions (the check needs {TOLERANCE[1]:.0%})")
+        failures.append(f"top-1 agrees at {top1:.1%} of positions (the check needs {TOLERANCE[1]:.0%}): "
+                        f"{first_top1_miss or 'no position compared'}; {LOGITS_HINT}")
     return CheckResult(FAILED if failures else PASSED, None, failures, compared, max_abs, rel, top1, TOLERANCE)

@@ -43,3 +43,47 @@ def test_tensors_and_hparams_are_byte_identical_to_llama_cpp_converter(outtype: 
             if key.startswith(f"{arch}.") or key in ("general.quantization_version", "general.file_type"):
                 assert key in b.kv, key
                 assert np.all(np.asarray(a.get(key)) == np.asarray(b.get(key))), key
+
+
+MODEL_CARD = """---
+license: apache-2.0
+license_name: tiny-licence
+base_model:
+- meta-llama/Llama-3.2-1B
+- https://huggingface.co/Qwen/Qwen2.5-0.5B
+language:
+- en
+- fr
+- "no"
+tags:
+- text-generation
+- llama
+pipeline_tag: text-generation
+datasets:
+- HuggingFaceFW/fineweb
+author: A. Publisher
+description: a tiny random Llama
+---
+
+# A tiny Llama
+"""
+
+
+def test_general_keys_from_the_model_card_equal_llama_cpp_converters(tmp_path: Path) -> None:
+    d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM")
+    (d / "README.md").write_text(MODEL_CARD, encoding="utf-8")
+    theirs = _llama_cpp_convert(d, tmp_path / "theirs.gguf", "f16")
+    ours = convert(d, tmp_path / "ours.gguf", outtype="f16").outputs[0]
+    with open_gguf(theirs) as a, open_gguf(ours) as b:
+        # ggufkit names files its own way (general.name is the folder's name, as given)
+        keys = [k for k in a.kv if k.startswith("general.") and k not in ("general.name",)]
+        for prefix in ("general.license", "general.base_model.", "general.languages", "general.tags",
+                       "general.dataset.", "general.author", "general.description"):
+            assert any(k.startswith(prefix) for k in keys), prefix
+        for key in keys:
+            assert key in b.kv, key
+            want, got = a.get(key), b.get(key)
+            if not isinstance(want, str) and hasattr(want, "__len__"):
+                assert list(got) == list(want), key
+            else:
+                assert got == want, key

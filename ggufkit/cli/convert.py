@@ -11,7 +11,24 @@ import click
 from ggufkit.cli._options import SizeParam, common_options, dry_run_option
 from ggufkit.cli._output import Output, human_bytes, table
 from ggufkit.converters import OUTTYPES
-from ggufkit.errors import EXIT_CHECK_FAILED
+from ggufkit.errors import EXIT_CHECK_FAILED, did_you_mean
+from ggufkit.outputs import TEMPLATE_HELP
+
+
+class TypeChoice(click.Choice):
+    """A case-insensitive choice of type names whose error names the near miss first: ``'q4km' is not a type;
+    did you mean Q4_K_M? choose one of ...``."""
+
+    def __init__(self, choices: tuple[str, ...]) -> None:
+        super().__init__(choices, case_sensitive=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            names = [str(c).upper() for c in self.choices]
+            self.fail(f"{value!r} is not a type; {did_you_mean(str(value), names)}choose one of "
+                      f"{', '.join(names)}", param, ctx)
 
 
 def _render(d: Mapping[str, Any]) -> str:
@@ -53,9 +70,10 @@ def _render(d: Mapping[str, Any]) -> str:
 
 @click.command("convert")
 @click.argument("model", required=False)
-@click.option("-o", "--output", help="Output file, directory, or template with {ftype}. Default: "
-              "{basename}-{size_label}-{FTYPE}.gguf in the model directory.")
-@click.option("--outtype", type=click.Choice(OUTTYPES, case_sensitive=False), default="auto", show_default=True,
+@click.option("-o", "--output", help="Output file, folder (a path ending in / names a folder, which must exist), "
+              f"or template: {TEMPLATE_HELP}. Default: {{basename}}-{{size_label}}-{{FTYPE}}.gguf in the model "
+              "directory. No output may be one of the files read.")
+@click.option("--outtype", type=TypeChoice(OUTTYPES), default="auto", show_default=True,
               help="Weight type; auto follows the checkpoint (bf16 stays bf16, otherwise f16).")
 @click.option("--predictor", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="PowerInfer predictor directory (model_N.pt): write a PowerInfer GGUF.")
@@ -114,14 +132,9 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
     if mmproj:
         _convert_mmproj(model, output, outtype.lower(), dry_run, out)
         return
-    if with_mmproj:
-        # Refuse a checkpoint without a projector before the text model is written.
-        from ggufkit.converters.checkpoint import read_config, resolve_model
-        from ggufkit.converters.mmproj import projector_entry
-
-        model_dir = resolve_model(model)[0]
-        projector_entry(read_config(model_dir), model_dir)
     if is_adapter_dir(model):
+        if with_mmproj:
+            raise click.UsageError("--with-mmproj applies to a vision-language checkpoint, not a PEFT adapter")
         if not merge:
             _convert_adapter(model, output, base, outtype.lower(), dry_run, out)
             return
@@ -135,7 +148,7 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
     else:
         report = run(model, output, outtype=outtype.lower(), predictor=predictor, vocab_only=vocab_only,
                      split_max_size=split_max_size, metadata_file=metadata_file, pre_tokenizer=pre_tokenizer,
-                     dry_run=dry_run, progress=out.progress())
+                     dry_run=dry_run, progress=out.progress(), with_mmproj=with_mmproj)
     for warning in report.warnings:
         out.warn(warning)
     if check and report.outputs:
@@ -146,13 +159,6 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
     data["check_reason"] = report.check["reason"] if report.check else None
     data["check_details"] = report.check
     data["ok"] = data["check"] != "failed"
-    if with_mmproj:
-        from ggufkit.converters.mmproj import MMPROJ_OUTTYPES
-
-        # beside the text model; a quantized text outtype leaves the projector at the checkpoint's precision
-        mm_type = outtype.lower() if outtype.lower() in MMPROJ_OUTTYPES else "auto"
-        mm_out = str(report.outputs[0].parent) if report.outputs else None
-        data["mmproj"] = _mmproj_report(model, mm_out, mm_type, dry_run, out)
     out.result(data, _render)
     if not data["ok"]:
         # The output is kept; the check's verdict is the exit code.
