@@ -29,6 +29,10 @@ IMATRIX_CHUNKS = 16
 MODEL_SHAPE: dict[str, Any] = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
                                "num_attention_heads": 4, "num_key_value_heads": 2}
 VOCAB_SIZE = 512
+#: The checkpoint folder inside the workdir; every file the demo writes is named after it.
+CHECKPOINT = "tiny-llama"
+#: What the checkpoint's README.md holds (every demo writes it), so a later run knows a demo's own workdir.
+_MARK = "ggufkit tiny llama"
 
 
 def demo_targets() -> list[tuple[str, bool]]:
@@ -51,7 +55,8 @@ UNCOVERED = "token_embd and output Q8_0"
 
 @dataclass(frozen=True)
 class DemoRow:
-    """One file of the demo: its type, size, bits per weight and quality against the F16 baseline."""
+    """One file of the demo: its type (as ``quantize --type`` or ``--tensor-type`` names it: ``Q4_K_M``), size,
+    bits per weight and quality against the F16 baseline."""
 
     type: str
     recipe: str
@@ -100,7 +105,39 @@ def _build_checkpoint(directory: Path, text: str, train_steps: int, seed: int) -
         optimizer.step()
     model.eval()
     model.save_pretrained(directory, safe_serialization=True)
-    (directory / "README.md").write_text(json.dumps({"demo": "ggufkit tiny llama", "seed": seed}))
+    (directory / "README.md").write_text(json.dumps({"demo": _MARK, "seed": seed}))
+
+
+def demo_outputs(workdir: Path, targets: Sequence[tuple[str, bool]]) -> list[Path]:
+    """Every path :func:`run_demo` writes in ``workdir``: the checkpoint folder, the F16 file, the importance
+    matrix, one file per target."""
+    return [workdir / CHECKPOINT, workdir / f"{CHECKPOINT}-f16.gguf", workdir / f"{CHECKPOINT}-imatrix.gguf",
+            *(workdir / f"{CHECKPOINT}-{target}.gguf" for target, _ in targets)]
+
+
+def _made_by_a_demo(workdir: Path) -> bool:
+    try:
+        mark = json.loads((workdir / CHECKPOINT / "README.md").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(mark, dict) and mark.get("demo") == _MARK
+
+
+def refuse_foreign_files(workdir: Path, targets: Sequence[tuple[str, bool]]) -> None:
+    """Refuse a ``workdir`` that holds a file the demo would overwrite and did not make (a folder a previous
+    demo wrote may be reused; other files in it are left alone).
+
+    Raises:
+        OutputExistsError: naming the first such file.
+    """
+    from ggufkit.errors import OutputExistsError
+
+    if _made_by_a_demo(workdir):
+        return
+    for path in demo_outputs(workdir, targets):
+        if path.exists() or path.is_symlink():
+            raise OutputExistsError(f"{path} exists and was not made by ggufkit demo, which would overwrite it; "
+                                    "give --workdir an empty or new folder")
 
 
 def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None, train_steps: int = 60,
@@ -109,7 +146,8 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
     """Build, convert, quantize, edit and score a tiny model inside ``workdir``.
 
     Args:
-        workdir: an empty directory that receives the checkpoint and the GGUF files.
+        workdir: the directory that receives the checkpoint and the GGUF files; it may hold other files, but
+            none the demo would overwrite unless a previous demo wrote them (:func:`refuse_foreign_files`).
         targets: ``(quantize target, pure)`` per file made from the F16 conversion (default:
             :func:`demo_targets`, every type the quantizer has plus the Q4_K_M preset).
         train_steps: optimisation steps of the tiny model (0: random weights).
@@ -119,6 +157,9 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
 
     Returns:
         One :class:`DemoRow` per file, F16 first.
+
+    Raises:
+        OutputExistsError: ``workdir`` holds a file the demo would overwrite and did not make (before any work).
     """
     from ggufkit.converters import convert
     from ggufkit.eval import collect_imatrix, perplexity
@@ -129,28 +170,30 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
     from ggufkit.quant.presets import TENSOR_TYPES, TYPE_CHOICES, get_preset
     from ggufkit.quant.registry import KERNELS
 
+    targets = demo_targets() if targets is None else targets
+    refuse_foreign_files(workdir, targets)
     stage = on_stage or (lambda _: None)
     text = sample_text()
     train, held_out = text[:TRAIN_CHARS], text[TRAIN_CHARS:]
-    checkpoint = workdir / "tiny-llama"
+    checkpoint = workdir / CHECKPOINT
     checkpoint.mkdir(parents=True, exist_ok=True)
     stage(f"training a tiny LLaMA and its tokenizer ({train_steps} steps)")
     _build_checkpoint(checkpoint, train, train_steps, seed)
 
     stage("converting to F16")
-    f16 = workdir / "tiny-llama-f16.gguf"
+    f16 = workdir / f"{CHECKPOINT}-f16.gguf"
     convert(checkpoint, f16, outtype="f16", progress=progress)
-    files = [("f16", "converted from the checkpoint", f16)]
+    files = [("F16", "converted from the checkpoint", f16)]
     stage(f"collecting an importance matrix on the training text ({IMATRIX_CHUNKS} chunks of {SCORE_CTX} tokens)")
-    imatrix = workdir / "tiny-llama-imatrix.gguf"
+    imatrix = workdir / f"{CHECKPOINT}-imatrix.gguf"
     collect_imatrix(f16, text=train, output=imatrix, ctx=SCORE_CTX, chunks=IMATRIX_CHUNKS, compute_ppl=False,
                     device="cpu", progress=progress)
-    for target, pure in demo_targets() if targets is None else targets:
+    for target, pure in targets:
         qtype = TENSOR_TYPES.get(target)
         uncovered = qtype in KERNELS and KERNELS[qtype].needs_imatrix
         wide = "q8_0" if uncovered else None
-        out = workdir / f"tiny-llama-{target}.gguf"
-        stage(f"quantizing to {target}" + (" (--pure)" if pure else ""))
+        out = workdir / f"{CHECKPOINT}-{target}.gguf"
+        stage(f"quantizing to {target.upper()}" + (" (--pure)" if pure else ""))
         if not pure:
             recipe = f"{target.upper()} preset mixture"
             quantize_file(f16, out, target, imatrix=imatrix, progress=progress)
@@ -162,11 +205,11 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
             recipe = f"every block tensor {target.upper()} (--tensor-type), token_embd and output Q8_0"
             quantize_file(f16, out, "q8_0", pure=True, imatrix=imatrix, tensor_types=[(r"blk\..*", target)],
                           progress=progress)
-        files.append((target, recipe, out))
+        files.append((target.upper(), recipe, out))
 
     stage("setting general.name on every file (in place)")
     for qtype, _, path in files:
-        edit_metadata(path, set_text={"general.name": f"ggufkit demo tiny LLaMA {qtype.upper()}"})
+        edit_metadata(path, set_text={"general.name": f"ggufkit demo tiny LLaMA {qtype}"})
 
     rows = []
     for qtype, recipe, path in files:

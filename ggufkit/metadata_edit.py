@@ -506,13 +506,16 @@ def edit_metadata(path: str | Path, *, set_text: Mapping[str, str] | None = None
         GGUFFormatError: the file is malformed.
         MetadataKeyNotFoundError: a key to delete or rename does not exist.
         MetadataValueError: a value does not parse as its type, or a chat template does not parse.
-        UsageError: conflicting requests, or a managed key (``split.*``, ``ggufkit.slack``).
+        UsageError: conflicting requests, a managed key (``split.*``, ``ggufkit.slack``), or an ``output``
+            in a folder that does not exist.
         OutputExistsError: ``output`` is a directory, or ``-o`` is used on a shard set.
     """
     src = Path(path)
     out_path = Path(output) if output is not None else None
     if out_path is not None and out_path.is_dir():
         raise OutputExistsError(f"output {out_path} is a directory")
+    if out_path is not None and not out_path.parent.is_dir():
+        raise UsageError(f"cannot write {out_path}: the folder {out_path.parent} does not exist (create it first)")
     if out_path is not None and out_path.exists() and os.path.samefile(out_path, src):
         out_path = None  # same file: an in-place edit, never a copy onto itself
     model = open_gguf(src)

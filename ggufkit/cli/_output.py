@@ -73,8 +73,12 @@ class Output:
         self._bar: TqdmProgress | None = None  # the bar progress() handed out, if any
         self._partial = False  # stream() left a line unfinished
 
-    def result(self, data: Mapping[str, Any], human: str | Callable[[Mapping[str, Any]], str] | None = None) -> None:
+    def result(self, data: Mapping[str, Any], human: str | Callable[[Mapping[str, Any]], str] | None = None,
+               brief: Callable[[Mapping[str, Any]], str] | None = None) -> None:
         """Print the command's result: ``data`` as JSON, or ``human`` (text or a renderer of ``data``).
+
+        With ``--quiet`` only ``brief``'s text is printed (a command's final figure, e.g. ``ppl``'s final
+        estimate: quiet, not mute), or nothing without it.
 
         The JSON document of every command starts with ``"ok"``: true when the command exits 0, false when
         it exits non-zero (a failed gate or check, an invalid file, an error); ``data`` sets it to false.
@@ -83,7 +87,7 @@ class Output:
             click.echo(json.dumps(_jsonable({"ok": True, **data}), ensure_ascii=False))
             return
         if self.quiet:
-            return
+            human = brief
         text = human(data) if callable(human) else human
         if text:
             click.echo(text.rstrip("\n"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import click
@@ -23,6 +24,21 @@ def _render(d: Mapping[str, Any]) -> str:
     lines.append(f"wrote {d['output']} ({d['output_format']}, {d['entries']} entries, {d['chunk_count']} chunks "
                  f"of {d['chunk_size']})")
     return "\n".join(lines)
+
+
+def _checked_output(output: str, output_format: str, inputs: list[str | None]) -> Path:
+    """The file ``-o`` names (a folder gets llama-imatrix's default name inside it), refused before any work when
+    it is one of the inputs (the model, the text, an --in-file), a folder, or in a folder that does not exist."""
+    from ggufkit.errors import OutputExistsError, UsageError
+    from ggufkit.outputs import refuse_overwriting_inputs, resolve_output
+
+    target = resolve_output(output, f"imatrix.{output_format}", Path("."))
+    refuse_overwriting_inputs([target], inputs)
+    if target.is_dir():
+        raise OutputExistsError(f"{target} is a folder; name the imatrix file to write")
+    if not target.parent.is_dir():
+        raise UsageError(f"cannot write {target}: the folder {target.parent} does not exist (create it first)")
+    return target
 
 
 def _render_statistics(d: Mapping[str, Any]) -> str:
@@ -46,7 +62,8 @@ def _render_statistics(d: Mapping[str, Any]) -> str:
 @click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Calibration text (UTF-8).")
 @click.option("-o", "--output", default="imatrix.gguf", show_default=True, type=click.Path(path_type=str),
-              help="The imatrix file to write (atomically).")
+              help="The imatrix file to write (atomically); a folder (or a path ending in /) gets imatrix.gguf "
+                   "(imatrix.dat with --output-format dat) inside it. Never one of the inputs.")
 @click.option("--output-format", type=click.Choice(["gguf", "dat"]), default="gguf", show_default=True,
               help="llama-imatrix's GGUF format or the legacy .dat.")
 @click.option("--ctx", "-c", type=click.IntRange(min=1), default=512, show_default=True, help="Tokens per chunk.")
@@ -98,6 +115,7 @@ def imatrix(model: str | None, text_file: str | None, output: str, output_format
         acc.load(in_files[0])
         out.result({"file": in_files[0], **tensor_statistics(acc)}, _render_statistics)
         return
+    output = str(_checked_output(output, output_format, [model, text_file, *in_files]))
     if model is None:
         if text_file is not None:
             raise UsageError("-f needs a MODEL")

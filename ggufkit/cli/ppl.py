@@ -11,8 +11,23 @@ from ggufkit.cli._options import common_options, device_option, kv_cache_option
 from ggufkit.cli._output import Output
 
 
+def _final_estimate(d: Mapping[str, Any]) -> str:
+    return f"Final estimate: PPL = {d['ppl']:.4f} +/- {d['ppl_error']:.5f}"
+
+
+def _render_quiet(d: Mapping[str, Any]) -> str:
+    """``ppl -q``: the final figures only, the PPL and, with a baseline, the mean KLD (as the full report
+    writes them)."""
+    lines = [_final_estimate(d)]
+    k = d.get("kld")
+    if k:
+        bound = f" (stored baseline: at most {k['mean_kld_upper']:.6f})" if k.get("store") else ""
+        lines.append(f"Mean    KLD: {k['mean_kld']:10.6f} ± {k['mean_kld_error']:10.6f}{bound}")
+    return "\n".join(lines)
+
+
 def _render(d: Mapping[str, Any]) -> str:
-    lines = [f"Final estimate: PPL = {d['ppl']:.4f} +/- {d['ppl_error']:.5f}",
+    lines = [_final_estimate(d),
              f"{d['chunks']} chunks of {d['ctx']} tokens, {d['tokens_scored']} tokens scored, BOS "
              f"{'added' if d['add_bos'] else 'not added'}; {d['device']} {d['dtype']}, {d['seconds']:.2f} s, "
              f"{d['tokens_per_second']:.1f} tokens/s"]
@@ -142,7 +157,7 @@ def ppl(model: str, text_file: str | None, tokens_file: str | None, ctx: int, ch
     failures = check_gates(result, max_ppl=max_ppl, max_delta_ppl=max_delta_ppl, max_kld=max_kld)
     data["ok"] = not failures
     data["gates"] = {"failures": failures}
-    out.result(data, _render)
+    out.result(data, _render, brief=_render_quiet)
     if failures:
         message = "quality gate failed: " + "; ".join(failures)
         if out.json_mode:  # the result above is the one JSON document; the reason goes to stderr

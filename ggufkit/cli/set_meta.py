@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ggufkit.cli._options import common_options, dry_run_option, output_file_option
+from ggufkit.cli._options import common_options, dry_run_option
 from ggufkit.cli._output import Output
 
 
@@ -49,7 +49,10 @@ def _render(d: Mapping[str, Any]) -> str:
               help='Set keys from a JSON object: {"key": value} or {"key": {"type": "u64", "value": 5}}.')
 @click.option("--chat-template-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Set tokenizer.chat_template from a file (parsed in a jinja2 sandbox, never rendered).")
-@output_file_option
+@click.option("-o", "--output", "output", type=click.Path(path_type=str), default=None,
+              help="Write the edited copy here and leave FILE untouched (a folder, or a path ending in /, keeps "
+                   "FILE's name inside it; FILE itself means in place). Never --from-json's or "
+                   "--chat-template-file's file.")
 @dry_run_option
 @common_options
 def set_meta(file: str, assignments: tuple[str, ...], types: tuple[str, ...], delete: tuple[str, ...],
@@ -68,8 +71,16 @@ def set_meta(file: str, assignments: tuple[str, ...], types: tuple[str, ...], de
       ggufkit set-meta model.gguf --chat-template-file chat.jinja --dry-run
       ggufkit set-meta model.gguf my.ids='[1, 2]' --type my.ids='array[u32]' --delete general.url
     """
-    from ggufkit.metadata_edit import edit_metadata, load_json_edits
+    from pathlib import Path
 
+    from ggufkit.metadata_edit import edit_metadata, load_json_edits
+    from ggufkit.outputs import refuse_overwriting_inputs, resolve_output
+
+    # -o FOLDER (or FOLDER/) keeps FILE's name inside it; -o FILE itself is the in-place edit. Neither may be
+    # the --from-json or --chat-template-file it reads.
+    if output is not None:
+        output = str(resolve_output(output, Path(file).name, Path(".")))
+    refuse_overwriting_inputs([output or file], [from_json, chat_template_file])
     set_values: dict[str, Any] = load_json_edits(from_json) if from_json else {}
     if chat_template_file:
         from gguf import Keys
