@@ -12,6 +12,8 @@ from ggufkit.cli._output import Output, human_bytes, table
 
 
 def _render(d: Mapping[str, Any]) -> str:
+    from ggufkit.release.card import kld_cell, percent
+
     if d["dry_run"]:
         steps: list[tuple[str, ...]] = [(s["step"], s["action"], ", ".join(s["files"]) or "-",
                  human_bytes(s["estimated_bytes"]) if s["estimated_bytes"] else "-", s["detail"]) for s in d["steps"]]
@@ -27,10 +29,14 @@ def _render(d: Mapping[str, Any]) -> str:
         m = d["master"]
         rows: list[tuple[str, ...]] = [("master", human_bytes(m["size"]), f"{m['bpw']:.2f}", f"{m['ppl']:.4f}", "-", "-", "-", "-")]
         rows += [(r["type"], human_bytes(r["size"]), f"{r['bpw']:.2f}", f"{r['ppl']:.4f}",
-                  f"{100 * r['delta_ppl']:+.2f}%", f"{r['mean_kld']:.5f}", f"{r['p99_kld']:.5f}",
-                  f"{100 * r['same_top_p']:.1f}%") for r in d["rows"]]
-        lines += ["", table(rows, ["type", "size", "bpw", "PPL", "ΔPPL", "mean KLD", "p99 KLD", "same top"],
-                            align="lrrrrrrr")]
+                  percent(r["delta_ppl"]), kld_cell(r), kld_cell(r, "p99_kld"),
+                  f"{100 * r['same_top_p']:.1f}%", {"failed": "FAILED", "passed": "passed"}.get(r.get("gate"), "-"))
+                 for r in d["rows"]]
+        lines += ["", table(rows, ["type", "size", "bpw", "PPL", "ΔPPL", "mean KLD", "p99 KLD", "same top", "gate"],
+                            align="lrrrrrrrl")]
+        if not all(r["kld_exact"] for r in d["rows"]):
+            lines.append("KLD not exact (the master's stored top-K does not cover the vocabulary): ≤ marks an "
+                         "upper bound, ≥ a lower bound")
     if d.get("projector"):
         pj = d["projector"]
         lines.append(f"vision projector: {pj['file']} ({pj['file_type']}, {pj['projector_type']}, "
@@ -69,10 +75,13 @@ def _render(d: Mapping[str, Any]) -> str:
 @click.option("--chunks", type=click.IntRange(min=1), default=None, help="Evaluate at most N chunks.")
 @click.option("--imatrix-chunks", type=click.IntRange(min=1), default=None,
               help="Calibrate on at most N chunks (default: --chunks).")
-@click.option("--kld-top-k", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Master tokens kept exactly per position (the KLD is exact when this covers the vocabulary).")
+@click.option("--kld-top-k", type=click.IntRange(min=1), default=None,
+              help="Master tokens kept per scored position. Default: the whole vocabulary (every KLD exact) "
+                   "when that takes at most 4 GiB (8 bytes per token per position), else 128 (each KLD is then "
+                   "an upper bound, marked ≤).")
 @click.option("--max-kld", multiple=True, metavar="TYPE=X",
-              help="Gate: exit 1 if TYPE's mean KLD exceeds X (all=X for every type); repeatable.")
+              help="Gate: exit 1 if TYPE's mean KLD (the table's, exact or its upper bound) exceeds X (all=X "
+                   "for every type); repeatable. A file that fails is never the card's recommendation.")
 @click.option("--split-max-size", type=SizeParam(), default=None,
               help="Shard files larger than this (default 48G, under the hub's 50 GB file limit).")
 @click.option("--only", multiple=True, metavar="TYPE",
@@ -82,6 +91,9 @@ def _render(d: Mapping[str, Any]) -> str:
 @click.option("--private", is_flag=True, help="Create the hub repo private (with --push).")
 @click.option("--revision", default=None, metavar="BRANCH", help="Upload to this branch (with --push).")
 @click.option("--quantized-by", default="ggufkit", show_default=True, help="The card's quantized_by.")
+@click.option("--base-model", default=None, metavar="ID",
+              help="The hub id of the model this release quantizes, for the card's base_model (default: the "
+                   "hub repo MODEL came from, else the folder's name).")
 @click.option("--mmproj-type", type=click.Choice(["f32", "f16", "bf16", "q8_0"]), default=None,
               help="Type of a vision-language model's projector (mmproj-*.gguf, shipped beside every quant; "
                    "default f16).")
@@ -91,9 +103,9 @@ def _render(d: Mapping[str, Any]) -> str:
 @common_options
 def release(model: str, outdir: str, types: str | None, master: str, imatrix_text: str | None,
             imatrix: str | None, no_imatrix: bool, eval_text: str | None, ctx: int, chunks: int | None,
-            imatrix_chunks: int | None, kld_top_k: int, max_kld: tuple[str, ...], split_max_size: int | None,
+            imatrix_chunks: int | None, kld_top_k: int | None, max_kld: tuple[str, ...], split_max_size: int | None,
             only: tuple[str, ...], card_only: bool, push: str | None, private: bool, revision: str | None,
-            quantized_by: str, mmproj_type: str | None, no_mmproj: bool, dry_run: bool, device: str,
+            quantized_by: str, base_model: str | None, mmproj_type: str | None, no_mmproj: bool, dry_run: bool, device: str,
             out: Output) -> None:
     """Make MODEL's whole GGUF release in OUTDIR: convert once to the master, collect an importance matrix,
     quantize every type, score the master once and each type against it (PPL, ΔPPL, mean and p99 KLD, same
@@ -107,6 +119,7 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
       ggufkit release ./my-model -o my-model-GGUF --types q4_k_m,q8_0 --max-kld all=0.1
       ggufkit release ./my-model -o my-model-GGUF --types q3_k_m,mix@q3_k_m,mix@2.5G,mix@4.5bpw
       ggufkit release ./my-model -o my-model-GGUF --dry-run
+      ggufkit release ./my-model -o my-model-GGUF --base-model meta-llama/Llama-3.2-1B
       ggufkit release ./my-model -o out --only q4_k_m      # one type per machine, then --card-only
       ggufkit release ./my-model -o my-model-GGUF --push me/my-model-GGUF
     """
@@ -122,7 +135,7 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
                          split_max_size=split_max_size, only=only, card_only=card_only, push=push,
                          private=private, revision=revision, dry_run=dry_run, device=device,
                          quantized_by=quantized_by, mmproj_type=mmproj_type, no_mmproj=no_mmproj,
-                         progress=out.progress(), on_stage=out.info)
+                         base_model=base_model, progress=out.progress(), on_stage=out.info)
     for note in result.notes:
         out.info(f"note: {note}")
     out.result(result.to_dict(), _render)

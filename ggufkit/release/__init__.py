@@ -8,7 +8,7 @@ skipped when its record says its inputs are unchanged and its files intact (:mod
 Example:
     >>> from ggufkit.release import release                       # doctest: +SKIP
     >>> result = release("./my-model", "./my-model-GGUF", types=["q4_k_m", "q8_0"])
-    >>> result.rows[0]["mean_kld"], result.failures
+    >>> result.rows[0]["mean_kld"], result.rows[0]["kld_exact"], result.failures
 """
 
 from __future__ import annotations
@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from ggufkit.format.writer import NullProgress, Progress
-from ggufkit.release.plan import CARD, MANIFEST, PLOT, ReleaseOptions, ReleasePlan, build_plan, parse_max_kld
+from ggufkit.release.plan import (
+    CARD,
+    MANIFEST,
+    PLOT,
+    ReleaseOptions,
+    ReleasePlan,
+    build_plan,
+    parse_max_kld,
+    planned_outputs,
+)
 
 __all__ = ["ReleaseOptions", "ReleaseResult", "release"]
 
@@ -57,12 +66,12 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
             master: str = "auto", imatrix_text: str | os.PathLike[str] | None = None,
             imatrix: str | os.PathLike[str] | None = None, no_imatrix: bool = False,
             eval_text: str | os.PathLike[str] | None = None, ctx: int = 512, chunks: int | None = None,
-            imatrix_chunks: int | None = None, kld_top_k: int = 128,
+            imatrix_chunks: int | None = None, kld_top_k: int | None = None,
             max_kld: Sequence[str] | Mapping[str, float] = (), split_max_size: int | None = None,
             only: Sequence[str] = (), card_only: bool = False, push: str | None = None, private: bool = False,
             revision: str | None = None, dry_run: bool = False, device: str = "auto",
             quantized_by: str = "ggufkit", mmproj_type: str | None = None, no_mmproj: bool = False,
-            progress: Progress | None = None,
+            base_model: str | None = None, progress: Progress | None = None,
             on_stage: Callable[[str], None] | None = None) -> ReleaseResult:
     """Make (or resume, or plan) a GGUF release of ``model`` in ``outdir``.
 
@@ -78,9 +87,11 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
             collected on the bundled sample's calibration part).
         eval_text: the evaluation text (default: the bundled sample's other part).
         ctx, chunks, imatrix_chunks: chunk length and counts (``None``: every chunk of the text).
-        kld_top_k: K of the master's stored top-K tokens per position (the KLD is exact when K covers the
-            vocabulary).
-        max_kld: gates ``TYPE=X`` (or ``all=X``) on the mean KLD (its upper bound when K < vocabulary).
+        kld_top_k: K of the master's stored top-K tokens per position; None (default): the whole vocabulary,
+            so every KLD is exact, when that store fits :data:`~ggufkit.release.plan.EXACT_KLD_MAX_BYTES`, else
+            128. Each row's ``mean_kld`` is the one KLD of its file: exact (``kld_exact``) or, when K does not
+            cover the vocabulary, its upper bound.
+        max_kld: gates ``TYPE=X`` (or ``all=X``) on that ``mean_kld``.
         split_max_size: shard files larger than this (default just under the hub's 50 GB limit).
         only: make only these types (and their evaluation) besides the master and imatrix; no card.
         card_only: assemble the card and manifest from the recorded steps; make nothing.
@@ -88,6 +99,8 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
         dry_run: return the plan; write nothing.
         device: where the imatrix, quantization and evaluation run (``auto``, ``cpu``, ``cuda``).
         quantized_by: the card's ``quantized_by``.
+        base_model: the hub id of the model this release quantizes (the card's ``base_model``; default: the
+            hub repo the source came from, else the folder's name).
         mmproj_type, no_mmproj: a vision-language checkpoint's projector (``mmproj-{basename}-{FTYPE}.gguf``,
             shipped beside every quant) is written in this type (``f32``, ``f16``, ``bf16``, ``q8_0``; default
             ``f16``), or not at all with ``no_mmproj``. Text-only models have none.
@@ -108,7 +121,7 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
         imatrix_chunks=imatrix_chunks, kld_top_k=kld_top_k, max_kld=parse_max_kld(max_kld),
         split_max_size=split_max_size if split_max_size is not None else DEFAULT_SPLIT_MAX_SIZE, only=tuple(only),
         card_only=card_only, push=push, private=private, revision=revision, dry_run=dry_run, device=device,
-        quantized_by=quantized_by, mmproj_type=mmproj_type, no_mmproj=no_mmproj)
+        quantized_by=quantized_by, mmproj_type=mmproj_type, no_mmproj=no_mmproj, base_model=base_model)
     from ggufkit.release.manifest import State
 
     state = State(options.outdir)
@@ -126,6 +139,9 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
     )
 
     plan.outdir.mkdir(parents=True, exist_ok=True)
+    # the files this release writes here are claimed before any is written: a run killed between a file and
+    # its step's record leaves a file that the next run knows as its own (plan.release_own_files)
+    state.claim(planned_outputs(plan))
     sc = StepContext(plan, state, progress or NullProgress(), on_stage or (lambda _: None))
     if options.card_only:
         _load_records(sc)
@@ -200,16 +216,16 @@ def _bpw(path: Path) -> float:
         return 8 * sum(t.nbytes for t in m.tensors) / sum(t.n_elements for t in m.tensors)
 
 
-def _gates(plan: ReleasePlan, rows: list[dict[str, Any]]) -> list[str]:
-    failures = []
+def _gates(plan: ReleasePlan, rows: list[dict[str, Any]]) -> dict[str, str]:
+    """type -> why it failed its ``--max-kld`` gate; each row gets ``gate``: ``passed``, ``failed`` or None."""
+    failed = {}
     for r in rows:
         limit = plan.options.max_kld.get(r["type"], plan.options.max_kld.get("*"))
-        if limit is None:
-            continue
-        kld = r["mean_kld_upper"] if r.get("mean_kld_upper") is not None else r["mean_kld"]
-        if not kld <= limit:
-            failures.append(f"{r['type']}: mean KLD {kld:.6f} > --max-kld {limit:g}")
-    return failures
+        r["gate"] = None if limit is None else "passed" if r["mean_kld"] <= limit else "failed"
+        if r["gate"] == "failed":
+            what = "mean KLD" if r["kld_exact"] else "mean KLD upper bound"
+            failed[r["type"]] = f"{what} {r['mean_kld']:.6f} > --max-kld {limit:g}"
+    return failed
 
 
 def _assemble(plan: ReleasePlan, ctx: Any, notes: list[str]) -> ReleaseResult:
@@ -221,16 +237,18 @@ def _assemble(plan: ReleasePlan, ctx: Any, notes: list[str]) -> ReleaseResult:
 
     ctx.stage("writing the model card, plot and manifest")
     master, rows, files = _rows(plan, ctx)
+    failed = _gates(plan, rows)
     projector = _projector(plan, ctx)
     write_bytes(plan.outdir / PLOT, render_plot(rows, f"{plan.model_name}: size against quality"))
-    card = render_card(plan, master, rows, files, plan.options.push, __version__, projector=projector)
+    card = render_card(plan, master, rows, files, plan.options.push, __version__, projector=projector,
+                       failed=failed)
     write_bytes(plan.outdir / CARD, card.encode("utf-8"))
     artifacts = sorted({n for r in ctx.records.values() for n in r["outputs"]} | {CARD, PLOT})
-    manifest = build_manifest(plan, ctx.records, artifacts, ctx.state, __version__)
+    manifest = build_manifest(plan, ctx.records, artifacts, ctx.state, __version__, rows=rows)
     write_bytes(plan.outdir / MANIFEST, dumps(manifest))
     ctx.state.save_cache()
     files_all = sorted([*artifacts, MANIFEST])
-    failures = _gates(plan, rows)
+    failures = [f"{t}: {why}" for t, why in failed.items()]
     result = ReleaseResult(str(plan.outdir), False, [], files_all, rows, master, failures, ctx.ran, ctx.skipped,
                            notes=notes, projector=projector, searches=ctx.searches)
     if plan.options.push is not None and not failures:

@@ -21,6 +21,8 @@ from ggufkit.release.plan import MANIFEST, STATE_DIR, file_hash
 
 FORMAT = "ggufkit-release/1"
 _HASH_CACHE = "hashes.json"
+#: The names of the files a release in OUTDIR writes, recorded before it writes any (see State.claim).
+CLAIMS = "claims.json"
 
 
 def dumps(data: Any) -> bytes:
@@ -77,6 +79,15 @@ class State:
             return None
         return rec if self.outputs_match(rec) else None
 
+    def claim(self, names: list[str]) -> None:
+        """Record (``claims.json``, with the names claimed before) the files the release is about to write."""
+        path = self.dir / CLAIMS
+        try:
+            before = json.loads(path.read_text())["outputs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            before = []
+        write_bytes(path, dumps({"step": "claims", "outputs": sorted({*before, *names})}))
+
     def finish(self, step: str, inputs: dict[str, Any], params: dict[str, Any], outputs: list[str],
                results: dict[str, Any] | None = None) -> dict[str, Any]:
         """Hash the step's files and write its record (after the files: see the module docstring)."""
@@ -87,9 +98,26 @@ class State:
         return rec
 
 
+#: The numbers of a row (ggufkit.release.evaluate.card_numbers) the manifest's ``quality`` keeps per type.
+QUALITY_KEYS = ("ppl", "ppl_error", "delta_ppl", "mean_kld", "kld_exact", "p99_kld", "same_top_p", "gate")
+
+
+def _step_results(name: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """A step's record for the manifest; an evaluation whose KLD is not exact names its stored lower bound
+    ``mean_kld_lower`` (the file's KLD is the upper bound, in ``quality``)."""
+    out = {k: rec[k] for k in ("inputs", "params", "outputs", "results")}
+    kld = rec["results"].get("kld") if name.startswith("eval-") else None
+    if isinstance(kld, dict) and kld.get("mean_kld_upper") is not None and not rec["results"].get("kld_exact"):
+        kld = dict(kld)
+        kld["mean_kld_lower"] = kld.pop("mean_kld")
+        out["results"] = {**rec["results"], "kld": kld}
+    return out
+
+
 def build_manifest(plan: Any, records: dict[str, dict[str, Any]], files: list[str], state: State,
-                   version: str) -> dict[str, Any]:
-    """The manifest: every file's sha256 and size, the source, the tool, every step and every number."""
+                   version: str, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The manifest: every file's sha256 and size, the source, the tool, every step and every number
+    (``quality``: each type's row of the card, its one KLD and gate)."""
     o = plan.options
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -98,16 +126,19 @@ def build_manifest(plan: Any, records: dict[str, dict[str, Any]], files: list[st
         "source": {"repo": plan.repo, "revision": plan.revision, "files": plan.source_files,
                    "sha256": plan.source_id},
         "parameters": {"master": plan.master_type, "types": plan.types, "ctx": o.ctx, "chunks": o.chunks,
-                       "imatrix_chunks": o.imatrix_chunks, "kld_top_k": o.kld_top_k,
+                       "imatrix_chunks": o.imatrix_chunks, "kld_top_k": plan.kld_top_k,
                        "imatrix": plan.imatrix_file,
                        "imatrix_text": {"name": plan.imatrix_text.name, "sha256": plan.imatrix_text.sha256}
                        if plan.imatrix_text else None,
                        "eval_text": {"name": plan.eval_text.name, "sha256": plan.eval_text.sha256},
                        "max_kld": dict(sorted(o.max_kld.items())), "split_max_size": o.split_max_size},
-        "steps": {name: {k: rec[k] for k in ("inputs", "params", "outputs", "results")}
-                  for name, rec in sorted(records.items())},
+        "steps": {name: _step_results(name, rec) for name, rec in sorted(records.items())},
         "files": {name: state.hash(name) for name in sorted(files) if name != MANIFEST},
     }
+    if rows is not None:
+        manifest["quality"] = {r["type"]: {k: r.get(k) for k in QUALITY_KEYS} for r in rows}
+    if o.base_model is not None:
+        manifest["source"]["base_model"] = o.base_model
     mixes = {name.removeprefix("quantize-"): rec for name, rec in records.items()
              if name.startswith("quantize-") and "recipe" in rec.get("results", {})}
     if mixes:

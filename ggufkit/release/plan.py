@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,13 @@ STATE_DIR = ".ggufkit-release"
 MANIFEST = "manifest.json"
 CARD = "README.md"
 PLOT = "quality.png"
+#: The KLD is exact when the master's whole vocabulary is stored for every scored position (``8 * n_vocab +
+#: 32`` bytes each, eval/kld_store.py) in at most this many bytes; above it, the master's top 128 tokens are
+#: stored and each KLD is an upper bound, labelled as such. A constant rather than this machine's free memory,
+#: so that every machine of a fan-out (``--only``) makes the same release.
+EXACT_KLD_MAX_BYTES = 4 * 2**30
+#: ``--base-model``: a hub model id (``owner/name`` or a bare name).
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,9 @@ class ReleaseOptions:
     ctx: int = 512
     chunks: int | None = None
     imatrix_chunks: int | None = None
-    kld_top_k: int = 128
+    #: None: exact (the whole vocabulary stored) when that fits :data:`EXACT_KLD_MAX_BYTES`, else
+    #: :data:`~ggufkit.eval.kld_store.DEFAULT_TOP_K` with bounds
+    kld_top_k: int | None = None
     max_kld: Mapping[str, float] = field(default_factory=dict)
     split_max_size: int | None = DEFAULT_SPLIT_MAX_SIZE
     only: tuple[str, ...] = ()
@@ -92,6 +102,7 @@ class ReleaseOptions:
     quantized_by: str = "ggufkit"
     mmproj_type: str | None = None
     no_mmproj: bool = False
+    base_model: str | None = None
 
 
 @dataclass
@@ -121,6 +132,16 @@ class ReleasePlan:
     #: None for text-only models and with ``--no-mmproj``.
     mmproj_file: str | None = None
     mmproj_outtype: str | None = None
+    #: K of the master's stored top-K (:func:`resolve_kld_top_k`); ``>= n_vocab - 1`` scores the whole
+    #: vocabulary, so every KLD is exact
+    kld_top_k: int = 0
+    n_vocab: int = 0
+    #: the converter's dry-run plan of the master (for exact dry-run sizes)
+    master_plan: Any = field(default=None, repr=False)
+
+    @property
+    def kld_exact(self) -> bool:
+        return self.kld_top_k >= self.n_vocab - 1
 
     def master_file(self) -> str:
         return f"{self.prefix}-{self.master_type}.gguf"
@@ -227,8 +248,9 @@ def source_card_front_matter(card: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _check_tokens(vocab_file: Path, text: TextInput, ctx: int, what: str) -> None:
-    """The text gives at least one chunk of ``ctx`` (llama-perplexity needs ``2*ctx`` tokens)."""
+def _check_tokens(vocab_file: Path, text: TextInput, ctx: int, what: str, chunks: int | None = None) -> int:
+    """The text gives at least one chunk of ``ctx`` (llama-perplexity needs ``2*ctx`` tokens); returns the
+    number of chunks scored."""
     from ggufkit.errors import EvaluationError
     from ggufkit.eval.perplexity import check_chunking, tokenize_text
     from ggufkit.format import open_gguf
@@ -237,7 +259,7 @@ def _check_tokens(vocab_file: Path, text: TextInput, ctx: int, what: str) -> Non
         ids, _, _ = tokenize_text(f, text.text)
     assert ids is not None
     try:
-        check_chunking(len(ids), ctx, None)
+        return check_chunking(len(ids), ctx, chunks)
     except EvaluationError as exc:
         raise UsageError(f"{what} {text.name}: {exc}") from None
 
@@ -298,9 +320,12 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
     if outdir.exists() and not outdir.is_dir():
         raise UsageError(f"{outdir}: OUTDIR exists and is not a directory")
 
+    if o.base_model is not None and not _REPO_ID.fullmatch(o.base_model):
+        raise UsageError(f"--base-model {o.base_model!r}: expected a hub model id such as meta-llama/Llama-3.2-1B")
+
     model_dir, repo, revision = resolve_model(o.model)
-    source_files = {p.relative_to(model_dir).as_posix(): file_hash(p, hash_cache)
-                    for p in sorted(model_dir.rglob("*")) if p.is_file() and ".cache" not in p.parts}
+    _check_not_in_source(outdir, model_dir)
+    source_files = source_file_hashes(model_dir, hash_cache)
     card_path = model_dir / "README.md"
     source_card = card_path.read_text(encoding="utf-8", errors="replace") if card_path.is_file() else None
     _check_outdir(outdir, source_files)
@@ -324,14 +349,106 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
         imatrix_file = f"{prefix}.imatrix{suffix}"
     plan = ReleasePlan(o, outdir, model_dir, repo, revision, model_name, prefix, master_type,
                        dry.plan.nbytes, dry.plan.n_params, types, only or types, use_imatrix, imatrix_file,
-                       imatrix_text, eval_text, source_files, source_card)
+                       imatrix_text, eval_text, source_files, source_card, master_plan=dry.plan)
     _plan_projector(plan, model_dir)
+    _check_overwrites(plan)
     if use_imatrix and o.imatrix is None and o.imatrix_text is None:
         plan.notes.append("importance matrix from the bundled English sample; a calibration text like the "
                           "model's real use (--imatrix-text) is better")
-    if not o.card_only:
-        _check_texts(plan)
+    positions = _check_texts(plan)
+    plan.n_vocab = _n_vocab(dry.plan)
+    plan.kld_top_k = resolve_kld_top_k(o.kld_top_k, plan.n_vocab, positions)
     return plan
+
+
+def resolve_kld_top_k(option: int | None, n_vocab: int, positions: int) -> int:
+    """K of the master's stored top-K: ``option`` when given (at most the vocabulary), else the whole
+    vocabulary (every KLD exact) when its store, ``8 * n_vocab + 32`` bytes per scored position, fits
+    :data:`EXACT_KLD_MAX_BYTES`, else :data:`~ggufkit.eval.kld_store.DEFAULT_TOP_K` (each KLD then an upper
+    bound, eval/kld_store.py)."""
+    from ggufkit.eval.kld_store import DEFAULT_TOP_K, record_dtype
+
+    if option is not None:
+        return min(option, n_vocab)
+    full = positions * record_dtype(n_vocab).itemsize
+    return n_vocab if full <= EXACT_KLD_MAX_BYTES else min(DEFAULT_TOP_K, n_vocab)
+
+
+def _n_vocab(master_plan: Any) -> int:
+    """Rows of the master's ``token_embd.weight``: the logits' width (eval/arch.py reads it from there)."""
+    entry = next(e for e in master_plan.entries if e.name == "token_embd.weight")
+    return int(entry.shape[0])
+
+
+def source_file_hashes(model_dir: Path, hash_cache: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The checkpoint's files (name -> sha256 and size), without GGUF files (a ``convert`` output left in the
+    folder), temporary files, the hub cache and whatever an earlier release made there."""
+    own = release_own_files(model_dir)
+    out = {}
+    for p in sorted(model_dir.rglob("*")):
+        name = p.relative_to(model_dir).as_posix()
+        if not p.is_file() or ".cache" in p.parts or STATE_DIR in p.parts or name in own \
+                or p.name.endswith((".gguf", ".ggufkit-part")):
+            continue
+        out[name] = file_hash(p, hash_cache)
+    return out
+
+
+def release_own_files(folder: Path) -> set[str]:
+    """The files an earlier release made in ``folder``: those its ``manifest.json`` lists (and the manifest)
+    and those its step records name. Any other file there is the user's."""
+    own: set[str] = set()
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if isinstance(manifest, dict) and str(manifest.get("format", "")).startswith("ggufkit-release/") \
+            and isinstance(manifest.get("files"), dict):
+        own |= {*manifest["files"], MANIFEST}
+    for path in sorted((folder / STATE_DIR).glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("outputs"), (dict, list)):
+            own |= {str(n) for n in rec["outputs"]}
+    return own
+
+
+def planned_outputs(plan: ReleasePlan) -> list[str]:
+    """The names of the files the release writes in OUTDIR (a sharded master's shard names aside)."""
+    from ggufkit.release.mix import is_mix, recipe_file
+
+    names = [plan.master_file(), *(plan.type_file(t) for t in plan.types),
+             *(recipe_file(plan, t) for t in plan.types if is_mix(t)), CARD, PLOT, MANIFEST]
+    return names + [n for n in (plan.imatrix_file, plan.mmproj_file) if n is not None]
+
+
+def _check_not_in_source(outdir: Path, model_dir: Path) -> None:
+    """A release never writes into its source checkpoint (its README.md is the source's card)."""
+    out, src = Path(os.path.realpath(outdir)), Path(os.path.realpath(model_dir))
+    if out == src or src in out.parents:
+        where = "is the source checkpoint folder" if out == src else f"is inside the source checkpoint {model_dir}"
+        raise UsageError(f"OUTDIR {outdir} {where}; a release never writes into its source: choose another "
+                         "folder, e.g. -o " + f"{src.name}-GGUF")
+
+
+def _check_overwrites(plan: ReleasePlan) -> None:
+    """Refuse an OUTDIR holding a file of the release's names that an earlier release there did not make,
+    and any output that is one of the release's inputs."""
+    from ggufkit.outputs import refuse_overwriting_inputs
+
+    o = plan.options
+    names = planned_outputs(plan)
+    if plan.outdir.is_dir():
+        own = release_own_files(plan.outdir)
+        theirs = [n for n in names if (plan.outdir / n).exists() and n not in own]
+        if theirs:
+            raise UsageError(f"{plan.outdir / theirs[0]}: the release would overwrite this file, which no earlier "
+                             "release in OUTDIR made; move it away or choose another OUTDIR")
+    refuse_overwriting_inputs([plan.outdir / n for n in names],
+                              [o.imatrix_text, o.imatrix, o.eval_text,
+                               *(plan.model_dir / n for n in plan.source_files)])
 
 
 def _mix_targets(types: Sequence[str]) -> list[Any]:
@@ -395,18 +512,24 @@ def _check_outdir(outdir: Path, source_files: dict[str, dict[str, Any]]) -> None
                          f"{', '.join(changed[:3])}); use an empty directory")
 
 
-def _check_texts(plan: ReleasePlan) -> None:
+def _check_texts(plan: ReleasePlan) -> int:
     """Tokenize the texts with the model's own vocabulary (a vocabulary-only GGUF, or the master when it
-    exists) and refuse those too short for one chunk."""
+    exists) and refuse those too short for one chunk (``--card-only``: the evaluation text only).
+
+    Returns:
+        The positions the evaluation scores (llama-perplexity's second half of each chunk).
+    """
     from ggufkit.converters import convert
 
+    o = plan.options
     master = plan.outdir / plan.master_file()
     with tempfile.TemporaryDirectory(prefix="ggufkit-release-") as tmp:
         if master.is_file():
             vocab = master
         else:
             vocab = Path(tmp) / "vocab.gguf"
-            convert(plan.options.model, vocab, outtype="f32", vocab_only=True)
-        _check_tokens(vocab, plan.eval_text, plan.options.ctx, "--eval-text")
-        if plan.imatrix_text is not None:
-            _check_tokens(vocab, plan.imatrix_text, plan.options.ctx, "--imatrix-text")
+            convert(o.model, vocab, outtype="f32", vocab_only=True)
+        n_chunk = _check_tokens(vocab, plan.eval_text, o.ctx, "--eval-text", o.chunks)
+        if plan.imatrix_text is not None and not o.card_only:
+            _check_tokens(vocab, plan.imatrix_text, o.ctx, "--imatrix-text")
+    return n_chunk * (o.ctx - o.ctx // 2 - 1)

@@ -15,7 +15,8 @@ def render_plot(rows: Sequence[dict[str, Any]], title: str) -> bytes:
     """PNG bytes of the two panels.
 
     Args:
-        rows: one per type: ``type``, ``size`` (bytes), ``mean_kld``, ``delta_ppl`` (fraction).
+        rows: one per type: ``type``, ``size`` (bytes), ``mean_kld`` (an upper bound unless ``kld_exact``),
+            ``delta_ppl`` (fraction).
         title: the figure's title (the model's name).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -25,7 +26,9 @@ def render_plot(rows: Sequence[dict[str, Any]], title: str) -> bytes:
     fig = Figure(figsize=(10, 4.2), dpi=100)
     FigureCanvasAgg(fig)
     fig.suptitle(title)
-    panels = [("mean_kld", "mean KL divergence vs master (log)", True),
+    exact = all(r.get("kld_exact", True) for r in rows)
+    panels = [("mean_kld", "mean KL divergence vs master (log)" if exact else
+               "mean KL divergence vs master, upper bound (log)", True),
               ("delta_ppl", "ΔPPL vs master (%)", False)]
     big = max((r["size"] for r in rows), default=0) >= 2**30
     unit, scale = ("GiB", 2**30) if big else ("MiB", 2**20)

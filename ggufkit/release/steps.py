@@ -209,7 +209,7 @@ def eval_inputs(plan: ReleasePlan, records: dict[str, dict[str, Any]], qtype: st
         inputs["model"] = _hashes(records[f"quantize-{qtype}"])
     params = {"ctx": o.ctx, "chunks": o.chunks, "text_name": plan.eval_text.name}
     if qtype is not None:
-        params["kld_top_k"] = o.kld_top_k
+        params["kld_top_k"] = plan.kld_top_k
     return inputs, params
 
 
@@ -236,7 +236,7 @@ def eval_step(ctx: StepContext, types: list[str]) -> None:
         return
     master_scores, scores = evaluate(first_output(ctx.records["master"], plan.outdir), todo,
                                      text=plan.eval_text.text, ctx=plan.options.ctx, chunks=plan.options.chunks,
-                                     kld_top_k=plan.options.kld_top_k, device=plan.options.device,
+                                     kld_top_k=plan.kld_top_k, device=plan.options.device,
                                      progress=ctx.progress, on_stage=ctx.stage)
     if "eval-master" in wanted:
         ctx.records["eval-master"] = ctx.state.finish("eval-master", *wanted["eval-master"], [], master_scores)
@@ -265,15 +265,20 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
 
     if o.card_only:
         return [StepStatus("card", "run", ["README.md", "quality.png", "manifest.json"])]
+    from ggufkit.release.sizes import converted_size, type_sizes
+
     if plan.mmproj_file is not None:
         from ggufkit.converters import convert_mmproj
 
         # planning the projector checks its tensors against the config (and hashes its weight files)
         dry = convert_mmproj(o.model, plan.outdir / plan.mmproj_file, outtype=plan.mmproj_outtype, dry_run=True)
-        out.append(StepStatus("mmproj", check("mmproj", *mmproj_inputs(plan)), [plan.mmproj_file], dry.plan.nbytes,
-                              f"vision projector in {plan.mmproj_outtype}"))
+        out.append(StepStatus("mmproj", check("mmproj", *mmproj_inputs(plan)), [plan.mmproj_file],
+                              converted_size(dry.plan), f"vision projector in {plan.mmproj_outtype}"))
+    # exact sizes: the files' headers and llama-quantize's plan on the master (ggufkit.release.sizes)
+    master_size, sizes = type_sizes(plan, [t for t in plan.work_types if not is_mix(t)])
     m_in, m_par = master_inputs(plan)
-    out.append(StepStatus("master", check("master", m_in, m_par), [plan.master_file()], plan.master_bytes,
+    out.append(StepStatus("master", check("master", m_in, m_par), [plan.master_file()],
+                          master_size if master_size is not None else plan.master_bytes,
                           f"convert to {plan.master_type}"))
     known = "master" in records
     if plan.use_imatrix:
@@ -292,6 +297,10 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
             est = mix.size or int(plan.n_params * bpw / 8)
             out.append(StepStatus(f"quantize-{qtype}", action, [plan.type_file(qtype), recipe_file(plan, qtype)],
                                   est, f"best mix at {mix.describe()} (per-tensor types by measured error)"))
+            continue
+        if qtype in sizes:
+            out.append(StepStatus(f"quantize-{qtype}", action, [plan.type_file(qtype)], sizes[qtype],
+                                  "exact size (llama-quantize's plan on the master)"))
             continue
         bpw = bits_per_weight(get_preset(qtype).default_type)
         est = int(plan.n_params * bpw / 8)
