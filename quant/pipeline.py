@@ -31,6 +31,7 @@ from ggufkit.format.reader import GGUFModel, TensorInfo
 from ggufkit.format.shards import SPLIT_KEYS
 from ggufkit.format.values import VT, Metadata
 from ggufkit.format.writer import Progress, TensorSpec
+from ggufkit.outputs import refuse_overwriting_inputs
 from ggufkit.quant.dispatch import SLAB_ELEMENTS
 from ggufkit.quant.imatrix import (
     KEY_QUANTIZE_IMATRIX_DATASET,
@@ -145,9 +146,9 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
     out_path = Path(output) if output is not None else None
     if out_path is None and not dry_run:
         raise UsageError("an output path is required (or use --dry-run)")
-    if out_path is not None and not dry_run and out_path.exists() and input.exists() \
-            and out_path.resolve() == input.resolve():
-        raise UsageError(f"input and output are the same file: {input}")
+    imatrix_path = imatrix if isinstance(imatrix, (str, Path)) else None
+    if out_path is not None and not dry_run:  # before any work: the input's shards are checked once open
+        refuse_overwriting_inputs([out_path], [input, imatrix_path, tensor_type_file])
     if include_weights and exclude_weights:
         raise UsageError("--include-weights and --exclude-weights cannot be used together")
     overrides = tuple(parse_kv_override(o) for o in override_kv)
@@ -170,14 +171,16 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
         prune_layers=prune, keep_split=keep_split, dry_run=dry_run,
     )
     with open_gguf(input) as model:
+        if out_path is not None and not dry_run:
+            refuse_overwriting_inputs(_output_paths(out_path, len(model.files), keep_split),
+                                      [*(f.path for f in model.files), imatrix_path, tensor_type_file])
         arch = model.architecture or ""
         # llama_model_loader reads the hparams the rules use (all integers) through the overrides; an override
         # of another kind only warns there and the file's value stays.
         hparams = {**model.kv, **{o.key: o.value for o in overrides if o.vtype == VT.UINT32}}
         plan = plan_quantization(model.tensors, target, arch=arch, metadata=hparams, options=options,
                                  powerinfer=model.is_powerinfer)
-        warnings = [f"no imatrix entry for tensor {e.name!r}: quantized without one (as llama-quantize does)"
-                    for e in plan.entries if e.imatrix == "missing" and not e.requires_imatrix]
+        warnings = missing_imatrix_warnings(plan)
         need = plan.imatrix_required()
         if need:  # one line: a dry run of IQ2_XXS would otherwise print one per tensor
             warnings.append(f"{len(need)} tensors need an importance matrix, first {need[0].name!r} "
@@ -187,7 +190,7 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
 
             warnings += sparse_ffn_warnings(plan)
         dev = _device_or_none(device, dry_run)
-        if plan.cpu_only_types() and dev == "cuda":
+        if plan.cpu_only_types() and device == "cuda":  # asked for: under auto it is no news
             warnings.append(f"{', '.join(t.name for t in plan.cpu_only_types())} have no CUDA kernel: "
                             "quantized on the CPU")
         if dry_run:
@@ -211,6 +214,27 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
                              shard_of=shard_of)
     return QuantReport(input, out_path, plan, False, time.perf_counter() - start, tuple(warnings),
                        im.path if im is not None else None, tuple(outputs))
+
+
+def missing_imatrix_warnings(plan: QuantPlan) -> list[str]:
+    """One line for the tensors quantized without imatrix data because the imatrix has no entry for them
+    (llama-imatrix collects no token_embd; llama-quantize goes on without one), or none. Tensors that
+    cannot be written without one are left out: the run refuses them instead."""
+    names = [e.name for e in plan.entries if e.imatrix == "missing" and not e.aborts_without_imatrix]
+    if not names:
+        return []
+    shown = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return [f"no imatrix entry for tensor{'s' if len(names) > 1 else ''} {shown}: quantized without one "
+            "(as llama-quantize does)"]
+
+
+def _output_paths(out_path: Path, n_files: int, keep_split: bool) -> list[Path]:
+    """Every file a real run writes: ``out_path``, or under ``keep_split`` one shard per input file."""
+    if not keep_split:
+        return [out_path]
+    from ggufkit.format.shards import shard_path
+
+    return [shard_path(out_path, i, n_files) for i in range(n_files)]
 
 
 def predict_file_size(model: GGUFModel, plan: QuantPlan, im: Imatrix | None) -> int:

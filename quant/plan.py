@@ -61,6 +61,10 @@ __all__ = ["ALIASES", "PRESETS", "TYPE_CHOICES", "WRITABLE_TYPES", "PlanEntry", 
 #: Tensor types ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type`` accept.
 WRITABLE_TYPES = TENSOR_TYPES
 
+#: ggml.c ``ggml_quantize_requires_imatrix``: ggml has no quantizer for these without importance weights and
+#: ``ggml_quantize_chunk`` aborts (GGML_ASSERT) on any tensor, token_embd and output included, that gets none.
+NO_QUANTIZER_WITHOUT_IMATRIX: frozenset[GGMLQuantizationType] = frozenset({QT.IQ2_XXS, QT.IQ2_XS, QT.IQ1_S})
+
 #: llama.cpp's GGML_QNT_VERSION, written as ``general.quantization_version``.
 QUANTIZATION_VERSION = 2
 
@@ -164,6 +168,13 @@ class PlanEntry:
     def bits_per_weight(self) -> float:
         return self.nbytes * 8 / self.n_elements if self.n_elements else 0.0
 
+    @property
+    def aborts_without_imatrix(self) -> bool:
+        """llama-quantize cannot write this tensor without its imatrix data: ``tensor_requires_imatrix``
+        (llama-quant.cpp) or, for the token embeddings and output that check exempts, ggml's own assertion
+        (``ggml_quantize_chunk``) for :data:`NO_QUANTIZER_WITHOUT_IMATRIX`."""
+        return self.requires_imatrix or (self.action != "copy" and self.dst_type in NO_QUANTIZER_WITHOUT_IMATRIX)
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "src_type": self.src_type.name,
                 "dst_type": self.dst_type.name, "action": self.action, "reason": self.reason,
@@ -197,8 +208,9 @@ class QuantPlan:
         "Missing importance matrix for tensor ... in a very low-bit quantization"): they need imatrix data,
         are converted, and have no usable entry."""
         have = self.options.imatrix_sizes is not None
-        return tuple(e for e in self.entries if e.requires_imatrix and (
-            (not have) or (e.action != "copy" and e.imatrix != "used")))
+        return tuple(e for e in self.entries if (e.requires_imatrix and (
+            (not have) or (e.action != "copy" and e.imatrix != "used"))) or (
+            e.aborts_without_imatrix and not e.requires_imatrix and e.imatrix != "used"))
 
     def missing_kernels(self) -> tuple[GGMLQuantizationType, ...]:
         """Output types a real run needs that have no kernel on this build (planning works without one)."""
@@ -482,12 +494,32 @@ def refuse_missing_imatrix(plan: QuantPlan) -> None:
     """Raise for the first tensor that needs an importance matrix and has none, as llama-quantize stops
     ("Missing importance matrix for tensor ... in a very low-bit quantization", llama-quant.cpp).
 
+    Without any imatrix llama-quantize stops at its check of every tensor before writing, so a tensor of
+    ``tensor_requires_imatrix`` is named first; with one it stops at the first tensor written without data,
+    which may be the token embeddings or output that ggml itself cannot quantize without one.
+
     Raises:
         QuantizationError: naming the tensor and its type.
     """
-    for e in plan.imatrix_required():
+    need = plan.imatrix_required()
+    if not need:
+        return
+    if plan.options.imatrix_sizes is None:
+        need = tuple(sorted(need, key=lambda e: not e.requires_imatrix))
+    e = need[0]
+    if e.requires_imatrix:
         raise QuantizationError(f"missing importance matrix for {e.dst_type.name} (a very low-bit type): "
                                 "pass --imatrix with an entry for this tensor", tensor=e.name)
+    cat = tensor_category(e.name)
+    which = {TOKEN_EMBD: "--token-embedding-type", OUTPUT: "--output-tensor-type"}.get(cat, "--tensor-type")
+    has = {"missing": "the imatrix has no entry for it", None: "no --imatrix is given"}.get(
+        e.imatrix, "its imatrix entry has the wrong size")
+    if cat == TOKEN_EMBD and e.imatrix == "missing":
+        has += " (llama-imatrix never collects the token embeddings)"
+    raise QuantizationError(f"missing importance matrix for {e.dst_type.name}: ggml has no {e.dst_type.name} "
+                            f"quantizer without one and llama-quantize aborts here; {has}; "
+                            f"choose another type for this tensor with {which}"
+                            + (" or drop --pure" if plan.options.pure else ""), tensor=e.name)
 
 
 def _input_file_type(metadata: Mapping[str, Any], tensors: Sequence[TensorSource]) -> LlamaFileType | int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
-from ggufkit.errors import UsageError
+from ggufkit.errors import UsageError, did_you_mean
 from ggufkit.quant.registry import FLOAT_TYPES, REQUIRES_IMATRIX, TYPES, bits_per_weight, type_name
 
 QT = GGMLQuantizationType
@@ -137,8 +137,9 @@ def get_preset(target: str) -> Preset:
     """
     row = _quant_option_row(target)
     if row is None:
-        raise UsageError(f"unknown quantization type {target!r}; choose one of {', '.join(TYPE_CHOICES)} "
-                         "or a numeric file type id")
+        raise UsageError(f"unknown quantization type {target!r}; "
+                         f"{did_you_mean(target, [c.upper() for c in TYPE_CHOICES])}choose one of "
+                         f"{', '.join(TYPE_CHOICES)} or a numeric file type id")
     return PRESETS[ALIASES.get(row.name, row.name)]
 
 
@@ -164,7 +165,8 @@ def parse_type(name: str | GGMLQuantizationType, what: str = "tensor type") -> G
     try:
         return TENSOR_TYPES[name.strip().lower()]
     except KeyError:
-        raise UsageError(f"invalid {what} {name!r}; choose one of {', '.join(TENSOR_TYPES)}") from None
+        raise UsageError(f"invalid {what} {name!r}; {did_you_mean(name, [t.upper() for t in TENSOR_TYPES])}"
+                         f"choose one of {', '.join(TENSOR_TYPES)}") from None
 
 
 def has_kernel(t: GGMLQuantizationType) -> bool:
@@ -172,13 +174,38 @@ def has_kernel(t: GGMLQuantizationType) -> bool:
     return t in TYPES
 
 
+def measured_quality() -> dict[str, object]:
+    """Every preset measured on a real small model (:mod:`ggufkit.quant.preset_quality`, made by
+    benchmarks/bench_preset_quality.py): model, text, date and, per preset name, ``size`` (file bytes / the
+    F16 file's), ``bpw`` (of the whole file), ``kld`` (mean KL divergence from F16) and ``ppl_change``."""
+    from ggufkit.quant.preset_quality import MEASURED
+
+    return MEASURED
+
+
+def preset_help_header() -> str:
+    """What the measured columns of :func:`preset_help_lines` are, and where they come from."""
+    m = measured_quality()
+    return (f"size: the file as a share of the F16 file; KLD and PPL: mean KL divergence from the F16 model and "
+            f"perplexity change; measured on {m['model']} ({m['reference']}), {m['text']}, imatrix for every "
+            f"preset, {m['date']} (benchmarks/bench_preset_quality.py); llama-quantize's table measures Llama-3-8B")
+
+
 def preset_help_lines() -> list[str]:
     """One line per ``--type`` value for ``--help``: ftype id, name, bits per weight of the default type,
-    imatrix requirement, kernel availability (``plan only`` until its kernel exists)."""
+    measured size relative to F16 and quality (KLD, PPL change; :func:`measured_quality`), imatrix
+    requirement, kernel availability (``plan only`` until its kernel exists)."""
+    measured: dict[str, dict[str, float | None]] = measured_quality()["presets"]  # type: ignore[assignment]
     lines = []
     for p in PRESETS.values():
         ident = "    " if p.only_copy else f"{int(p.file_type):>2}  "
         bpw = "copy" if p.only_copy else f"{bits_per_weight(p.default_type):6.3f} bpw {type_name(p.default_type)}"
+        row = measured.get(p.name, {})
+        size = f"{row['size']:7.1%}" if row.get("size") is not None else ""
+        kld = row.get("kld")
+        ppl = row.get("ppl_change")
+        quality = (f"KLD {kld:7.4f}  PPL {ppl:+7.2%}" if kld is not None and ppl is not None
+                   else "not measured")
         notes = []
         if p.needs_imatrix:
             notes.append("needs imatrix")
@@ -186,7 +213,7 @@ def preset_help_lines() -> list[str]:
             notes.append("plan only")
         elif not p.only_copy and not TYPES[p.default_type].has_cuda and not TYPES[p.default_type].is_float:
             notes.append("CPU only")
-        lines.append(f"{ident}{p.name.upper():<10}{bpw:<21}{', '.join(notes)}".rstrip())
+        lines.append(f"{ident}{p.name.upper():<10}{bpw:<21}{size:>7}  {quality:<27}{', '.join(notes)}".rstrip())
     return lines
 
 

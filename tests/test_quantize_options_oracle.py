@@ -251,19 +251,24 @@ def test_bad_positional_words_are_one_line_errors(models, tmp_path, words, messa
 
 
 def test_several_types_in_one_run_equal_llama_quantize_file_by_file(models, tmp_path):
-    """``--type a,b,c``: one file per type (OUT's {type} is the QUANT_OPTIONS name), each equal to the file
-    llama-quantize writes for that type alone; without OUT, ggml-model-NAME.gguf beside IN."""
+    """``--type a,b,c``: one file per type (OUT's {type} is the QUANT_OPTIONS name in lower case, {TYPE} in
+    upper case), each equal to the file llama-quantize writes for that type alone; without OUT,
+    ggml-model-NAME.gguf beside IN."""
     src = models["odd"]
     targets = ["q4_0", "Q8_0", "q4_k", "q6_k"]
     got = invoke("quantize", str(src), str(tmp_path / "ours-{type}.gguf"), "--type", ",".join(targets), "--json")
     assert got.exit_code == 0, got.stderr
     results = json.loads(got.stdout)["results"]
     names = ["Q4_0", "Q8_0", "Q4_K", "Q6_K"]
-    assert [r["output"] for r in results] == [str(tmp_path / f"ours-{n}.gguf") for n in names]
+    assert [r["output"] for r in results] == [str(tmp_path / f"ours-{n.lower()}.gguf") for n in names]
     for target, name in zip(targets, names):
         res = llama_quantize_bin(src, tmp_path / f"ref-{name}.gguf", target)
         assert res.returncode == 0, res.stderr[-1500:]
-        assert_same_file(tmp_path / f"ref-{name}.gguf", tmp_path / f"ours-{name}.gguf")
+        assert_same_file(tmp_path / f"ref-{name}.gguf", tmp_path / f"ours-{name.lower()}.gguf")
+    upper = invoke("quantize", str(src), str(tmp_path / "up-{TYPE}.gguf"), "--type", "q8_0,q4_k", "--json")
+    assert upper.exit_code == 0, upper.stderr
+    assert [r["output"] for r in json.loads(upper.stdout)["results"]] == [
+        str(tmp_path / "up-Q8_0.gguf"), str(tmp_path / "up-Q4_K.gguf")]
     (tmp_path / "beside").mkdir()
     (tmp_path / "beside" / "in.gguf").write_bytes(src.read_bytes())
     assert invoke("quantize", str(tmp_path / "beside" / "in.gguf"), "--type", "q8_0,q4_0").exit_code == 0

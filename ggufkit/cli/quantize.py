@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import click
 
 from ggufkit.cli._options import common_options, device_option, dry_run_option, threads_option
 from ggufkit.cli._output import Output, human_bytes, table
+from ggufkit.outputs import (
+    TEMPLATE_HELP,
+    ends_with_separator,
+    is_template,
+    refuse_overwriting_inputs,
+    resolve_output,
+)
 from ggufkit.quant.presets import (
     TYPE_CHOICES,
     get_preset,
+    preset_help_header,
     preset_help_lines,
     quant_option_name,
     type_help_lines,
@@ -43,9 +52,11 @@ class _TargetType(click.ParamType):
 
 
 _EPILOG = "\n".join([
-    "\b", "TYPE, llama-quantize's QUANT_OPTIONS: id, name, bits per weight of its default tensor type,",
-    "'needs imatrix', 'plan only' (no kernel in this build yet; --dry-run works):",
-    *(f"  {line}" for line in preset_help_lines()),
+    f"OUT.gguf templates: {TEMPLATE_HELP}; e.g. model-{{type}}.gguf. An unknown placeholder is an error.", "",
+    "TYPE, llama-quantize's QUANT_OPTIONS: id, name, bits per weight of its default tensor type, size, KLD, "
+    "PPL, 'needs imatrix', 'plan only' (no kernel in this build yet; --dry-run works). "
+    f"{preset_help_header()}.", "",
+    "\b", *(f"  {line}" for line in preset_help_lines()),
     "", "\b", "Tensor types for --tensor-type, --output-tensor-type, --token-embedding-type:",
     *(f"  {line}" for line in type_help_lines())])
 
@@ -56,14 +67,14 @@ def _plan_table(d: Mapping[str, Any]) -> str:
     return table(rows, ["tensor", "from", "to", "shape", "bytes", "bpw", "reason"], align="llllrrl")
 
 
-def _render(d: Mapping[str, Any]) -> str:
+def _render(d: Mapping[str, Any], device: str = "auto") -> str:
     t = d["totals"]
     types = ", ".join(f"{n} {k}" for k, n in t["types"].items())
     summary = (f"{d['target'].upper()} (file_type {d['file_type']}): {t['tensors']} tensors, "
                f"{human_bytes(t['src_bytes'])} -> {human_bytes(t['bytes'])}, {t['bits_per_weight']:.4f} bits/weight "
                f"[{types}]")
     notes = []
-    if d["cpu_only_types"]:
+    if d["cpu_only_types"] and device == "cuda":  # only news where CUDA was asked for
         notes.append(f"CPU only (no CUDA kernel; on the CPU under --device cuda): {', '.join(d['cpu_only_types'])}")
     if d["missing_kernels"]:
         notes.append(f"plan only: no kernel in this build for {', '.join(d['missing_kernels'])}")
@@ -106,8 +117,8 @@ def _render_target(d: Mapping[str, Any]) -> str:
 @click.option("--type", "target", type=_TargetType(several=True),
               help=f"Preset or type as llama-quantize names them, or its numeric id ({len(TYPE_CHOICES)} names, "
                    "listed below; q4_k = q4_k_m). Several, comma-separated, make one file each in one run "
-                   "(OUT then holds {type}; without OUT: ggml-model-TYPE.gguf beside IN). Or one of "
-                   "--target-size/--target-bpw/--target-like.")
+                   "(OUT then is a folder or holds {type}; without OUT: ggml-model-TYPE.gguf beside IN). Or "
+                   "one of --target-size/--target-bpw/--target-like.")
 @click.option("--target-size", metavar="SIZE",
               help="Best mix whose whole file is at most SIZE bytes (K/M/G decimal, KiB/MiB/GiB binary).")
 @click.option("--target-bpw", type=float, metavar="X", help="Best mix of at most X bits per weight (tensor data).")
@@ -173,12 +184,17 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
       ggufkit quantize model-f16.gguf out.gguf --type q4_0 --pure --imatrix imatrix.gguf
 
     llama-quantize's positional form works too: IN.gguf [OUT.gguf] TYPE [NTHREADS]. Without OUT.gguf the
-    output is ggml-model-TYPE.gguf beside IN.gguf, as llama-quantize names it.
+    output is ggml-model-TYPE.gguf beside IN.gguf, as llama-quantize names it; OUT.gguf may be a folder
+    (an existing one, or a path ending in /) to put that name in, or a template (below).
+    No output may be one of the inputs (the model or its shards, --imatrix, --tensor-type-file).
     """
     from ggufkit.errors import UsageError
     from ggufkit.quant.pipeline import quantize_file
 
     output_file, positional_type, positional_threads = split_positional(input_file, positional, dry_run)
+    searching = target_size is not None or target_bpw is not None or target_like is not None
+    if target is None and positional_type is None and output_file is not None and not searching:
+        _refuse_a_mistyped_type(output_file)  # no type anywhere: the only word may be a mistyped one
     if positional_type is not None:
         if target is not None:
             raise UsageError(f"the type is given twice: {positional_type} and --type {target}")
@@ -189,7 +205,6 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
         threads = positional_threads or None
     if output_file is None and not dry_run and not (target and "," in target):
         raise click.UsageError("OUT.gguf is required unless --dry-run is given")
-    searching = target_size is not None or target_bpw is not None or target_like is not None
     if (target is None) == (not searching):
         raise UsageError("give --type, or one of --target-size, --target-bpw, --target-like")
     if searching:
@@ -201,6 +216,11 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
         used = [k for k, v in others.items() if v]
         if used:
             raise UsageError(f"{', '.join(used)} cannot be combined with a target search")
+        if output_file is not None:
+            output_file = str(resolve_output(output_file, f"ggml-model-{(target_like or 'mix').upper()}.gguf",
+                                             Path(os.path.dirname(input_file))))
+            refuse_overwriting_inputs([output_file, *([mix_out] if mix_out else [])],
+                                      [input_file, imatrix, calibration_text])
         _target(out, input_file, output_file, sensitivity, calibration_text, target_size=target_size,
                 target_bpw=target_bpw, target_like=target_like, imatrix=imatrix,
                 types=[t for t in cand_types.split(",") if t.strip()] if cand_types else None, dry_run=dry_run,
@@ -217,13 +237,17 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
         tensor_type_file=tensor_type_file, include_weights=include_weights, exclude_weights=exclude_weights,
         prune_layers=prune_layers or (), keep_split=keep_split, override_kv=override_kv)
     targets = target.split(",")
+    outputs = several_outputs(input_file, output_file, targets)
+    if not dry_run:  # before any work; quantize_file checks the input's shards too
+        refuse_overwriting_inputs(outputs, [input_file, imatrix, tensor_type_file])
     if len(targets) > 1:
-        _several(out, input_file, several_outputs(input_file, output_file, targets), targets, dry_run, options)
+        _several(out, input_file, outputs, targets, dry_run, options)
         return
-    report = quantize_file(input_file, output_file, target, dry_run=dry_run, progress=out.progress(), **options)
+    report = quantize_file(input_file, outputs[0] if output_file is not None else None, target, dry_run=dry_run,
+                           progress=out.progress(), **options)
     for warning in report.warnings:
         out.warn(warning)
-    out.result(report.to_dict(), _render)
+    out.result(report.to_dict(), lambda d: _render(d, device))
 
 
 def default_output(input_file: str, name: str) -> str:
@@ -232,21 +256,41 @@ def default_output(input_file: str, name: str) -> str:
 
 
 def several_outputs(input_file: str, output_file: str | None, targets: list[str]) -> list[str]:
-    """One output per type: OUT with ``{type}`` replaced by the type's QUANT_OPTIONS name, or without OUT
-    ``ggml-model-NAME.gguf`` beside IN (llama-quantize's name for a run without an output path).
+    """One output per type, through :func:`ggufkit.outputs.resolve_output`: OUT as a file, a template
+    (``{type}`` the type's QUANT_OPTIONS name in lower case, ``{TYPE}`` in upper case), or a folder (an existing
+    one, or a path ending in a separator) holding ``ggml-model-NAME.gguf``; without OUT ``ggml-model-NAME.gguf``
+    beside IN (llama-quantize's name for a run without an output path).
 
     Raises:
-        UsageError: OUT names one file for several types.
+        UsageError: OUT names one file for several types; a bad template; a path ending in a separator
+            whose folder does not exist.
     """
     from ggufkit.errors import UsageError
 
     names = [quant_option_name(t) or t.upper() for t in targets]
     if output_file is None:
         return [default_output(input_file, n) for n in names]
-    if "{type}" not in output_file:
+    if len(names) > 1 and not (is_template(output_file) or ends_with_separator(output_file)
+                               or os.path.isdir(output_file)):
         raise UsageError(f"several types need an output name with {{type}} in it (got {output_file!r}), "
-                         "e.g. model-{type}.gguf")
-    return [output_file.replace("{type}", n) for n in names]
+                         "e.g. model-{type}.gguf, or a folder")
+    return [str(resolve_output(output_file, f"ggml-model-{n}.gguf", Path(os.path.dirname(input_file)), n))
+            for n in names]
+
+
+def _refuse_a_mistyped_type(word: str) -> None:
+    """``quantize IN.gguf q4km``: the only word after IN is read as OUT (no type parses from it); with no
+    type given anywhere the run is refused anyway, and a word near a type was meant as one.
+
+    Raises:
+        UsageError: with "did you mean ...?".
+    """
+    from ggufkit.errors import UsageError, did_you_mean
+
+    hint = did_you_mean(word, [t.upper() for t in TYPE_CHOICES])
+    if hint and not word.lower().endswith(".gguf"):
+        raise UsageError(f"invalid type {word!r}; {hint}choose one of {', '.join(TYPE_CHOICES)} "
+                         "or a numeric file type id")
 
 
 def _several(out: Output, input_file: str, outputs: list[str], targets: list[str], dry_run: bool,
@@ -263,10 +307,15 @@ def _several(out: Output, input_file: str, outputs: list[str], targets: list[str
         for t, o in zip(targets, outputs):
             reports.append(quantize_file(input_file, o, t, progress=out.progress(), **options))
     results = [r.to_dict() for r in reports]
+    # a warning every type gets (an imatrix without token_embd) is said once; others name their types
+    said: dict[str, list[str]] = {}
     for d in results:
         for warning in d["warnings"]:
-            out.warn(f"{d['target'].upper()}: {warning}")
-    out.result({"results": results}, lambda d: "\n\n".join(_render(r) for r in d["results"]))
+            said.setdefault(warning, []).append(d["target"].upper())
+    for warning, names in said.items():
+        out.warn(warning if len(names) == len(results) else f"{', '.join(names)}: {warning}")
+    device = str(options.get("device", "auto"))
+    out.result({"results": results}, lambda d: "\n\n".join(_render(r, device) for r in d["results"]))
 
 
 def split_positional(input_file: str, args: tuple[str, ...], dry_run: bool
@@ -280,7 +329,7 @@ def split_positional(input_file: str, args: tuple[str, ...], dry_run: bool
         UsageError: a word that is not a type where a type must be, a thread count that is not an integer,
             or more words than the form takes.
     """
-    from ggufkit.errors import UsageError
+    from ggufkit.errors import UsageError, did_you_mean
 
     if not args:
         return None, None, None
@@ -295,8 +344,9 @@ def split_positional(input_file: str, args: tuple[str, ...], dry_run: bool
         out = rest.pop(0)
         target = rest.pop(0) if rest else None
         if target is not None and quant_option_name(target) is None:
-            raise UsageError(f"invalid type {target!r} after OUT.gguf; choose one of {', '.join(TYPE_CHOICES)} "
-                             "or a numeric file type id")
+            raise UsageError(f"invalid type {target!r} after OUT.gguf; "
+                             f"{did_you_mean(target, [t.upper() for t in TYPE_CHOICES])}choose one of "
+                             f"{', '.join(TYPE_CHOICES)} or a numeric file type id")
     threads: int | None = None
     if rest:
         word = rest.pop(0)
