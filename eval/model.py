@@ -346,16 +346,18 @@ class GGUFCausalLM:
         scale = hp.attn_scale or 1.0 / math.sqrt(hd)
         if hp.attn_softcap or swa:
             o = _capped_attention(q, k, v, scale, hp.attn_softcap, hp.n_swa if swa else 0)
-            o = o.transpose(1, 2).reshape(bsz, t, hp.n_head * hd)
-            return self._linear(o, self._r(p + "attn_output.weight"), self._w(p + "attn_output.bias"))
-        if gqa and self.device.type != "cpu":
-            # CUDA's memory-efficient float32 kernel has no GQA mode: share the KV heads explicitly there
-            # (the CPU kernels support it and skip the copies; both give the same values).
-            rep = hp.n_head // hp.n_head_kv
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-            gqa = False
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        else:
+            if gqa and self.device.type != "cpu":
+                # CUDA's memory-efficient float32 kernel has no GQA mode: share the KV heads explicitly there
+                # (the CPU kernels support it and skip the copies; both give the same values).
+                rep = hp.n_head // hp.n_head_kv
+                k = k.repeat_interleave(rep, dim=1)
+                v = v.repeat_interleave(rep, dim=1)
+                gqa = False
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        # One output projection for every attention path (soft-capped, sliding-window or plain), its input
+        # always reported: llama.cpp's build_attn (src/llama-graph.cpp) ends every path in
+        # build_lora_mm(wo, cur), whose src1 llama-imatrix collects (tools/imatrix/imatrix.cpp collect_imatrix).
         o = o.transpose(1, 2).reshape(bsz, t, hp.n_head * hd)
         self._observe(o, p + "attn_output.weight")
         return self._linear(o, self._r(p + "attn_output.weight"), self._w(p + "attn_output.bias"))

@@ -72,6 +72,12 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "powerinfer_llama": ("LlamaForCausalLM", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                                   num_attention_heads=4, num_key_value_heads=4,
                                                   hidden_act="relu", rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    # PowerInfer's Bamboo (arch ``bamboo``): the ReLU-LLaMA layout, its FFN relu(gate) * relu(up), and no epsilon
+    # key (the evaluator's default 1e-5). transformers has no Bamboo class: this LLaMA computes relu(gate) * up,
+    # so an oracle must apply the second ReLU itself (tests/test_eval_imatrix_archs.py).
+    "bamboo": ("LlamaForCausalLM", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=4, hidden_act="relu",
+                                        rms_norm_eps=1e-5, tie_word_embeddings=False)),
 }
 
 
@@ -114,7 +120,7 @@ def gguf_tensors(model: torch.nn.Module, arch: str,
     if sd is None:
         sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     n = cfg.num_hidden_layers
-    if arch in ("llama", "qwen2", "qwen3", "qwen", "powerinfer_llama"):
+    if arch in ("llama", "qwen2", "qwen3", "qwen", "powerinfer_llama", "bamboo"):
         yield "token_embd.weight", sd["model.embed_tokens.weight"]
         yield "output_norm.weight", sd["model.norm.weight"]
         if not cfg.tie_word_embeddings:
@@ -122,7 +128,7 @@ def gguf_tensors(model: torch.nn.Module, arch: str,
         for i in range(n):
             p, b = f"model.layers.{i}.", f"blk.{i}."
             q, k, v = (sd[p + f"self_attn.{x}_proj.weight"] for x in "qkv")
-            if arch in ("llama", "powerinfer_llama"):
+            if arch in ("llama", "powerinfer_llama", "bamboo"):
                 q, k = _permute(q, cfg.num_attention_heads), _permute(k, cfg.num_key_value_heads)
             yield b + "attn_norm.weight", sd[p + "input_layernorm.weight"]
             if arch == "qwen":
@@ -142,7 +148,7 @@ def gguf_tensors(model: torch.nn.Module, arch: str,
             yield b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"]
             yield b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"]
             yield b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"]
-            if arch == "powerinfer_llama":
+            if arch in ("powerinfer_llama", "bamboo"):
                 down = sd[p + "mlp.down_proj.weight"]
                 yield b + "ffn_down_t.weight", np.ascontiguousarray(down.T)
                 rng = np.random.default_rng(i)  # a predictor, which scoring must ignore
@@ -208,7 +214,7 @@ def _metadata(model: torch.nn.Module, arch: str) -> Metadata:
         meta.set(f"{a}.attention.head_count_kv", VT.UINT32, cfg.num_key_value_heads)
     if a in ("gptneox", "opt"):
         meta.set(f"{a}.attention.layer_norm_epsilon", VT.FLOAT32, getattr(cfg, "layer_norm_eps", 1e-5))
-    else:
+    elif a != "bamboo":  # PowerInfer's Bamboo files carry no epsilon key
         meta.set(f"{a}.attention.layer_norm_rms_epsilon", VT.FLOAT32, cfg.rms_norm_eps)
     if a != "opt":
         rope = getattr(cfg, "rope_parameters", None) or {}
@@ -256,6 +262,6 @@ def write_model_gguf(model: torch.nn.Module, arch: str, path: Path, qtype: Q = Q
         else:
             specs.append(TensorSpec(name, Q.F32, tuple(arr.shape)))
         data.append(np.ascontiguousarray(arr))
-    magic = POWERINFER_MAGIC if arch in ("opt", "powerinfer_llama") else GGUF_MAGIC
+    magic = POWERINFER_MAGIC if arch in ("opt", "powerinfer_llama", "bamboo") else GGUF_MAGIC
     write_gguf(path, _metadata(model, arch), specs, data, magic=magic)
     return path
