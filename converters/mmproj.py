@@ -23,7 +23,13 @@ from ggufkit.constants import GGUF_MAGIC, KEY_SOURCE_SHA256, KEY_TOOL_VERSION
 from ggufkit.converters.checkpoint import Checkpoint, checkpoint_inputs, read_config, resolve_model
 from ggufkit.converters.hooks import hooks_for
 from ggufkit.converters.hparams import _MISSING, first_of
-from ggufkit.converters.metadata import default_name, model_file_name, output_path, size_label
+from ggufkit.converters.metadata import (
+    default_name,
+    model_card_metadata,
+    model_file_name,
+    output_path,
+    size_label,
+)
 from ggufkit.converters.mmproj_registry import ARCH, ProjectorSpec
 from ggufkit.converters.plan import OUTTYPES, ConvertPlan, PlanEntry, match_rules, resolve_outtype
 from ggufkit.converters.registry import ArchEntry, load_registry
@@ -309,7 +315,11 @@ def build_mmproj_plan(model_dir: Path, repo: str | None, config: dict[str, Any],
     meta.set(G.TYPE, VT.STRING, "mmproj")
     name = default_name(model_dir, repo)
     meta.set(G.NAME, VT.STRING, name)
-    meta.set(G.SIZE_LABEL, VT.STRING, size_label(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)))
+    n_params = sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)
+    meta.set(G.SIZE_LABEL, VT.STRING, size_label(n_params))
+    # the model card's keys, as for the text model (llama.cpp's MmprojModel inherits prepare_metadata)
+    for key, value in model_card_metadata(model_dir, meta, n_params).items():
+        meta.put(key, value)
     meta.set(G.FILE_TYPE, VT.UINT32, file_type)
     for key, (vtype, value, item) in keys.items():
         meta.set(key, vtype, value, item)

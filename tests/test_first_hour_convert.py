@@ -193,6 +193,19 @@ def test_an_output_hard_linked_to_a_weight_file_or_over_the_metadata_file_is_ref
     assert _sha256(link) == _sha256(llama / "model.safetensors")
 
 
+def test_with_mmproj_refuses_a_projector_over_an_input_before_writing_the_text_model(tmp_path: Path) -> None:
+    from fixtures_mmproj import make_vlm
+
+    d = make_vlm(tmp_path / "g", "Gemma3ForConditionalGeneration")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.link(d / "model.safetensors", out / "mmproj-g-F16.gguf")  # where the projector would go
+    result = invoke("convert", str(d), "--with-mmproj", "--outtype", "f16", "-o", f"{out}{os.sep}", "--no-check")
+    assert result.exit_code == 2, result.output
+    assert "mmproj-g-F16.gguf would overwrite the input" in result.stderr and "model.safetensors" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["mmproj-g-F16.gguf"]  # the text model was not written
+
+
 def test_converting_again_over_the_previous_output_in_the_model_folder_is_allowed(tmp_path: Path) -> None:
     d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM")
     first = convert(d, outtype="f16").outputs[0]
@@ -219,6 +232,19 @@ def test_model_card_metadata_is_written_to_general_keys(tmp_path: Path) -> None:
         assert f.get("general.dataset.0.repo_url") == "https://huggingface.co/HuggingFaceFW/fineweb"
         # ggufkit's own naming is unchanged
         assert f.get("general.name") == "m" and f.get("general.basename") == "m"
+
+
+def test_projector_carries_the_model_card_metadata_too(tmp_path: Path) -> None:
+    from fixtures_mmproj import make_vlm
+
+    from ggufkit.converters import convert_mmproj
+
+    d = make_vlm(tmp_path / "g", "Gemma3ForConditionalGeneration")
+    (d / "README.md").write_text(README, encoding="utf-8")
+    out = convert_mmproj(d, tmp_path / "p.gguf", outtype="f16").outputs[0]
+    with open_gguf(out) as f:
+        assert f.get("general.license") == "apache-2.0" and list(f.get("general.languages")) == ["en", "fr"]
+        assert f.get("general.type") == "mmproj"
 
 
 def test_metadata_file_wins_over_the_model_card(tmp_path: Path) -> None:
