@@ -12,10 +12,12 @@ tools/quantize/quantize.cpp), measured here with ggufkit's own quantizer and eva
 3. every preset quantized from the reference (``quantize_file``, the same code as the CLI), its file size
    divided by the F16 file's, then its KL divergence from the F16 model (exact, whole vocabulary, as
    ``ggufkit ppl --baseline`` computes it side by side) and its perplexity, on ``CHUNKS`` chunks of ``CTX``
-   tokens of the text after the imatrix part; the F16 logits are computed once.
-   A preset without a kernel in this build gets its exact predicted size and no quality figure.
+   tokens of the text after the imatrix part; the F16 logits are computed once. F16, F32 and COPY hold the
+   reference's values exactly (KLD 0 without a run), an alias (Q4_K) is the file of its preset (Q4_K_M), a
+   preset without a kernel in this build gets its exact predicted size and no quality figure, and one the
+   model's shapes refuse (Q1_0: rows of 576 are no whole blocks of 128) gets its error.
 
-Run (not part of CI; about 20-40 minutes on 2 cores):
+Run (not part of CI; about 40 minutes on 2 shared cores):
 ``python benchmarks/bench_preset_quality.py [--model NAME_OR_PATH] [--presets q4_k_m,...] [--write]``;
 ``--write`` regenerates ``quant/preset_quality.py`` (only with every preset measured).
 """
@@ -36,11 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 CTX = 256
-CHUNKS = 8
+CHUNKS = 4
 IMATRIX_CHARS = 40_000
 IMATRIX_CHUNKS = 16
 DEFAULT_MODEL = "smollm2-135m-instruct-q4_1"
 OUT_MODULE = ROOT / "quant" / "preset_quality.py"
+#: Default types whose file holds the F16 reference's values exactly (F16 copied, or widened to F32).
+LOSSLESS = ("F16", "F32")
 
 
 def _model_path(name: str) -> tuple[Path, str]:
@@ -58,6 +62,7 @@ def _log(msg: str) -> None:
 def measure(model: str, presets: list[str], workdir: Path, threads: int | None) -> dict[str, Any]:
     import torch
 
+    from ggufkit.errors import GGUFKitError
     from ggufkit.eval import collect_imatrix
     from ggufkit.eval.kld import KLDAccumulator
     from ggufkit.eval.model import load_model
@@ -65,7 +70,7 @@ def measure(model: str, presets: list[str], workdir: Path, threads: int | None) 
     from ggufkit.format import open_gguf
     from ggufkit.quant.imatrix import load_imatrix
     from ggufkit.quant.pipeline import predict_file_size, quantize_file
-    from ggufkit.quant.presets import PRESETS
+    from ggufkit.quant.presets import ALIASES, PRESETS
 
     src, src_name = _model_path(model)
     ref = workdir / "ref-f16.gguf"
@@ -96,8 +101,15 @@ def measure(model: str, presets: list[str], workdir: Path, threads: int | None) 
         p = PRESETS[name]
         out = workdir / f"{name}.gguf"
         t0 = time.perf_counter()
-        report = quantize_file(ref, None, name, imatrix=im, dry_run=True)
+        try:
+            report = quantize_file(ref, None, name, imatrix=im, dry_run=True)
+        except GGUFKitError as exc:  # e.g. Q1_0: rows of 576 are no whole blocks of 128, and no fallback
+            rows[name] = {"size": None, "kld": None, "ppl_change": None, "error": exc.message}
+            _log(f"{name}: {exc}")
+            continue
         row: dict[str, Any] = {}
+        if name in ALIASES:  # the same file as the preset it stands for: filled in below
+            continue
         if report.plan.missing_kernels():
             with open_gguf(ref) as f:
                 size = predict_file_size(f, report.plan, im)
@@ -105,6 +117,10 @@ def measure(model: str, presets: list[str], workdir: Path, threads: int | None) 
         else:
             quantize_file(ref, out, name, imatrix=im, threads=threads)
             size = out.stat().st_size
+        if not report.plan.missing_kernels() and p.default_type.name in LOSSLESS:  # F16 widened or copied: exact
+            row.update(size=round(size / ref_size, 4), kld=0.0, ppl_change=0.0, same_top=1.0)
+            out.unlink()
+        elif not report.plan.missing_kernels():
             m = load_model(out, device="cpu")
             acc = KLDAccumulator()
             for (_, w, targets), bl in zip(windows, base_logits):
@@ -120,18 +136,41 @@ def measure(model: str, presets: list[str], workdir: Path, threads: int | None) 
             out.unlink()
         row["bpw"] = round(size * 8 / n_params, 3)
         rows[name] = row
-        _log(f"{name}: {row} ({time.perf_counter() - t0:.0f} s)" + (" copy" if p.only_copy else ""))
-    return {"model": src_name, "reference": "F16 dequantized from it (quantize --type f16 --allow-requantize)",
+        _log(f"{name}: {row} ({time.perf_counter() - t0:.0f} s)")
+    for name in presets:
+        if name in ALIASES and ALIASES[name] in rows:
+            rows[name] = dict(rows[ALIASES[name]])
+    rows = {name: rows[name] for name in presets if name in rows}
+    kind = src_name.rsplit(".", 2)[-2] if src_name.count(".") >= 2 else "quantized"
+    return {"model": src_name, "model_type": kind,
+            "reference": f"its F16 dequantization: types that hold {kind} values exactly measure ~0",
             "text": f"eval/data/sample.txt, {CHUNKS} chunks of {CTX} tokens after the first {IMATRIX_CHARS} "
                     f"characters",
-            "imatrix": f"collect_imatrix of the F16 on the first {IMATRIX_CHARS} characters of the same text "
-                       f"({IMATRIX_CHUNKS} chunks of {CTX}), used by every preset",
+            "imatrix": f"the F16's, on the first {IMATRIX_CHARS} characters ({IMATRIX_CHUNKS} x {CTX} tokens)",
             "ppl_f16": round(ppl_f16, 4) if ppl_f16 is not None else None, "n_params": n_params, "f16_bytes": ref_size,
             "date": datetime.date.today().isoformat(), "presets": rows}
 
 
+def annotate(data: dict[str, Any], exact_below: float = 1e-4) -> dict[str, Any]:
+    """Mark the presets whose grid holds the reference's own values (KLD about 0 though lossy in general:
+    Q4_1 and Q5_1 on a Q4_1 model), so that ``--help`` does not present them as lossless."""
+    from ggufkit.quant.presets import PRESETS
+
+    for name, row in data["presets"].items():
+        lossless = PRESETS[name].default_type.name in LOSSLESS
+        if row.get("kld") is not None and row["kld"] < exact_below and not lossless:
+            row["note"] = f"exact on {data['model_type']} values"
+    return data
+
+
 def write_module(data: dict[str, Any], path: Path = OUT_MODULE) -> None:
-    body = json.dumps(data, indent=1, sort_keys=False)
+    def lit(value: Any) -> str:
+        return json.dumps(value).replace("null", "None").replace("true", "True").replace("false", "False")
+
+    lines = [f"    {lit(k)}: {lit(v)}," for k, v in data.items() if k != "presets"]
+    lines.append('    "presets": {')
+    lines += [f"        {lit(name)}: {lit(row)}," for name, row in data["presets"].items()]
+    body = "{\n" + "\n".join(lines) + "\n    },\n}"
     path.write_text(
         '"""Each ``--type`` preset measured on a real small model (``quantize --help`` shows it).\n\n'
         "Generated by benchmarks/bench_preset_quality.py (its docstring says how); do not edit by hand.\n"
@@ -139,8 +178,7 @@ def write_module(data: dict[str, Any], path: Path = OUT_MODULE) -> None:
         "(mean KL divergence from the F16 model, exact) and ``ppl_change`` (PPL / F16's PPL - 1); ``kld`` and\n"
         '``ppl_change`` are None where this build has no kernel for the preset.\n"""\n\n'
         "from __future__ import annotations\n\nfrom typing import Any\n\n"
-        f"MEASURED: dict[str, Any] = {body}\n".replace(": null", ": None").replace(": true", ": True")
-        .replace(": false", ": False"))
+        f"MEASURED: dict[str, Any] = {body}\n")
 
 
 def main() -> None:
@@ -167,7 +205,7 @@ def main() -> None:
     if args.write:
         if set(presets) != set(PRESETS):
             raise SystemExit("--write needs every preset measured")
-        write_module(data)
+        write_module(annotate(data))
         _log(f"wrote {OUT_MODULE}")
     os.sync()
 

@@ -192,11 +192,11 @@ def preset_help_header() -> str:
 
 
 def preset_help_lines() -> list[str]:
-    """One line per ``--type`` value for ``--help``: ftype id, name, bits per weight of the default type,
+    """A header, then one line per ``--type`` value for ``--help``: ftype id, name, bits per weight of the default type,
     measured size relative to F16 and quality (KLD, PPL change; :func:`measured_quality`), imatrix
     requirement, kernel availability (``plan only`` until its kernel exists)."""
     measured: dict[str, dict[str, float | None]] = measured_quality()["presets"]  # type: ignore[assignment]
-    lines = []
+    lines = [f"id  {'name':<10}{'default type':<21}{'size':>7}  {'KLD':>8}  {'PPL':>8}  notes"]
     for p in PRESETS.values():
         ident = "    " if p.only_copy else f"{int(p.file_type):>2}  "
         bpw = "copy" if p.only_copy else f"{bits_per_weight(p.default_type):6.3f} bpw {type_name(p.default_type)}"
@@ -204,16 +204,16 @@ def preset_help_lines() -> list[str]:
         size = f"{row['size']:7.1%}" if row.get("size") is not None else ""
         kld = row.get("kld")
         ppl = row.get("ppl_change")
-        quality = (f"KLD {kld:7.4f}  PPL {ppl:+7.2%}" if kld is not None and ppl is not None
-                   else "not measured")
-        notes = []
+        quality = (f"{kld:8.4f}  {ppl:+8.2%}" if kld is not None and ppl is not None
+                   else f"{'n/a on that model' if row.get('error') else 'not measured':<18}")
+        notes = [str(row["note"])] if row.get("note") else []
         if p.needs_imatrix:
             notes.append("needs imatrix")
         if not has_kernel(p.default_type):
             notes.append("plan only")
         elif not p.only_copy and not TYPES[p.default_type].has_cuda and not TYPES[p.default_type].is_float:
             notes.append("CPU only")
-        lines.append(f"{ident}{p.name.upper():<10}{bpw:<21}{size:>7}  {quality:<27}{', '.join(notes)}".rstrip())
+        lines.append(f"{ident}{p.name.upper():<10}{bpw:<21}{size:>7}  {quality}  {', '.join(notes)}".rstrip())
     return lines
 
 

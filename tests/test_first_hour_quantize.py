@@ -155,7 +155,8 @@ def test_help_tells_the_q3_k_presets_apart_by_measured_size_and_quality() -> Non
         rows[name] = row.split()
     sizes = {name: next(w for w in words if w.endswith("%")) for name, words in rows.items()}
     assert len(set(sizes.values())) == 3, sizes
-    assert all("KLD" in words for words in rows.values())
+    for words in rows.values():  # KLD and PPL change measured
+        assert float(words[-2]) >= 0 and words[-1].endswith("%"), words
 
 
 def test_measured_data_covers_every_preset_and_records_its_origin() -> None:
@@ -166,9 +167,13 @@ def test_measured_data_covers_every_preset_and_records_its_origin() -> None:
     assert set(presets) == set(PRESETS)
     for name, p in PRESETS.items():
         row = presets[name]
+        if row.get("error"):  # the reference model cannot take this type (rows that are not whole blocks)
+            assert row["size"] is None and row["kld"] is None, name
+            continue
         assert row["size"] > 0, name
         if has_kernel(p.default_type):
             assert row["kld"] is not None and row["kld"] >= 0 and row["ppl_change"] is not None, name
+    assert sum(1 for row in presets.values() if row.get("error")) <= 3
     ordered = [presets[n]["size"] for n in ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q6_k", "q8_0", "f16")]
     assert ordered == sorted(ordered)
 
