@@ -26,7 +26,7 @@ class TypeChoice(click.Choice):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            names = [str(c).upper() for c in self.choices]
+            names = [str(c) if c == "auto" else str(c).upper() for c in self.choices]  # type names as ggml writes them
             self.fail(f"{value!r} is not a type; {did_you_mean(str(value), names)}choose one of "
                       f"{', '.join(names)}", param, ctx)
 
@@ -107,6 +107,8 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
     \b
     Example:
       ggufkit convert ./Llama-3.2-1B --outtype f16 -o llama-f16.gguf
+      ggufkit convert ./Llama-3.2-1B --outtype q8_0 -o 'out/llama-{TYPE}.gguf'   # out/llama-Q8_0.gguf
+      ggufkit convert ./Llama-3.2-1B -o out/      # out/ must exist: the default name inside it
       ggufkit convert ./ReluLLaMA-7B --predictor ./ReluLLaMA-7B-Predictor --outtype f16
       ggufkit convert ./model --dry-run --json | jq '.tensors[0]'
       ggufkit convert ./my-lora --base llama-f16.gguf --outtype f16      # PEFT adapter -> GGUF adapter
