@@ -201,7 +201,7 @@ def test_check_fails_with_exit_1_and_keeps_the_output_when_f16_overflows(tmp_pat
     assert out.exists()
     d = json.loads(result.stdout)
     assert d["ok"] is False and d["check"] == "failed" and d["check_details"]["failures"][0] == \
-        "the GGUF's logits are not finite (weights overflowing the outtype, e.g. f16?)"
+        "the GGUF's logits are not finite (weights overflowing the outtype, e.g. f16?); try --outtype bf16 or f32"
     assert "check failed (output kept)" in result.stderr
     assert d["warnings"] == [f"token_embd.weight: {n_inf} values exceed f16's range and became inf; use --outtype "
                              "bf16 or f32"]
