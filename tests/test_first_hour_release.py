@@ -87,13 +87,13 @@ def test_outdir_that_is_or_is_inside_the_source_is_refused(checkpoint: Path, tmp
 
 
 def test_outdir_holding_a_file_the_release_did_not_make_is_refused(checkpoint: Path, tmp_path: Path) -> None:
-    from ggufkit.release.plan import source_file_hashes
-
     out = tmp_path / "out"
     out.mkdir()
     (out / "README.md").write_text("my notes")
     _one_line_refusal(invoke("release", str(checkpoint), "-o", str(out), *ARGS), "README.md", "overwrite")
     assert _listing(out) == {"README.md": b"my notes"}
+    from ggufkit.release.plan import source_file_hashes
+
     # an earlier release's manifest says which files are its own: README.md is not among them here
     manifest = {"format": "ggufkit-release/1", "source": {"files": source_file_hashes(checkpoint)},
                 "files": {"tiny-llama-F16.gguf": {"sha256": "0" * 64, "size": 1}}}
@@ -255,7 +255,7 @@ def test_release_outputs_and_ggufs_in_the_checkpoint_are_not_source_files(checkp
     shutil.copytree(checkpoint, ck)
     assert invoke("convert", str(ck), "--outtype", "q8_0").exit_code == 0  # leaves its GGUF in the folder
     # what `release ck -o ck` left there before it was refused
-    (ck / ".ggufkit-release").mkdir()
+    (ck / ".ggufkit-release").mkdir(exist_ok=True)
     (ck / ".ggufkit-release" / "master.json").write_text(json.dumps({"outputs": {"tiny-llama-F16.gguf": {}}}))
     (ck / "quality.png").write_bytes(b"png")
     (ck / "tiny-llama.imatrix.dat").write_bytes(b"dat")
