@@ -209,3 +209,14 @@ def test_a_vision_class_without_projector_support_is_refused_before_any_work(tmp
     result = invoke("release", str(model), "-o", str(out), *ARGS, "--no-mmproj", "--dry-run", "--json")
     assert result.exit_code == 0, result.stderr
     assert "mmproj" not in [s["step"] for s in json.loads(result.stdout)["steps"]]
+
+
+def test_dry_run_sizes_of_projector_master_and_quant_are_the_files_sizes(released: tuple[Path, dict], vlm: Path,
+                                                                        tmp_path: Path) -> None:
+    """Issue 35: the dry run's sizes, planned before any file exists, are the sizes of the files written."""
+    out, _ = released
+    result = invoke("release", str(vlm), "-o", str(tmp_path / "dry"), *ARGS, "--dry-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    sized = {s["files"][0]: s["estimated_bytes"] for s in json.loads(result.stdout)["steps"] if s["estimated_bytes"]}
+    assert MMPROJ in sized and QUANT in sized and len(sized) == 3
+    assert sized == {name: (out / name).stat().st_size for name in sized}
