@@ -139,10 +139,6 @@ class ReleasePlan:
     #: the converter's dry-run plan of the master (for exact dry-run sizes)
     master_plan: Any = field(default=None, repr=False)
 
-    @property
-    def kld_exact(self) -> bool:
-        return self.kld_top_k >= self.n_vocab - 1
-
     def master_file(self) -> str:
         return f"{self.prefix}-{self.master_type}.gguf"
 
