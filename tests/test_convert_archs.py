@@ -74,8 +74,11 @@ def add_phi3_specials(d: Path) -> None:
 
 
 def _compared_key(key: str) -> bool:
-    naming = key.startswith("general.") and key not in ("general.architecture", "general.file_type",
-                                                          "general.quantization_version")
+    # every general.* key llama.cpp writes (type, sampling, model card) but the naming: ggufkit takes the name
+    # from the folder as given (llama.cpp title-cases it and splits it into basename, finetune and version) and
+    # labels MoE sizes by total parameters (llama.cpp's gguf.size_label writes 4x...)
+    naming = key in ("general.name", "general.basename", "general.finetune", "general.version",
+                     "general.size_label")
     return not naming and not key.startswith("ggufkit.")
 
 
