@@ -144,6 +144,10 @@ def _check_target(target: Path) -> None:
         raise FileNotFoundError(errno.ENOENT, "folder does not exist (create it first)", str(parent))
 
 
+def _open_exclusive(path: Path) -> BinaryIO:
+    return open(path, "xb")  # noqa: SIM115 - closed by atomic_write
+
+
 def _as_target_error(target: Path, func: Callable[..., _T], *args: Any) -> _T:
     """``func(*args)`` with an OSError on the temporary file reported on ``target``, the path the user named."""
     try:
@@ -176,7 +180,7 @@ def atomic_write(*targets: Path) -> Iterator[list[BinaryIO]]:
     with _terminate_as_exception():
         try:
             for t, p in zip(temps, paths):
-                files.append(_as_target_error(p, open, t, "xb"))
+                files.append(_as_target_error(p, _open_exclusive, t))
             yield files
             for f in files:
                 f.flush()
