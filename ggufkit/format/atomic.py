@@ -145,7 +145,7 @@ def _check_target(target: Path) -> None:
 
 
 def _open_exclusive(path: Path) -> BinaryIO:
-    return open(path, "xb")  # noqa: SIM115 - closed by atomic_write
+    return open(path, "xb")  # closed by atomic_write
 
 
 def _as_target_error(target: Path, func: Callable[..., _T], *args: Any) -> _T:
