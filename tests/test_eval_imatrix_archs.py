@@ -214,7 +214,7 @@ def _check_powerinfer(arch: str, d: Path) -> None:
 #: float32 inputs (tests/test_eval_imatrix.py measured up to 3.6e-4 on a tiny LLaMA).
 F16_TOLERANCE = 5e-3
 #: The real Q4_K_M file with --ggml-rounding against llama-imatrix's defaults (see the test).
-REAL_TOLERANCE = 5e-2
+REAL_TOLERANCE = 3e-2
 
 
 def test_release_of_gemma3_collects_llama_imatrixs_entries(texts: dict[str, Path], tmp_path: Path) -> None:
@@ -248,7 +248,8 @@ def test_real_gemma3_270m_has_every_entry_of_llama_imatrix(texts: dict[str, Path
     """The issue's file: the published Gemma 3 270M Q4_K_M at ctx 256, 2 chunks. llama-imatrix writes 126
     entries (7 matmuls in each of 18 layers); ggufkit wrote 111, without the 15 sliding-window layers'
     attn_output. The same names and counts now; the sums within llama.cpp's 8-bit activations (Q8_K inputs,
-    reproduced by --ggml-rounding, but chaotic over 18 layers: measured worst REAL_TOLERANCE / 2)."""
+    reproduced by --ggml-rounding, but chaotic over 18 layers: measured worst 1.2e-2, 3.7e-2 without
+    --ggml-rounding)."""
     from real_models import real_model_path
 
     model = real_model_path("gemma3-270m-q4_k_m")
