@@ -218,3 +218,25 @@ def test_a_pending_value_of_another_length_fails_and_writes_nothing(tmp_path: Pa
     with pytest.raises(GGUFKitError, match="placeholder's length"):
         _pending_model(tmp_path, "bad.gguf", "short", "0" * 64)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pending_value_finished_after_the_last_tensor_is_waited_for(tmp_path: Path) -> None:
+    """The race of issue 35: a hash still running when the last tensor is written must not leave its
+    placeholder in the file (the writer waits for it before rewriting the header)."""
+    import threading
+    from concurrent.futures import Future
+
+    from ggufkit.format.values import PendingString
+
+    final = "cd" * 32 + "  model.safetensors"
+    result: Future[str] = Future()
+    meta = Metadata()
+    meta.set("general.architecture", VT.STRING, "llama")
+    meta.put("ggufkit.source.sha256", PendingString("0" * 64 + "  model.safetensors", result))
+    timer = threading.Timer(0.3, result.set_result, args=(final,))  # finishes well after the data is written
+    timer.start()
+    path = tmp_path / "slow.gguf"
+    write_gguf(path, meta, [TensorSpec("x", GGMLQuantizationType.F32, (4,))], [np.zeros(4, np.float32)])
+    timer.join()
+    with open_gguf(path) as m:
+        assert m.get("ggufkit.source.sha256") == final

@@ -191,8 +191,11 @@ def _complete_headers(files: Sequence[Any], headers: Sequence[tuple[Metadata, li
                       written: Sequence[bytes], magic: bytes, alignment: int) -> None:
     """Rewrite in place the headers written with a :class:`PendingString`'s placeholder, now that it is known."""
     for f, (shard_meta, shard_tensors), old in zip(files, headers, written):
-        if not any(isinstance(v, PendingString) for v in shard_meta.values()):
+        pending = [v for v in shard_meta.values() if isinstance(v, PendingString)]
+        if not pending:
             continue
+        for value in pending:
+            value.value  # noqa: B018 - waits for the result, so the header below never keeps the placeholder
         header = encode_header(magic, shard_meta, shard_tensors, tensor_offsets(shard_tensors, alignment))
         if header == old:
             continue
