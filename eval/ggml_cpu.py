@@ -34,6 +34,9 @@ the tanh approximation of that F16 value rounded to F16 (ggml-cpu.c ``ggml_cpu_i
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
@@ -102,19 +105,34 @@ def round_q8_k(x: torch.Tensor) -> torch.Tensor:
 
 
 #: ggml-cpu/vec.h: GELU_COEF_A and SQRT_2_OVER_PI of ggml_gelu_f32, as float32.
-_GELU_COEF_A = 0.044715
-_SQRT_2_OVER_PI = 0.79788456080286535587989211986876
+_GELU_COEF_A = float(np.float32(0.044715))
+_SQRT_2_OVER_PI = float(np.float32(0.79788456080286535587989211986876))
+
+
+@functools.cache
+def _gelu_table() -> torch.Tensor:
+    """``ggml_table_gelu_f16`` as ggml-cpu.c's ``ggml_cpu_init`` fills it (``ggml_gelu_f32`` of every F16 value,
+    rounded to F16), float32 ``[65536]`` indexed by the F16 bits. Its float32 arithmetic is done in float64 and
+    rounded to float32 after each operation (products of two float32 values are exact in float64), with
+    ``1.0f + GELU_COEF_A*x*x`` as one fused multiply-add (GCC contracts it when the target has FMA, as
+    ``-march=native`` builds do) and ``tanhf`` correctly rounded: equal to libggml-cpu's table entry for entry."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64)
+
+    def f32(v: np.ndarray) -> np.ndarray:
+        return v.astype(np.float32).astype(np.float64)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        inner = f32(f32(_SQRT_2_OVER_PI * x) * f32(f32(_GELU_COEF_A * x) * x + 1.0))
+        y = f32(f32(0.5 * x) * f32(1.0 + f32(np.tanh(inner))))
+    return torch.from_numpy(y.astype(np.float16).astype(np.float32))
 
 
 def gelu_f16_table(x: torch.Tensor) -> torch.Tensor:
-    """ggml's CPU GELU of float32 ``x`` (``ggml_vec_gelu_f32`` with ``GGML_GELU_FP16``): the tanh-approximated
-    GELU of ``x`` rounded to F16, computed in float32 and rounded to F16 (the ``ggml_table_gelu_f16`` entry);
-    0 for ``x <= -10``, ``x`` for ``x >= 10``."""
+    """ggml's CPU GELU of float32 ``x`` (``ggml_vec_gelu_f32`` with ``GGML_GELU_FP16``): the table entry of ``x``
+    rounded to F16 (:func:`_gelu_table`); 0 for ``x <= -10``, ``x`` for ``x >= 10``."""
     x = x.to(torch.float32)
-    h = round_f16(x)
-    c, a = (torch.tensor(v, dtype=torch.float32) for v in (_SQRT_2_OVER_PI, _GELU_COEF_A))
-    inner = (c * h) * (1.0 + (a * h) * h)
-    y = round_f16((0.5 * h) * (1.0 + torch.tanh(inner)))
+    bits = x.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+    y = _gelu_table().to(x.device)[bits]
     return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, y))
 
 

@@ -260,3 +260,51 @@ def test_real_gemma3_270m_has_every_entry_of_llama_imatrix(texts: dict[str, Path
     rel = relative_l2(mine, ref)
     assert len(rel) == 126 and all(f"blk.{i}.attn_output.weight" in rel for i in range(18))
     assert max(rel.values()) <= REAL_TOLERANCE, {n: v for n, v in rel.items() if v > REAL_TOLERANCE}
+
+
+def test_gelu_f16_table_is_libggml_cpus_gelu_bit_for_bit() -> None:
+    """ggufkit.eval.ggml_cpu.gelu_f16_table against libggml-cpu's own ``ggml_gelu`` and ``ggml_geglu_split``
+    (tests/ggml_cpu_oracle.py's library): every finite F16 value, values between them, and the +-10 edges."""
+    import ctypes
+
+    import torch
+    from ggml_cpu_oracle import _InitParams, _libggml_base, libggml_cpu
+
+    from ggufkit.eval.ggml_cpu import gelu_f16_table
+
+    f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([f16[np.isfinite(f16)], rng.uniform(-12, 12, 4096).astype(np.float32),
+                        np.array([-10, 10, -9.999, 9.999], np.float32)])
+    g = rng.standard_normal(x.size).astype(np.float32)
+    base, cpu = _libggml_base(), libggml_cpu()
+    for fn in ("ggml_gelu", "ggml_geglu_split"):
+        getattr(base, fn).restype = ctypes.c_void_p
+        getattr(base, fn).argtypes = [ctypes.c_void_p] * (2 if fn == "ggml_gelu" else 3)
+    base.ggml_new_tensor_1d.restype = ctypes.c_void_p
+    base.ggml_new_tensor_1d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    ctx = base.ggml_init(_InitParams(64 * 1024 * 1024, None, False))
+    try:
+        def tensor(arr: np.ndarray) -> int:
+            t = base.ggml_new_tensor_1d(ctx, 0, arr.size)  # GGML_TYPE_F32
+            ctypes.memmove(base.ggml_get_data(t), arr.ctypes.data, arr.nbytes)
+            return t
+
+        tx, tg = tensor(x), tensor(g)
+        outs = [base.ggml_gelu(ctx, tx), base.ggml_geglu_split(ctx, tx, tg)]
+        graph = base.ggml_new_graph(ctx)
+        for out in outs:
+            base.ggml_build_forward_expand(graph, out)
+        assert cpu.ggml_graph_compute_with_ctx(ctx, graph, 1) == 0
+        got = []
+        for out in outs:
+            res = np.empty_like(x)
+            ctypes.memmove(res.ctypes.data, base.ggml_get_data(out), res.nbytes)
+            got.append(res)
+    finally:
+        base.ggml_free(ctx)
+    ours_gelu = gelu_f16_table(torch.from_numpy(x)).numpy()
+    bad = got[0] != ours_gelu
+    assert not bad.any(), (x[bad], got[0][bad], ours_gelu[bad])
+    assert np.array_equal(got[1], ours_gelu * g)
