@@ -239,8 +239,8 @@ def collect_imatrix(model_path: str | os.PathLike[str], *, text: str | None = No
         batch: chunks per forward pass (default: 2048 tokens' worth, llama-imatrix's ``n_batch``).
         device: ``auto``, ``cpu`` or ``cuda``.
         ggml_rounding: round the input of every weight matmul through the weight's ``vec_dot_type`` (F16/BF16,
-            or 8-bit blocks for quantized weights), and GELU through ggml's F16 table, as llama.cpp's plain CPU
-            kernels do (:func:`ggufkit.eval.model.load_model`). Off: float32 inputs, as llama.cpp's AMX kernels (an
+            or 8-bit blocks for quantized weights) as llama.cpp's plain CPU kernels do
+            (:func:`ggufkit.eval.model.load_model`). Off: float32 inputs, as llama.cpp's AMX kernels (an
             Intel Xeon with AMX) multiply F16 weights; on an F16 model the two differ by ~4e-4 relative.
         kv_cache: with ``ggml_rounding``, the llama.cpp K/V cache followed, as in
             :func:`ggufkit.eval.perplexity.perplexity`: ``f16`` (llama-imatrix's default: K and V rounded to

@@ -34,13 +34,7 @@ from gguf import GGMLQuantizationType
 from ggufkit.errors import DeviceUnavailableError, EvaluationError
 from ggufkit.eval.arch import SUPPORTED_ARCHS, HParams, expected_shapes, read_hparams
 from ggufkit.eval.dequant import can_dequantize, dequantize
-from ggufkit.eval.ggml_cpu import (
-    VEC_DOT_TYPE,
-    gelu_f16_table,
-    q8_1_sum_correction,
-    round_activations,
-    round_f16,
-)
+from ggufkit.eval.ggml_cpu import VEC_DOT_TYPE, q8_1_sum_correction, round_activations, round_f16
 from ggufkit.format.reader import GGUFModel, TensorInfo, open_gguf
 
 __all__ = ["DTYPES", "SUPPORTED_ARCHS", "GGUFCausalLM", "HParams", "QTensor", "load_model", "read_hparams",
@@ -374,9 +368,7 @@ class GGUFCausalLM:
         up = self._linear(h, self._r(p + "ffn_up.weight"), self._w(p + "ffn_up.bias"))
         gate_w = self._w(p + "ffn_gate.weight")
         if hp.ffn == "gelu":
-            # exact erf GELU, transformers' "gelu" (GPT-NeoX's default hidden_act); llama.cpp's ggml_gelu
-            # (src/models/gptneox.cpp: LLM_FFN_GELU) is the F16 table of the tanh approximation
-            a = gelu_f16_table(up) if self.ggml_rounding else F.gelu(up)
+            a = F.gelu(up)  # exact erf GELU, transformers' "gelu" (GPT-NeoX's default hidden_act)
         elif hp.ffn == "silu_fused":  # Phi-3: [gate; up] in one matrix
             g, u = up.chunk(2, dim=-1)
             a = F.silu(g) * u
@@ -386,8 +378,8 @@ class GGUFCausalLM:
             g = self._linear(h, gate_w)
             if hp.ffn == "silu":
                 a = F.silu(g, inplace=True).mul_(up)  # g is this call's own tensor
-            elif hp.ffn == "gelu_tanh":  # llama.cpp: ggml_geglu_split, the same F16 table
-                a = (gelu_f16_table(g) if self.ggml_rounding else F.gelu(g, approximate="tanh")) * up
+            elif hp.ffn == "gelu_tanh":
+                a = F.gelu(g, approximate="tanh") * up
             elif hp.ffn == "relu":
                 a = F.relu(g) * up
             else:
@@ -612,9 +604,8 @@ def load_model(path: str | os.PathLike[str], *, device: str = "auto", dtype: str
         dtype: ``auto``/``f32`` (float32 everywhere), or ``f16``/``bf16`` matmuls on a GPU.
         ggml_rounding: round the input of every weight matmul through the weight type's ``vec_dot_type``
             first (F16, BF16, or 8-bit Q8_0/Q8_1/Q8_K blocks; :mod:`ggufkit.eval.ggml_cpu`), as llama.cpp's
-            plain CPU kernels do (``--no-repack``, or a CPU without AMX), and GELU through ggml's F16 table
-            (:func:`ggufkit.eval.ggml_cpu.gelu_f16_table`). Off: float32 inputs times the exactly dequantized
-            weights, and transformers' GELU.
+            plain CPU kernels do (``--no-repack``, or a CPU without AMX). Off: float32 inputs times the
+            exactly dequantized weights, as transformers computes.
         kv_f16: round K and V to F16 before attention, as llama.cpp's default F16 K/V cache read by its
             flash attention (``-fa on`` or ``auto`` on a CPU, with at least 64 tokens per batch). Off: as
             ``-fa off -ctk f32 -ctv f32``.
