@@ -2,8 +2,9 @@
 
 The cases are driven by the evaluator's own table (``ggufkit.eval.arch.ARCH_TRAITS``): an architecture added
 there without a tiny model here fails :func:`test_imatrix_equals_the_reference_on_every_architecture`. Each
-tiny random checkpoint (transformers' own class, converted to F32 by ggufkit) is run by both tools on the same
-text, ``--ctx`` and ``--chunks``, with ``--process-output`` (the untied heads are collected too): the same
+tiny random model (transformers' own class, converted to F32 by ggufkit or written by tests/eval_models.py)
+is run by both tools on the same text, ``--ctx`` and ``--chunks``, with ``--process-output`` (the untied
+heads are collected too): the same
 entries (every block matmul on every attention path: plain, sliding-window, soft-capped; MoE routers, experts
 and shared experts; parallel blocks), the same counts, and ``in_sum2`` within float32 noise (``F32_TOLERANCE``,
 as tests/test_eval_imatrix.py) with llama.cpp's float32 attention; for the GELU architectures within the
@@ -13,7 +14,7 @@ PowerInfer's architectures (``opt``, ``bamboo``: PWRI files, which llama.cpp doe
 llama-imatrix; their reference is llama-imatrix's rule written out on the transformers model the file was
 written from: the input of every ``nn.Linear`` squared and summed per column, one count per token. Their
 ``ffn_down_t`` is stored transposed (``[n_ff, n_embd]``): the activation meets its rows, not its columns
-(PowerInfer's ``ggml_axpy`` sparse FFN), so it has no per-column entry, and ggufkit writes none.
+(PowerInfer's sparse FFN, ggml.c ``ggml_compute_forward_mul_mat_axpy``), so it has no per-column entry, and ggufkit writes none.
 
 Also: the published Gemma 3 270M Q4_K_M (issue 36: 111 entries where llama-imatrix writes 126), and
 ``ggufkit release`` of a tiny Gemma 3, whose imatrix has llama-imatrix's entries on the same master and text.
