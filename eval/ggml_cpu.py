@@ -29,10 +29,10 @@ GELU (ggml-cpu/vec.h, ``GGML_GELU_FP16`` is defined): ``ggml_vec_gelu_f32`` and 
 gated FFN, GPT-NeoX's ``ggml_gelu``) look the value up in ``ggml_table_gelu_f16``: the input rounded to F16,
 the tanh approximation of that F16 value rounded to F16 (ggml-cpu.c ``ggml_cpu_init``), inputs at or beyond
 +-10 passed through or zeroed (:func:`gelu_f16_table`, equal to libggml-cpu's entry for entry). The evaluator
-does not apply it yet: on the tiny Gemma 3 it brings layer 0's ``ffn_down`` imatrix sums from 1.3e-4 to 1.1e-6
-of llama-imatrix's, but its F16 rounding re-draws with every float32-order difference of the gate, and with it
-the real Gemma 3 file's ``ggml_rounding`` perplexity (tests/test_eval_archs_vs_llama_perplexity.py) moved from
-within 1e-4 of llama-perplexity's to 1.9e-4.
+does not apply it yet (it would change ``ggml_rounding``'s numbers for Gemma and GPT-NeoX): measured with it on
+the tiny Gemma 3, layer 0's ``ffn_down`` imatrix sums 1.1e-6 of llama-imatrix's instead of 1.3e-4 (its F16
+rounding re-draws with every float32-order difference of the gate, so later layers stay at ~1e-4); on the
+real Gemma 3 file's tail-quantized perplexity check, 1.9e-4 of llama-perplexity's instead of 2.3e-4.
 """
 
 from __future__ import annotations
