@@ -135,6 +135,7 @@ def measure(model: str, presets: list[str], workdir: Path, threads: int | None) 
                        same_top=round(float(s["same_top_p"]), 4))
             out.unlink()
         row["bpw"] = round(size * 8 / n_params, 3)
+        row["fallback"] = round(report.plan.fallback_share, 3)
         rows[name] = row
         _log(f"{name}: {row} ({time.perf_counter() - t0:.0f} s)")
     for name in presets:
@@ -151,15 +152,20 @@ def measure(model: str, presets: list[str], workdir: Path, threads: int | None) 
             "date": datetime.date.today().isoformat(), "presets": rows}
 
 
-def annotate(data: dict[str, Any], exact_below: float = 1e-4) -> dict[str, Any]:
+def annotate(data: dict[str, Any], exact_below: float = 2e-5) -> dict[str, Any]:
     """Mark the presets whose grid holds the reference's own values (KLD about 0 though lossy in general:
     Q4_1 and Q5_1 on a Q4_1 model), so that ``--help`` does not present them as lossless."""
     from ggufkit.quant.presets import PRESETS
 
     for name, row in data["presets"].items():
         lossless = PRESETS[name].default_type.name in LOSSLESS
+        notes = []
         if row.get("kld") is not None and row["kld"] < exact_below and not lossless:
-            row["note"] = f"exact on {data['model_type']} values"
+            notes.append(f"exact on {data['model_type']} values")
+        if row.get("fallback"):  # rows that are no whole blocks (576 wide): llama-quantize's fallback types
+            notes.append(f"{row['fallback']:.0%} fallback")
+        if notes:
+            row["note"] = ", ".join(notes)
     return data
 
 

@@ -204,7 +204,8 @@ def preset_help_lines() -> list[str]:
         size = f"{row['size']:7.1%}" if row.get("size") is not None else ""
         kld = row.get("kld")
         ppl = row.get("ppl_change")
-        quality = (f"{kld:8.4f}  {ppl:+8.2%}" if kld is not None and ppl is not None
+        ppl_text = "" if ppl is None else f"{ppl:+8.2%}" if ppl < 9.99 else f"{ppl + 1:7.0f}x"  # x: PPL ratio
+        quality = (f"{kld:8.4f}  {ppl_text}" if kld is not None and ppl is not None
                    else f"{'n/a on that model' if row.get('error') else 'not measured':<18}")
         notes = [str(row["note"])] if row.get("note") else []
         if p.needs_imatrix:
