@@ -38,7 +38,7 @@ TYPES = ("q4_k_m", "q2_k", "iq2_xs")
 
 def imatrix_rel_l2(a: Path, b: Path) -> tuple[float, float]:
     """(worst, median) per-entry ||a - b|| / ||b|| after checking names and counts."""
-    from ggufkit.quant.imatrix_file import read_raw_imatrix
+    from ggufkit.quant.imatrix.collector import read_raw_imatrix
 
     x, y = read_raw_imatrix(a), read_raw_imatrix(b)
     assert sorted(x.entries) == sorted(y.entries), "different tensor sets"
@@ -55,7 +55,7 @@ def main(source: str, threads: int = 2, types: tuple[str, ...] = TYPES) -> dict:
     from llama_cpp_sources import tool_path
 
     from ggufkit.eval import collect_imatrix, kl_divergence
-    from ggufkit.quant.pipeline import quantize_file
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file
 
     d = Path(tempfile.mkdtemp(prefix="bench_imatrix_kld_"))
     text = (Path(__file__).resolve().parents[1] / "eval" / "data" / "sample.txt").read_text()

@@ -1,6 +1,6 @@
 """Every ``--type`` preset measured on a real small model: file size relative to F16, KLD and PPL change.
 
-This is the data ``ggufkit quantize --help`` shows beside each preset (``quant/preset_quality.py``), in the
+This is the data ``ggufkit quantize --help`` shows beside each preset (``quant/llama_quantize/preset_quality.py``), in the
 spirit of llama-quantize's QUANT_OPTIONS descriptions ("4.58G, +0.1754 ppl @ Llama-3-8B",
 tools/quantize/quantize.cpp), measured here with ggufkit's own quantizer and evaluator:
 
@@ -19,7 +19,7 @@ tools/quantize/quantize.cpp), measured here with ggufkit's own quantizer and eva
 
 Run (not part of CI; about 40 minutes on 2 shared cores):
 ``python benchmarks/bench_preset_quality.py [--model NAME_OR_PATH] [--presets q4_k_m,...] [--write]``;
-``--write`` regenerates ``quant/preset_quality.py`` (only with every preset measured).
+``--write`` regenerates ``quant/llama_quantize/preset_quality.py`` (only with every preset measured).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ CHUNKS = 4
 IMATRIX_CHARS = 40_000
 IMATRIX_CHUNKS = 16
 DEFAULT_MODEL = "smollm2-135m-instruct-q4_1"
-OUT_MODULE = ROOT / "quant" / "preset_quality.py"
+OUT_MODULE = ROOT / "quant" / "llama_quantize" / "preset_quality.py"
 #: Default types whose file holds the F16 reference's values exactly (F16 copied, or widened to F32).
 LOSSLESS = ("F16", "F32")
 
@@ -68,9 +68,9 @@ def measure(model: str, presets: list[str], workdir: Path, threads: int | None) 
     from ggufkit.eval.model import load_model
     from ggufkit.eval.perplexity import _tokens, chunk_windows, sample_text
     from ggufkit.format import open_gguf
-    from ggufkit.quant.imatrix import load_imatrix
-    from ggufkit.quant.pipeline import predict_file_size, quantize_file
-    from ggufkit.quant.presets import ALIASES, PRESETS
+    from ggufkit.quant.imatrix.reader import load_imatrix
+    from ggufkit.quant.llama_quantize.pipeline import predict_file_size, quantize_file
+    from ggufkit.quant.llama_quantize.presets import ALIASES, PRESETS
 
     src, src_name = _model_path(model)
     ref = workdir / "ref-f16.gguf"
@@ -155,7 +155,7 @@ def measure(model: str, presets: list[str], workdir: Path, threads: int | None) 
 def annotate(data: dict[str, Any], exact_below: float = 2e-5) -> dict[str, Any]:
     """Mark the presets whose grid holds the reference's own values (KLD about 0 though lossy in general:
     Q4_1 and Q5_1 on a Q4_1 model), so that ``--help`` does not present them as lossless."""
-    from ggufkit.quant.presets import PRESETS
+    from ggufkit.quant.llama_quantize.presets import PRESETS
 
     for name, row in data["presets"].items():
         lossless = PRESETS[name].default_type.name in LOSSLESS
@@ -188,7 +188,7 @@ def write_module(data: dict[str, Any], path: Path = OUT_MODULE) -> None:
 
 
 def main() -> None:
-    from ggufkit.quant.presets import PRESETS
+    from ggufkit.quant.llama_quantize.presets import PRESETS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)

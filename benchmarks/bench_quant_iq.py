@@ -34,14 +34,14 @@ IQ1_M     imatrix  0.90 (0.79-1.24)     0.81 (0.77-1.13)    0.85 (0.76-1.00)
 
 (*) one run each where ggml's side was disturbed (ratio ~0.05); the medians are unaffected.
 
-What changed for IQ3 (``ggufkit.quant.iq3``): the trial scales of the grid search run side by side (the
+What changed for IQ3 (``ggufkit.quant.kernels.iq.iq3``): the trial scales of the grid search run side by side (the
 roundings and the two sums of every trial are vector lanes, each trial's float32 operations in ggml's
 order), and ``iq3_find_best_neighbour`` evaluates a list's candidates side by side over lists laid out
-for it (``ggufkit.quant.iq_grids.neighbour_lanes``), written out inside the trial loop (Numba reference-
+for it (``ggufkit.quant.kernels.iq.grids.neighbour_lanes``), written out inside the trial loop (Numba reference-
 counts arrays passed to an ``inline="always"`` helper on every call). IQ1_M gained only ~10%: its time
 is ggml's split search (already prefix sums in ggml), which a vector-lane version did not speed up.
 
-IQ2 (``ggufkit.quant.iq2``), same machine, 2026-11-27, imatrix path, single runs (not medians), 512 x 4096,
+IQ2 (``ggufkit.quant.kernels.iq.iq2``), same machine, 2026-11-27, imatrix path, single runs (not medians), 512 x 4096,
 bytes equal in every run. Before: 1 thread 1.22 (IQ2_XXS), 1.03 (IQ2_XS), 1.59 (IQ2_S) on a quiet machine.
 After, load average 2.7-3.1: 1 thread 0.57 / 0.32 / 0.62, 2 threads 0.47 / 0.29 / 0.87 (IQ2_S's 2-thread
 run disturbed by the other jobs; 256-row runs gave it 0.50-0.65 on 1 thread). What changed: the same
@@ -49,7 +49,7 @@ trial-side-by-side loop and lane-laid-out neighbour search as IQ3, written out i
 values stored as uint8 (the grid levels 1/3/5): the IQ2 lists are long (up to 296 candidates) and as
 float32 they were 12-21 MB, which the searches streamed from memory (IQ2_XXS 0.98 -> 0.61 from that alone).
 
-IQ2, second round (``ggufkit.quant.iq2_search``), same machine, 2026-11-27, imatrix path, 256 x 4096, the
+IQ2, second round (``ggufkit.quant.kernels.iq.iq2_search``), same machine, 2026-11-27, imatrix path, 256 x 4096, the
 kernel before this round ("old") timed in the same process, interleaved old / ggml / new, 5 runs each, bytes
 equal in every run; load average 1.9-3.2 (two other jobs on the 2 cores), so the 2-thread runs are disturbed
 (ggufkit's 2-thread wall time was no lower than its 1-thread time). Ratio of the fastest runs, new (old),
@@ -78,7 +78,7 @@ equal), load average 1.1-1.4: wall clock, fastest runs, 1 thread IQ2_XXS 0.36 (0
 IQ2_S 0.46 (0.52); 2 threads 0.44 (0.55) / 0.29 (0.33) / 0.49 (0.56); CPU time, 1 thread 0.44 (0.60) /
 0.23 (0.26) / 0.46 (0.56). IQ2_S stays just above the 0.45 aimed at.
 
-IQ1 (``ggufkit.quant.iq1``, ``ggufkit.quant.iq1_split``), same machine, 2026-11-27, imatrix path. What
+IQ1 (``ggufkit.quant.kernels.iq.iq1``, ``ggufkit.quant.kernels.iq.iq1_split``), same machine, 2026-11-27, imatrix path. What
 changed: the neighbour search runs over lane-laid-out candidate levels (uint8 0/1/2, only the 4513 lists a
 split can produce, ~2.7 MB) with unsigned lane indices (Numba's wrap-around test on signed indices kept the
 loop scalar: 1070 -> 420 ns per search, the scalar search 600); the sub-block sort is by rank (branch-free
@@ -108,7 +108,7 @@ This script's single runs at the same time, 512 x 4096: 1 thread 0.41 / 0.26 / 0
 0.54, 2 threads 0.51 / 0.38 / 0.39 / 0.39 / 0.58 / 0.46 / 0.67 (same order). Even with nothing else running
 the runs of one type vary by 1.5-2x (both tools), so single figures here are within that spread.
 
-IQ2, third round (``ggufkit.quant.iq2``, ``iq2_search``), same machine, 2026-11-27, load average 3.3-4.8
+IQ2, third round (``ggufkit.quant.kernels.iq.iq2``, ``iq2_search``), same machine, 2026-11-27, load average 3.3-4.8
 throughout (three other jobs on the 2 cores), bytes equal in every run. Profile first (128 x 4096, 1
 thread, rdtsc around each phase of a scratch copy): the neighbour searches 50-60% of both types, IQ2_XXS's
 ``make_qp_quants`` 14-19%, the trials' rounding ~10%, their sums ~9%, the final pass ~11%. The assembly of
@@ -143,7 +143,7 @@ noise asks for (~0.35) in all of them. Next for IQ2_S: the searches (still over 
 micro-benchmark under load put a search at ~40 ns plus ~2.5 ns per lane, and IQ2_S's lists are short,
 9-16 lanes, so the fixed part dominates).
 
-Two-thread scaling of the grid kernels (``ggufkit.quant.worksharing``), same machine, 2026-11-27. Why the
+Two-thread scaling of the grid kernels (``ggufkit.quant.kernels.worksharing``), same machine, 2026-11-27. Why the
 2-thread ratios came out above the 1-thread ones, measured before changing anything (IQ3_XXS, IQ3_S, IQ1_S,
 256 x 4096, imatrix, ggufkit and ggml interleaved in one process, per-thread times from
 ``/proc/self/task/*/schedstat``: time run, time waiting for a CPU, the rest asleep): (1) the split was minor:
@@ -175,7 +175,7 @@ trials' 2-D lane arrays measured no gain (0.92-1.10) and was left out. Final sta
 alternating, 5 each, bytes equal), 256 x 4096, load 4.5-5.8, median wall ratios imatrix / reference: 1 thread
 IQ3_XXS 0.49 / 0.46, IQ3_S 0.45 / 0.40; 2 threads IQ3_XXS 0.37 / 0.35, IQ3_S 0.37 / 0.37.
 
-IQ1_M, next round (``ggufkit.quant.iq1_split.iq1_m_search``), same machine, 2026-11-27, load average 3.2-4.8
+IQ1_M, next round (``ggufkit.quant.kernels.iq.iq1_split.iq1_m_search``), same machine, 2026-11-27, load average 3.2-4.8
 (other jobs on both cores), 256 x 4096, 7 interleaved runs, bytes equal in every run. What changed: IQ1_M's
 split search is the contender replay too (exact; argument in ``iq1_split``'s docstring, including why the
 collapsed ``sumq2`` of IQ1_M still bounds the products): the 153 splits as 10 circulant rows of 16 lanes
@@ -228,7 +228,7 @@ types above 0.5 were run again, 512 x 4096, 9 runs: 1 thread IQ3_XXS 0.38 / 0.34
 type still about half of ggml's time rather than below it (compiling its per-group helpers without reference
 counting, as IQ2's are, gained 2-3% in a one-process A/B and was left out).
 
-IQ1_S, next round (``ggufkit.quant.iq1``, ``iq1_split.iq1_s_search``), same machine, 2026-11-27, load average
+IQ1_S, next round (``ggufkit.quant.kernels.iq.iq1``, ``iq1_split.iq1_s_search``), same machine, 2026-11-27, load average
 1.2-2.7 (two other jobs sharing the 2 cores). Where the time went first (64 x 4096, 1 thread,
 imatrix, the stages timed apart on fixed data: prefix sums and split results stored, then each stage alone,
 min of 15-21 runs), ~3.1 us per 32-weight group in all: split search ~1.7 us (lane loop ~0.9, column maxima

@@ -25,11 +25,11 @@ Where the time went before (1 thread, stripped-down copies of the kernel on fixe
 weights): widening to a float32 copy 11, gathering x, x^2 and x^3 into lanes 30, the lane fits
 (``make_qx_quants_lanes``) 168, copying the quants back into blocks 15, ``_q6k_finish_block`` per block
 118 (a call taking five arrays, two passes over each sub-block, the packing): ~350. The kernel now runs
-``ggufkit.quant.q6k_cpu.q6k_chunk``: the fits with ``q3k_cpu._qx_lanes`` (two trial scales per pass, no
+``ggufkit.quant.kernels.kquants.q6k_chunk.q6k_chunk``: the fits with ``q3k_cpu._qx_lanes`` (two trial scales per pass, no
 masked stores), the int8 scales per block, the requantization in lane layout (one division and a select
 per weight; a block with a quotient off round_clamp's range goes to the scalar block function), one
 transposition back, byte packing; F16 rows are widened one at a time inside the row loop
-(``ggufkit.quant.kquants_f16``). After (same method, load 1.7, ms): gather and weights 16, fits 111,
+(``ggufkit.quant.kernels.kquants.cpu_f16``). After (same method, load 1.7, ms): gather and weights 16, fits 111,
 scales 5, requantization 7, transposition 7, packing 3: ~150, plus ~10 of widening. The fits are now 3/4
 of the time; a Q6_K-only fit rounding with ``rint`` and keeping only the clamps that can act (9 pairs of
 trial scales: none for is <= -6, the upper one up to is = 4) measured the same (92.1 vs 92.8, 178.7 vs
@@ -68,7 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from ggml_oracle import ggml_quantize, row_bytes
 
-from ggufkit.quant import kquants
+from ggufkit.quant.kernels.kquants import cpu as kquants
 
 QT = GGMLQuantizationType
 THREADS = 2

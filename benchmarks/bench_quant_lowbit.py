@@ -34,7 +34,7 @@ Q5_1     imatrix  1.42                0.43
 
 At 2 threads after the change: Q4_0 0.38-0.39, Q4_1 0.37-0.47, Q5_0 0.39-0.81 (one disturbed run),
 Q5_1 0.44-0.47. The change: ggml's make_qx_quants / make_qkx3_quants try 19 / 37 trial scales one after
-another; ggufkit.quant.legacy_fit evaluates them as vector lanes (same float32 operations per trial,
+another; ggufkit.quant.kernels.legacy.fit evaluates them as vector lanes (same float32 operations per trial,
 same order of decisions). The legacy reference paths and Q8_0 (which ignores the imatrix) were not
 changed (Q4_0-Q5_1 reference 0.6-1.0, Q8_0 0.33-0.69 in these runs: memory and load bound), nor were the K-quant, IQ and low-bit kernels (before, same conditions: Q2_K 0.29-0.32,
 Q3_K 0.71 ref / 0.20 imatrix, Q4_K-Q6_K 0.21-0.41, IQ4_NL/IQ4_XS 0.30-0.37, TQ1_0/TQ2_0 0.41-0.54,
@@ -63,7 +63,7 @@ later passes on the compacted lanes ~1.7), copying the quants back into block or
 requantization, bit packing and scales ~1.3, the transposition into lanes ~0.9.
 
 Remeasured 2026-11-27 on the same 2-core Xeon (AVX-512), load average 2.0-3.4 (other jobs on both cores),
-after Q3_K moved to ``ggufkit.quant.q3k_cpu`` (no masked stores in the lane loops, so the group maxima
+after Q3_K moved to ``ggufkit.quant.kernels.kquants.q3k_chunk`` (no masked stores in the lane loops, so the group maxima
 take ~0.2 ms per 1M weights instead of ~1.5; vectorized compacted passes; no copy of the fitted quants
 back into block order; no per-block calls taking arrays; imatrix path: weights in lane order, two trial
 scales per pass over the weights, the 16-scale fits of all blocks side by side). An A/B run outside this
@@ -90,7 +90,7 @@ build) and 0.61-0.79 -> 0.10-0.14 (Numba held to AVX2, ``benchmarks/avx2_only.py
 imatrix, 1 thread: 0.06-0.08 (AVX-512), 0.11-0.12 (AVX2). The CUDA kernels run the same code: on an H200
 14.9 -> 40.1 GB/s (IQ4_NL) and 13.1 -> 35.9 GB/s (IQ4_XS) of F16-equivalent input, bytes equal to the CPU's.
 
-MXFP4 from F16 with a fused kernel (quant/mxfp4_f16.py: each row widened inside the parallel loop instead of a
+MXFP4 from F16 with a fused kernel (quant/kernels/lowbit/mxfp4_f16.py: each row widened inside the parallel loop instead of a
 separate widening pass), 2048 x 4096, 1 thread, paired in one process with the two-pass path and ggml, 7-9
 alternations: AMD EPYC (Zen 5) 0.29 -> 0.20 (AVX-512 build), 0.37 -> 0.30 (Numba held to AVX2).
 """

@@ -45,7 +45,7 @@ from _target_common import Timed, load, machine, timed
 from fixtures_quantize import imatrix_values, make_llama_gguf, write_imatrix_gguf
 from llama_cpp_sources import tool_path
 
-from ggufkit.quant.presets import ALIASES, PRESETS
+from ggufkit.quant.llama_quantize.presets import ALIASES, PRESETS
 
 # Rows whose default type is a grid type (IQ1/IQ2/IQ3) or that need an imatrix: both tools get the same one.
 IMATRIX_TYPES = {n for n, p in PRESETS.items() if p.needs_imatrix or p.default_type.name[:3] in ("IQ1", "IQ2", "IQ3")}
@@ -208,7 +208,7 @@ if __name__ == "__main__":
 #     q4_k_m  wall 1.46 vs 1.96 s (0.74), CPU 1.93 vs 3.21 s (0.60)
 #   For the fast types a 135M model is start-up-bound: in a profile of the q4_0 run (1.08 s) the kernels were
 #   0.17 s; importing NumPy, Numba and the CLI, reading .pyc files and loading two cached kernels the most of
-#   the rest. Loading the kernels no longer sets up Numba's whole compiler (quant/numba_loading.py), which
+#   the rest. Loading the kernels no longer sets up Numba's whole compiler (quant/kernels/numba_loading.py), which
 #   took ~0.35 s of CPU per command before. What is left is Python's and Numba's own import cost.
 #   loaded machine (load 4-5.7, one run each): iq2_xxs wall 19.5 vs 77.8 s (0.25), CPU 13.7 vs 39.4 s (0.35);
 #   iq1_m wall 31.8 vs 89.3 s (0.36), CPU 15.1 vs 43.6 s (0.35). ggml's grid-table set-up

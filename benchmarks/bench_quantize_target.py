@@ -128,7 +128,7 @@ def main(work: Path, proxies: tuple[str, ...] = ("relative",), presets: tuple[st
     from real_models import real_model_path
 
     from ggufkit.eval.target_sensitivity import quantize_to_target_kld
-    from ggufkit.quant.pipeline import quantize_file
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file
 
     text = (Path(__file__).resolve().parents[1] / "eval" / "data" / "sample.txt").read_text()
     half = len(text) // 2

@@ -91,7 +91,7 @@ left: the SmolLM2 table. The search's own numbers, in process, on calib.txt's 25
 
 - The factors were not what kept token_embd at Q5_1. The search's own estimate rated its Q4_K_M-size mix
   0.0169 and the Q4_K_M preset 5.4e-6: the greedy dropped token_embd's Q5_1 -> Q8_0 step (52 MB) because
-  the layers had already taken the bytes when its turn came. ``allocate_best`` (quant/target.py) now tries
+  the layers had already taken the bytes when its turn came. ``allocate_best`` (quant/target/search.py) now tries
   each tensor with a step above 1 % of the budget at each hull point: at Q4_K_M's size the mix takes
   token_embd at Q8_0, {Q8_0 9, Q5_0 81, Q4_K 27, Q6_K 8, Q5_K 1, F16 1} - the same type counts as the
   hand-weighted check above (llama-perplexity 0.005428, 1.008x the preset) - estimated KLD 1.6e-4.
@@ -134,8 +134,8 @@ def main(work: Path, presets: tuple[str, ...] = PRESETS, sensitivity: str = "off
     from llama_cpp_sources import tool_path
     from real_models import real_model_path
 
-    from ggufkit.quant.pipeline import quantize_file
-    from ggufkit.quant.target import quantize_to_target
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file
+    from ggufkit.quant.target.search import quantize_to_target
 
     text = (REPO / "eval" / "data" / "sample.txt").read_text()
     half = len(text) // 2

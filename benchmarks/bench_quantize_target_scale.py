@@ -37,7 +37,7 @@ paid once per install.
 Result (2026-11-27, Intel Xeon Processor (Sapphire Rapids: AVX2, FMA, F16C, AVX-512 F/BF16/VNNI/FP16, AMX
 reported), 2 cores, 23 GiB, shared with five other jobs: the 1-minute load was 11-15 throughout, so wall times
 are inflated ~3.5-5x and noisy; CPU seconds are the steadier number). Measurement version 2
-(``ggufkit.quant.target_measure``: the grid types IQ2/IQ3 on 64 of the 256 sampled rows).
+(``ggufkit.quant.target.measure``: the grid types IQ2/IQ3 on 64 of the 256 sampled rows).
 
 Synthetic LLaMA 1.1B (1,100,048,384 weights, 2.2 GB F16, 156 quantizable tensors, 18 candidate types each)::
 
@@ -228,7 +228,7 @@ def main(models: tuple[str, ...] = MODELS, with_imatrix: bool = True, llama: boo
     from _target_common import load, machine
     from real_models import real_model_path
 
-    from ggufkit.quant.pipeline import quantize_file
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file
 
     result: dict = {"cpu": machine(), "threads": THREADS, "imatrix": with_imatrix, "models": {}}
     with tempfile.TemporaryDirectory(prefix="bench_quantize_target_scale_", dir="/tmp") as d:

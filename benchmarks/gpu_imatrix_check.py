@@ -44,7 +44,7 @@ def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def compare_imatrices(a: Path, b: Path) -> dict[str, object]:
-    from ggufkit.quant.imatrix_file import read_raw_imatrix
+    from ggufkit.quant.imatrix.collector import read_raw_imatrix
 
     x, y = read_raw_imatrix(a), read_raw_imatrix(b)
     if sorted(x.entries) != sorted(y.entries):

@@ -393,12 +393,12 @@ def _loader(ckpt: Checkpoint, source: str, transform: str | None, heads: Heads) 
 
 def _quant_entries(raw: list[tuple[str, str, str, tuple[int, ...], str, str | None]], target: str, arch: str,
                    powerinfer: bool, hp: Mapping[str, tuple[VT, Any]]) -> tuple[list[PlanEntry], int, str]:
-    """Per-tensor types for a quantized outtype, chosen by llama-quantize's rules (ggufkit.quant.plan).
+    """Per-tensor types for a quantized outtype, chosen by llama-quantize's rules (ggufkit.quant.llama_quantize.plan).
 
     Returns:
         (entries in llama-quantize's order, general.file_type, canonical target name such as ``q4_k_m``).
     """
-    from ggufkit.quant.plan import QuantOptions, plan_quantization
+    from ggufkit.quant.llama_quantize.plan import QuantOptions, plan_quantization
 
     # The planner sees what `ggufkit quantize` would see in the f32 conversion, so types (and tensor order)
     # match quantizing that file.

@@ -30,7 +30,7 @@ import numpy as np
 
 from ggufkit.errors import EvaluationError, QuantizationError, UsageError
 from ggufkit.format.writer import NullProgress, Progress
-from ggufkit.quant.imatrix_file import ImatrixAccumulator
+from ggufkit.quant.imatrix.collector import ImatrixAccumulator
 
 #: llama-imatrix skips matrix multiplications of fewer than 16 tokens ("why are small batches ignored").
 MIN_CTX = 16

@@ -1,6 +1,6 @@
 """The final, measured check of a size-budget search (issue #16): "proxies to prune, measurements to decide".
 
-:func:`ggufkit.quant.target.quantize_to_target` ranks types by an imatrix-weighted proxy scaled by the
+:func:`ggufkit.quant.target.search.quantize_to_target` ranks types by an imatrix-weighted proxy scaled by the
 measured group sensitivities (:mod:`ggufkit.eval.target_sensitivity`); both are estimates. Before the mix
 is written, :func:`measured_check` quantizes the mix and the largest llama-quantize presets that fit the
 budget in memory (ggufkit's byte-exact kernels, the imatrix applied as llama-quantize applies it), runs the
@@ -25,9 +25,9 @@ from pathlib import Path
 from gguf import GGMLQuantizationType
 
 from ggufkit.format.writer import NullProgress, Progress
-from ggufkit.quant.imatrix import Imatrix
+from ggufkit.quant.imatrix.reader import Imatrix
 from ggufkit.quant.registry import FLOAT_TYPES
-from ggufkit.quant.target import FinalCheckFn
+from ggufkit.quant.target.search import FinalCheckFn
 
 #: Bump when the measurement changes meaning: old cache files are then ignored.
 CHECK_VERSION = 1
@@ -52,7 +52,7 @@ def plan_key(types: Mapping[str, GGMLQuantizationType]) -> str:
 def measured_check(input: str | os.PathLike[str], *, imatrix: Imatrix | None, text: str, ctx: int, chunks: int,
                    cache_dir: str | os.PathLike[str] | None = None, threads: int | None = None,
                    device: str = "cpu", progress: Progress | None = None) -> FinalCheckFn:
-    """The ``final_check`` of :func:`ggufkit.quant.target.quantize_to_target`, measured by the evaluator.
+    """The ``final_check`` of :func:`ggufkit.quant.target.search.quantize_to_target`, measured by the evaluator.
 
     Args:
         input: the F32/F16/BF16 GGUF the search quantizes (also the KLD's base).
@@ -66,7 +66,7 @@ def measured_check(input: str | os.PathLike[str], *, imatrix: Imatrix | None, te
         A function: candidate -> {tensor: type} -> (candidate -> mean KLD, measured now, from the cache).
     """
     from ggufkit.eval.target_sensitivity import _KLDCache
-    from ggufkit.quant.target_measure import default_cache_dir, file_sha256
+    from ggufkit.quant.target.measure import default_cache_dir, file_sha256
 
     def check(cands: Mapping[str, Mapping[str, GGMLQuantizationType]]) -> tuple[dict[str, float], int, int]:
         from ggufkit.eval.model import load_model

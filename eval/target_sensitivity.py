@@ -1,6 +1,6 @@
 """Measured KL-divergence sensitivity of tensor groups, for ``quantize --target-size`` (issue #16).
 
-The size-budget search (:mod:`ggufkit.quant.target`) ranks types by an imatrix-weighted weight-error proxy.
+The size-budget search (:mod:`ggufkit.quant.target.search`) ranks types by an imatrix-weighted weight-error proxy.
 That proxy says how much noise a type adds to a tensor's output, not how much the model's predictions
 suffer from it. This module measures the second directly, once per tensor group, with the evaluator:
 
@@ -53,9 +53,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggufkit.errors import UsageError
 from ggufkit.format.writer import NullProgress, Progress
-from ggufkit.quant.imatrix import Imatrix
+from ggufkit.quant.imatrix.reader import Imatrix
 from ggufkit.quant.registry import REQUIRES_IMATRIX
-from ggufkit.quant.target_measure import DEFAULT_SAMPLE_ROWS
+from ggufkit.quant.target.measure import DEFAULT_SAMPLE_ROWS
 
 Q = GGMLQuantizationType
 
@@ -212,7 +212,7 @@ class _KLDCache:
             pass
 
     def save(self) -> None:
-        from ggufkit.quant.target_measure import save_json_cache
+        from ggufkit.quant.target.measure import save_json_cache
 
         save_json_cache(self.path, {"version": SENSITIVITY_VERSION, "kld": self.data})
 
@@ -305,8 +305,8 @@ def measure_sensitivity(input: str | os.PathLike[str], *, tensors: Sequence[str]
     """
     from ggufkit.eval.model import load_model
     from ggufkit.eval.perplexity import sample_text, tokenize_text
-    from ggufkit.quant.imatrix import load_imatrix
-    from ggufkit.quant.target_measure import (
+    from ggufkit.quant.imatrix.reader import load_imatrix
+    from ggufkit.quant.target.measure import (
         MeasureCache,
         cache_key,
         default_cache_dir,
@@ -517,7 +517,7 @@ def quantize_to_target_kld(input: str | os.PathLike[str], output: str | os.PathL
                            cache_dir: str | os.PathLike[str] | None = None, sample_rows: int = DEFAULT_SAMPLE_ROWS,
                            threads: int | None = None, device: str = "auto", progress: Progress | None = None,
                            **kwargs: Any) -> tuple[Any, SensitivityResult | None]:
-    """:func:`ggufkit.quant.target.quantize_to_target` with the KLD sensitivity measured first.
+    """:func:`ggufkit.quant.target.search.quantize_to_target` with the KLD sensitivity measured first.
 
     Args:
         input, output: as ``quantize_to_target``.
@@ -543,8 +543,8 @@ def quantize_to_target_kld(input: str | os.PathLike[str], output: str | os.PathL
     """
     from ggufkit.errors import EvaluationError
     from ggufkit.eval.perplexity import read_text_file
-    from ggufkit.quant.imatrix import load_imatrix
-    from ggufkit.quant.target import quantize_to_target
+    from ggufkit.quant.imatrix.reader import load_imatrix
+    from ggufkit.quant.target.search import quantize_to_target
 
     if sensitivity not in SENSITIVITY_USES:
         raise UsageError(f"unknown sensitivity use {sensitivity!r}; choose {', '.join(SENSITIVITY_USES)}")

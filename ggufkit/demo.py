@@ -167,7 +167,7 @@ def run_demo(workdir: Path, *, targets: Sequence[tuple[str, bool]] | None = None
     from ggufkit.format import open_gguf
     from ggufkit.metadata_edit import edit_metadata
     from ggufkit.quant import quantize_file
-    from ggufkit.quant.presets import TENSOR_TYPES, TYPE_CHOICES, get_preset
+    from ggufkit.quant.llama_quantize.presets import TENSOR_TYPES, TYPE_CHOICES, get_preset
     from ggufkit.quant.registry import KERNELS
 
     targets = demo_targets() if targets is None else targets

@@ -5,7 +5,7 @@ Public API:
 * :func:`quantize` / :func:`dequantize` - one tensor (``ggufkit.quant.dispatch``).
 * :data:`KERNELS`, :class:`QuantKernels`, :data:`SUPPORTED_TYPES` - the kernel registry.
 * :func:`plan_quantization` and :func:`quantize_file` - llama-quantize's per-tensor plan and the file
-  pipeline (``ggufkit.quant.plan`` / ``ggufkit.quant.pipeline``), imported on first access.
+  pipeline (``ggufkit.quant.llama_quantize.plan`` / ``ggufkit.quant.llama_quantize.pipeline``), imported on first access.
 
 Importing this package imports neither Numba nor ``numba.cuda``; kernels load on first use.
 """
@@ -33,8 +33,8 @@ __all__ = [
 
 # Later layers of this package, loaded lazily so `import ggufkit.quant` stays cheap.
 _LAZY = {
-    "plan_quantization": "ggufkit.quant.plan",
-    "quantize_file": "ggufkit.quant.pipeline",
+    "plan_quantization": "ggufkit.quant.llama_quantize.plan",
+    "quantize_file": "ggufkit.quant.llama_quantize.pipeline",
 }
 
 

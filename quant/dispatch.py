@@ -5,8 +5,8 @@ the only callers of the kernels in :mod:`ggufkit.quant.registry`. Numba, and ``n
 the ``cuda_*`` modules), are imported lazily inside them.
 
 F16 input on the CPU goes, for the types with one (the legacy types, Q6_K and MXFP4), to a fused kernel that
-widens each row inside the parallel loop (:mod:`ggufkit.quant.legacy_f16`, :mod:`ggufkit.quant.kquants_f16`,
-:mod:`ggufkit.quant.mxfp4_f16`);
+widens each row inside the parallel loop (:mod:`ggufkit.quant.kernels.legacy.cpu_f16`, :mod:`ggufkit.quant.kernels.kquants.cpu_f16`,
+:mod:`ggufkit.quant.kernels.lowbit.mxfp4_f16`);
 other types widen the whole array first, in one parallel pass that also looks for inf/NaN.
 
 Devices: ``"cpu"``; ``"cuda"`` (an error if Numba sees no GPU); ``"auto"`` (CUDA when Numba sees a GPU,
@@ -56,7 +56,7 @@ def cuda_available() -> bool:
     the machine has no NVIDIA driver at all)."""
     if _no_nvidia_driver():
         return False
-    from ggufkit.quant.cuda_legacy import is_available
+    from ggufkit.quant.kernels.legacy.cuda import is_available
 
     return is_available()
 
@@ -188,7 +188,7 @@ def _to_f32_rows(x: np.ndarray, reuse: bool = False) -> tuple[np.ndarray, int | 
     and, for F16 input, slower than the quantizers themselves). With ``reuse``, F16 input is widened into
     this thread's reused buffer: the result is valid only until this thread's next call.
     """
-    from ggufkit.quant.fp import f16_bits_to_f32_rows, f32_non_finite_rows
+    from ggufkit.quant.kernels.fp import f16_bits_to_f32_rows, f32_non_finite_rows
 
     bad_rows = np.zeros(x.shape[0], dtype=np.uint8)
     if x.dtype == np.float16:
@@ -307,7 +307,7 @@ def _quantize_f16_on_gpu(t: GGMLQuantizationType, x: np.ndarray, qw: np.ndarray,
     """F16 rows to ``t`` on the GPU, widened there (half the upload of float32; same bytes)."""
     import importlib
 
-    from ggufkit.quant.cuda_legacy import quantize_f16_rows
+    from ggufkit.quant.kernels.legacy.cuda import quantize_f16_rows
 
     kernels = KERNELS[t]
     h = np.ascontiguousarray(x).view(np.uint16)
@@ -341,7 +341,7 @@ def _raise_non_finite(values: np.ndarray, base: int, name: str | None) -> None:
 
 
 def _convert_float(x: np.ndarray, t: GGMLQuantizationType, owned: bool) -> np.ndarray:
-    from ggufkit.quant.fp import f32_to_bf16_array, f32_to_f16_array
+    from ggufkit.quant.kernels.fp import f32_to_bf16_array, f32_to_f16_array
 
     if t == GGMLQuantizationType.F32:
         return x.view(np.uint8) if owned else x.view(np.uint8).copy()

@@ -2,7 +2,7 @@
 
 :data:`TYPES` is the single source of truth for which tensor types ggufkit produces, where their kernels
 live, whether they have a CUDA kernel and whether llama-quantize insists on an importance matrix for them.
-The dispatch layer (:mod:`ggufkit.quant.dispatch`), the planner (:mod:`ggufkit.quant.plan`), the CLI's
+The dispatch layer (:mod:`ggufkit.quant.dispatch`), the planner (:mod:`ggufkit.quant.llama_quantize.plan`), the CLI's
 ``--help`` and the tests (parametrised over :data:`KERNELS`) all read it. Block size and bytes per block
 come from ``gguf.GGML_QUANT_SIZES`` and are never restated. Kernel modules are named, not imported, so
 reading the table costs nothing (``ggufkit --help`` must not import Numba); :meth:`TypeTraits.cpu` and
@@ -10,7 +10,7 @@ reading the table costs nothing (``ggufkit --help`` must not import Numba); :met
 
 Adding a type is one row of :data:`TYPES` plus its kernel module. Row format::
 
-    _row(T.IQ4_NL, "iq_nonlinear", scales=(0,))     # CPU ggufkit.quant.iq_nonlinear, CUDA .cuda_iq_nonlinear
+    _row(T.IQ4_NL, "iq_nonlinear", scales=(0,))     # CPU ggufkit.quant.kernels.lowbit.iq4, CUDA .cuda_iq_nonlinear
     _row(T.IQ2_XXS, "iq2", cuda=False, scales=(0,)) # grid type: CPU only (runs on the CPU under --device cuda)
 
 ``scales``: byte offsets in one block of the f16 scales that ``ggml_validate_row_data`` (ggml-quants.c)
@@ -44,7 +44,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 T = GGMLQuantizationType
 
 #: Types llama-quantize refuses to produce without importance-matrix data (src/llama-quant.cpp:
-#: tensor_requires_imatrix; Q2_K is added there only inside a Q2_K_S file, see ggufkit.quant.mixture).
+#: tensor_requires_imatrix; Q2_K is added there only inside a Q2_K_S file, see ggufkit.quant.llama_quantize.mixture).
 #: Kept for every type, kernel or not, so the planner can refuse a plan before any kernel exists.
 REQUIRES_IMATRIX: frozenset[GGMLQuantizationType] = frozenset(
     {T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_M, T.IQ1_S})

@@ -20,7 +20,7 @@ from gguf import GGUFValueType as VT
 from llama_cpp_sources import tool_path
 
 from ggufkit.format import Metadata, TensorSpec, write_gguf
-from ggufkit.quant.imatrix_file import read_raw_imatrix
+from ggufkit.quant.imatrix.collector import read_raw_imatrix
 
 CTX = 64
 CHUNKS = 4
@@ -250,8 +250,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(files: dict[str, Path]
 
 def test_quantize_with_our_imatrix_or_llama_imatrixs_is_interchangeable(files: dict[str, Path]) -> None:
     from ggufkit.format import open_gguf
-    from ggufkit.quant.imatrix import load_imatrix
-    from ggufkit.quant.pipeline import quantize_file
+    from ggufkit.quant.imatrix.reader import load_imatrix
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file
 
     d = files["dir"]
     mine, ref, _ = run_both(files, "wide", "wide", "--no-ppl", llama_extra=tuple(F32_ATTENTION))
@@ -285,7 +285,7 @@ def test_moe_experts_are_summed_and_counted_per_routed_token(files: dict[str, Pa
     import torch
 
     from ggufkit.eval.imatrix import ImatrixCollector
-    from ggufkit.quant.imatrix_file import ImatrixAccumulator
+    from ggufkit.quant.imatrix.collector import ImatrixAccumulator
 
     n_exp, k, n, t = 4, 2, 8, 32
     shapes = {"blk.0.ffn_up_exps.weight": (n_exp, 16, n), "blk.0.ffn_down_exps.weight": (n_exp, n, 16)}

@@ -32,7 +32,7 @@ import pytest
 from test_eval_imatrix import F32_ATTENTION, llama_imatrix, ours, relative_l2
 
 from ggufkit.eval.arch import ARCH_TRAITS
-from ggufkit.quant.imatrix_file import read_raw_imatrix
+from ggufkit.quant.imatrix.collector import read_raw_imatrix
 
 CTX = 64
 CHUNKS = 4

@@ -21,7 +21,7 @@ from llama_cpp_sources import tool_path
 
 from ggufkit.converters import convert
 from ggufkit.quant import quantize_file
-from ggufkit.quant.imatrix_file import read_raw_imatrix
+from ggufkit.quant.imatrix.collector import read_raw_imatrix
 
 CTX = 64
 CHUNKS = 4

@@ -204,7 +204,7 @@ def test_demo_never_prints_a_nonzero_kld_as_zero() -> None:
 
 def test_demo_names_its_rows_as_quantize_type_does(tmp_path: Path) -> None:
     from ggufkit.demo import run_demo
-    from ggufkit.quant.presets import quant_option_name
+    from ggufkit.quant.llama_quantize.presets import quant_option_name
 
     rows = run_demo(tmp_path, targets=[("q8_0", True), ("q4_k_m", False)], train_steps=0)
     assert [r.type for r in rows] == ["F16", "Q8_0", "Q4_K_M"]

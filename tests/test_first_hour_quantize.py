@@ -14,7 +14,7 @@ from fixtures_quantize import imatrix_values, make_llama_gguf, write_imatrix_ggu
 
 from ggufkit.format import Metadata, TensorSpec, open_gguf, write_gguf
 from ggufkit.outputs import TEMPLATE_HELP
-from ggufkit.quant.presets import PRESETS, has_kernel, measured_quality
+from ggufkit.quant.llama_quantize.presets import PRESETS, has_kernel, measured_quality
 
 
 @pytest.fixture(scope="module")

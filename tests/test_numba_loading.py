@@ -1,4 +1,4 @@
-"""Cached kernels load without Numba's compiler set-up, and compiling still works (ggufkit.quant.numba_loading)."""
+"""Cached kernels load without Numba's compiler set-up, and compiling still works (ggufkit.quant.kernels.numba_loading)."""
 
 from __future__ import annotations
 

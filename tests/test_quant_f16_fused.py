@@ -1,4 +1,4 @@
-"""The fused F16-input kernels (quant/legacy_f16.py, quant/kquants_f16.py, quant/mxfp4_f16.py): same bytes as ggml on the widened values.
+"""The fused F16-input kernels (quant/kernels/legacy/cpu_f16.py, quant/kernels/kquants/cpu_f16.py, quant/kernels/lowbit/mxfp4_f16.py): same bytes as ggml on the widened values.
 
 F16 input with enough rows (``dispatch._FUSED_MIN_ROWS``) takes the fused widen-and-quantize path on the
 CPU; these tests feed float16 arrays of many distributions (f16 subnormals, zeros, huge values near the

@@ -21,7 +21,7 @@ from llama_cpp_sources import llama_cpp_dir
 
 from ggufkit.errors import QuantizationError
 from ggufkit.quant import KERNELS, dequantize, quantize
-from ggufkit.quant.iq_grids import iq_tables
+from ggufkit.quant.kernels.iq.grids import iq_tables
 
 QT = GGMLQuantizationType
 GRID_TYPES = [QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.IQ1_S, QT.IQ1_M]

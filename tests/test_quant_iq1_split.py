@@ -1,4 +1,4 @@
-"""IQ1_S's and IQ1_M's split searches by contender replay (``ggufkit.quant.iq1_split``) return exactly what
+"""IQ1_S's and IQ1_M's split searches by contender replay (``ggufkit.quant.kernels.iq.iq1_split``) return exactly what
 ggml's scans return, on every group: the scan (``iq1_s_scan``, ggml's loop, itself checked byte for byte against ggml in
 test_quant_iq.py through the whole kernel) is the reference here, group by group, over data that reaches the
 fast path, its lowered thresholds (IQ1_S: a ratio in the gap below the first threshold in 85 of the 3000
@@ -13,7 +13,7 @@ from ggml_oracle import ggml_quantize, row_bytes
 from gguf import GGMLQuantizationType
 
 from ggufkit.quant import KERNELS
-from ggufkit.quant.iq1_split import (
+from ggufkit.quant.kernels.iq.iq1_split import (
     M_KEYS,
     M_PRE,
     M_SCRATCH,

@@ -16,7 +16,7 @@ from ggml_oracle import ggml_dequantize, ggml_quantize, row_bytes
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from ggufkit.quant import kquants
+from ggufkit.quant.kernels.kquants import cpu as kquants
 
 QT = GGMLQuantizationType
 KTYPES = {
@@ -172,7 +172,7 @@ def test_dequantize_equals_gguf_py_and_ggml(qtype: QT) -> None:
 def test_nearest_int_reproduces_ggml_bit_trick_off_its_asserted_range() -> None:
     # ggml's nearest_int, evaluated with numpy's IEEE float32 addition and a bit view: the definition,
     # including the inputs its disabled assert excludes (which subnormal/huge blocks do reach).
-    from ggufkit.quant.kquants_math import nearest_int_full
+    from ggufkit.quant.kernels.kquants.subroutines import nearest_int_full
 
     rng = np.random.default_rng(3)
     v = np.concatenate([
@@ -191,8 +191,8 @@ def test_nearest_int_reproduces_ggml_bit_trick_off_its_asserted_range() -> None:
 def test_q6_k_blocks_the_lanes_hand_back_take_the_scalar_path(imatrix: str) -> None:
     # Weights ~1e9 overflow the f16 super-scale to inf; a sub-block of ~1e-3 beside them gets the int8 scale 0,
     # so d*scale = inf*0 = NaN and ggml's x/(d*scale) reaches nearest_int as NaN: the lane kernel
-    # (quant/q6k_cpu.py) must hand such blocks back (``bad``) to the exact scalar block function.
-    from ggufkit.quant.q6k_cpu import SCRATCH_ROWS, q6k_chunk
+    # (quant/kernels/kquants/q6k_chunk.py) must hand such blocks back (``bad``) to the exact scalar block function.
+    from ggufkit.quant.kernels.kquants.q6k_chunk import SCRATCH_ROWS, q6k_chunk
 
     rng = np.random.default_rng(11)
     x = (rng.standard_normal((3, 1024)) * 1e9).astype(np.float32)

@@ -17,7 +17,7 @@ from gguf import quants as gguf_quants
 
 from ggufkit.errors import DeviceUnavailableError, QuantizationError, UsageError
 from ggufkit.quant import KERNELS, cuda_available, dequantize, quantize, resolve_device
-from ggufkit.quant import fp as qfp
+from ggufkit.quant.kernels import fp as qfp
 
 LEGACY = [t for t, k in KERNELS.items() if k.cpu_module.endswith(".legacy")]
 N = 256  # row length: 8 blocks

@@ -18,7 +18,9 @@ from ggml_oracle import ggml_dequantize, ggml_quantize, row_bytes
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from ggufkit.quant import iq_nonlinear, kquants_low, mxfp4, q1_0, ternary
+from ggufkit.quant.kernels.kquants import cpu_low as kquants_low
+from ggufkit.quant.kernels.lowbit import iq4 as iq_nonlinear
+from ggufkit.quant.kernels.lowbit import mxfp4, q1_0, ternary
 
 QT = GGMLQuantizationType
 TYPES = {

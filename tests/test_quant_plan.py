@@ -25,7 +25,7 @@ from gguf import LlamaFileType
 from ggufkit.cli.quantize import TYPE_CHOICES as CLI_TYPE_CHOICES
 from ggufkit.errors import MetadataKeyNotFoundError, QuantizationError, UsageError
 from ggufkit.format import TensorSpec, open_gguf
-from ggufkit.quant.plan import (
+from ggufkit.quant.llama_quantize.plan import (
     TYPE_CHOICES,
     QuantOptions,
     get_preset,

@@ -24,8 +24,8 @@ from llama_cpp_sources import llama_cpp_dir, tool_path
 
 from ggufkit.errors import GGUFKitError
 from ggufkit.format import open_gguf
-from ggufkit.quant.plan import QuantOptions, plan_quantization
-from ggufkit.quant.presets import PRESETS, TYPE_CHOICES
+from ggufkit.quant.llama_quantize.plan import QuantOptions, plan_quantization
+from ggufkit.quant.llama_quantize.presets import PRESETS, TYPE_CHOICES
 from ggufkit.quant.registry import bits_per_weight
 
 # "[   4/  21] blk.0.attn_k.weight - [ 256, 128, 1, 1], type =    f16, size = 0.06 MiB -> 0.01 MiB (iq2_xxs)"
@@ -171,7 +171,7 @@ def test_help_lists_every_type_with_bits_per_weight_and_imatrix_need(models):
                                       "llama.attention.head_count_kv=str:1"])
 def test_overridden_hparams_plan_as_llama_quantize(models, override):
     """--override-kv changes the hparams the rules read (int overrides of integer keys) as in the loader."""
-    from ggufkit.quant.pipeline import quantize_file
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file
 
     for target in ("q2_k", "q3_k_m", "iq3_xxs"):
         expected = dry_run_types(models["mha_tied_odd"], target, "--override-kv", override)

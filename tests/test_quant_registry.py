@@ -9,7 +9,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from ggufkit.quant.presets import PRESETS, TENSOR_TYPES, has_kernel
+from ggufkit.quant.llama_quantize.presets import PRESETS, TENSOR_TYPES, has_kernel
 from ggufkit.quant.registry import FLOAT_TYPES, KERNELS, REQUIRES_IMATRIX, TYPES, type_name
 
 
@@ -52,7 +52,7 @@ def test_plan_names_cpu_only_and_missing_kernel_types():
     """Whatever the table holds: a plan using every tensor type reports exactly the rows without a CUDA kernel
     as CPU-only and exactly the types without a row as plan-only (the CLI prints both)."""
     from ggufkit.format import TensorSpec
-    from ggufkit.quant.plan import QuantOptions, plan_quantization
+    from ggufkit.quant.llama_quantize.plan import QuantOptions, plan_quantization
 
     names = list(TENSOR_TYPES)
     specs = [TensorSpec(f"blk.0.t{i}.weight", QT.F16, (4, 256)) for i in range(len(names))]

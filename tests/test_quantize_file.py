@@ -27,8 +27,8 @@ from gguf import GGMLQuantizationType as QT
 
 from ggufkit.errors import QuantizationError
 from ggufkit.format import Metadata, TensorSpec, open_gguf, write_gguf
-from ggufkit.quant.imatrix import load_imatrix
-from ggufkit.quant.pipeline import quantize_file
+from ggufkit.quant.imatrix.reader import load_imatrix
+from ggufkit.quant.llama_quantize.pipeline import quantize_file
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from llama_cpp_sources import tool_path
 
 from ggufkit.errors import GGUFKitError, QuantizationError, UsageError
 from ggufkit.format import Metadata, TensorSpec, open_gguf, write_gguf
-from ggufkit.quant.pipeline import quantize_file
-from ggufkit.quant.presets import ALIASES, PRESETS
+from ggufkit.quant.llama_quantize.pipeline import quantize_file
+from ggufkit.quant.llama_quantize.presets import ALIASES, PRESETS
 from ggufkit.quant.registry import TYPES
 
 

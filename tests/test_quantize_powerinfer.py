@@ -39,8 +39,8 @@ from powerinfer_build import reference_lib, tool_path
 from ggufkit.converters import convert
 from ggufkit.errors import QuantizationError
 from ggufkit.format import open_gguf
-from ggufkit.quant.pipeline import quantize_file
-from ggufkit.quant.plan_powerinfer import POWERINFER_PRESETS
+from ggufkit.quant.llama_quantize.pipeline import quantize_file
+from ggufkit.quant.llama_quantize.plan_powerinfer import POWERINFER_PRESETS
 from ggufkit.quant.registry import SUPPORTED_TYPES
 
 #: Every name PowerInfer's quantize.cpp QUANT_OPTIONS offers (COPY aside), aliases included.

@@ -22,8 +22,8 @@ from test_quantize_options_oracle import assert_same_file
 
 from ggufkit.errors import UsageError
 from ggufkit.format import open_gguf
-from ggufkit.quant.pipeline import quantize_file
-from ggufkit.quant.target import _hull, allocate, parse_target_size, quantize_to_target
+from ggufkit.quant.llama_quantize.pipeline import quantize_file
+from ggufkit.quant.target.search import _hull, allocate, parse_target_size, quantize_to_target
 
 TYPES = ("q4_0", "q5_0", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl")
 

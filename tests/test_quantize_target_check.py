@@ -26,7 +26,7 @@ from ggufkit.eval import kl_divergence
 from ggufkit.eval.perplexity import sample_text
 from ggufkit.eval.target_sensitivity import ON_GRID_RATIO, measure_sensitivity, quantize_to_target_kld
 from ggufkit.format import open_gguf
-from ggufkit.quant.pipeline import quantize_file
+from ggufkit.quant.llama_quantize.pipeline import quantize_file
 
 CTX, CHUNKS, BANDS = 64, 2, 2
 

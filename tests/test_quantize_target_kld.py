@@ -20,7 +20,7 @@ from fixtures_quantize import imatrix_values, make_llama_gguf, write_imatrix_ggu
 from ggufkit.eval import kl_divergence
 from ggufkit.eval.perplexity import sample_text
 from ggufkit.eval.target_sensitivity import measure_sensitivity, quantize_to_target_kld, tensor_groups
-from ggufkit.quant.pipeline import quantize_file
+from ggufkit.quant.llama_quantize.pipeline import quantize_file
 
 CTX, CHUNKS, BANDS = 64, 2, 2
 TYPES = ("q4_0", "q5_0", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")

@@ -1,4 +1,4 @@
-"""The target search's per-tensor measurement (``ggufkit.quant.target_measure``).
+"""The target search's per-tensor measurement (``ggufkit.quant.target.measure``).
 
 - With every row sampled, a measurement is the imatrix-weighted squared error of the tensor that the built
   ``llama-quantize`` writes (``--pure``, same imatrix; dequantized by gguf-py), and for a grid type the same
@@ -24,14 +24,14 @@ from gguf.quants import dequantize as gguf_dequantize
 from llama_cpp_sources import tool_path
 
 from ggufkit.format import open_gguf
-from ggufkit.quant.imatrix import load_imatrix
-from ggufkit.quant.target import quantize_to_target
-from ggufkit.quant.target_measure import (
+from ggufkit.quant.imatrix.reader import load_imatrix
+from ggufkit.quant.target.measure import (
     GRID_SAMPLE_DIVISOR,
     MeasureCache,
     measure_all,
     measure_tensor,
 )
+from ggufkit.quant.target.search import quantize_to_target
 
 TYPES = (QT.Q4_K, QT.Q5_0, QT.IQ4_XS, QT.IQ2_XS, QT.IQ3_S, QT.F16)
 

@@ -19,7 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from llama_cpp_sources import tool_path
 
 from ggufkit.format import open_gguf
-from ggufkit.quant.target import quantize_to_target
+from ggufkit.quant.target.search import quantize_to_target
 
 TYPES = ("q4_0", "q5_0", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq2_xs", "iq3_s")
 

@@ -107,7 +107,7 @@ def imatrix(model: str | None, text_file: str | None, output: str, output_format
     from ggufkit.errors import UsageError
 
     if show_statistics:
-        from ggufkit.quant.imatrix_file import ImatrixAccumulator, tensor_statistics
+        from ggufkit.quant.imatrix.collector import ImatrixAccumulator, tensor_statistics
 
         if len(in_files) != 1:
             raise UsageError("--show-statistics needs exactly one --in-file")

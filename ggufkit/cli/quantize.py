@@ -1,4 +1,4 @@
-"""``ggufkit quantize``: a thin shell over :func:`ggufkit.quant.pipeline.quantize_file`."""
+"""``ggufkit quantize``: a thin shell over :func:`ggufkit.quant.llama_quantize.pipeline.quantize_file`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ggufkit.outputs import (
     refuse_overwriting_inputs,
     resolve_output,
 )
-from ggufkit.quant.presets import (
+from ggufkit.quant.llama_quantize.presets import (
     TYPE_CHOICES,
     get_preset,
     preset_help_header,
@@ -189,7 +189,7 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
     No output may be one of the inputs (the model or its shards, --imatrix, --tensor-type-file).
     """
     from ggufkit.errors import UsageError
-    from ggufkit.quant.pipeline import quantize_file
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file
 
     output_file, positional_type, positional_threads = split_positional(input_file, positional, dry_run)
     searching = target_size is not None or target_bpw is not None or target_like is not None
@@ -297,7 +297,7 @@ def _several(out: Output, input_file: str, outputs: list[str], targets: list[str
              options: dict[str, Any]) -> None:
     """Every type's plan first (a refused one stops the run before anything is written), then one file per
     type in this process: imports, kernel loading and the input's pages in the page cache are shared."""
-    from ggufkit.quant.pipeline import quantize_file, refuse_unrunnable
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file, refuse_unrunnable
 
     reports = [quantize_file(input_file, o, t, dry_run=True, **options) for t, o in zip(targets, outputs)]
     if not dry_run:
@@ -389,7 +389,7 @@ def _target(out: Output, input_file: str, output_file: str | None, sensitivity: 
     if sensitivity == "off":
         if calibration_text is not None:
             raise UsageError("--calibration-text is read only by the KLD sensitivity (not with --sensitivity off)")
-        from ggufkit.quant.target import quantize_to_target
+        from ggufkit.quant.target.search import quantize_to_target
 
         out.result(quantize_to_target(input_file, output_file, progress=out.progress(), **kwargs).to_dict(),
                    _render_target)

@@ -10,7 +10,7 @@ Syntax (case-insensitive; the canonical spelling is what file names, records and
 
 A bare number (``MIX@3``) is refused: bytes, bits per weight and llama-quantize's numeric type ids would all
 read it differently. Each entry is one resumable step (:func:`mix_step`) that calls
-:func:`ggufkit.quant.target.quantize_to_target` on the release's master with its importance matrix, writes
+:func:`ggufkit.quant.target.search.quantize_to_target` on the release's master with its importance matrix, writes
 ``{basename}-MIX-{TARGET}.gguf`` and its llama-quantize ``--tensor-type-file`` recipe
 ``{basename}-MIX-{TARGET}.tensor-types.txt`` beside it, and measures into one cache inside the release's state
 directory, so the second entry measures nothing again.
@@ -92,8 +92,8 @@ def parse_mix(text: str) -> MixTarget:
     Raises:
         UsageError: not one of the three forms, an unknown or unquantized preset, a size of zero.
     """
-    from ggufkit.quant.presets import get_preset
-    from ggufkit.quant.target import parse_target_size
+    from ggufkit.quant.llama_quantize.presets import get_preset
+    from ggufkit.quant.target.search import parse_target_size
 
     spec = text.strip()[len(PREFIX):].strip()
     where = f"--types {text.strip()}"
@@ -150,7 +150,7 @@ def check_feasible(mixes: list[MixTarget], entries: list[Any], use_imatrix: bool
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     from ggufkit.quant.registry import bits_per_weight
-    from ggufkit.quant.target import DEFAULT_TYPES, IMATRIX_TYPES
+    from ggufkit.quant.target.search import DEFAULT_TYPES, IMATRIX_TYPES
 
     cands = DEFAULT_TYPES + (IMATRIX_TYPES if use_imatrix else ())
     cheapest = min(cands, key=bits_per_weight)
@@ -194,14 +194,14 @@ def recipe_file(plan: Any, qtype: str) -> str:
 
 def candidates(use_imatrix: bool) -> list[str]:
     """The candidate types of a release's search (quantize_to_target's defaults)."""
-    from ggufkit.quant.target import DEFAULT_TYPES, IMATRIX_TYPES
+    from ggufkit.quant.target.search import DEFAULT_TYPES, IMATRIX_TYPES
 
     return [t.name for t in DEFAULT_TYPES + (IMATRIX_TYPES if use_imatrix else ())]
 
 
 def mix_inputs(plan: Any, records: dict[str, dict[str, Any]], qtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The step's inputs (the master's and imatrix's hashes) and parameters (target, candidates, method)."""
-    from ggufkit.quant.target_measure import DEFAULT_SAMPLE_ROWS
+    from ggufkit.quant.target.measure import DEFAULT_SAMPLE_ROWS
     from ggufkit.release.steps import quant_inputs
 
     inputs, _ = quant_inputs(plan, records, qtype)
@@ -212,7 +212,7 @@ def mix_inputs(plan: Any, records: dict[str, dict[str, Any]], qtype: str) -> tup
 
 def mix_step(ctx: Any, qtype: str) -> dict[str, Any]:
     """Search and write one MIX entry (skipped when its record matches): the model, its recipe, its record."""
-    from ggufkit.quant.target import quantize_to_target
+    from ggufkit.quant.target.search import quantize_to_target
     from ggufkit.release.plan import STATE_DIR
     from ggufkit.release.steps import first_output, release_imatrix
 

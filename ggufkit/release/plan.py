@@ -159,7 +159,7 @@ def canonical_type(name: str) -> str:
     Raises:
         UsageError: unknown, a float or copy target, a type this build has no kernel for, a bad MIX entry.
     """
-    from ggufkit.quant.presets import get_preset, has_kernel
+    from ggufkit.quant.llama_quantize.presets import get_preset, has_kernel
     from ggufkit.release.mix import is_mix, parse_mix
 
     if is_mix(name):
@@ -174,7 +174,7 @@ def canonical_type(name: str) -> str:
 
 def needs_imatrix(qtype: str) -> bool:
     """The type (or the preset a ``MIX@PRESET`` entry takes its size from) needs an importance matrix."""
-    from ggufkit.quant.presets import get_preset
+    from ggufkit.quant.llama_quantize.presets import get_preset
     from ggufkit.release.mix import is_mix, parse_mix
 
     if is_mix(qtype):

@@ -4,7 +4,7 @@ The master's size follows from the converter's dry-run plan (its header, written
 :func:`ggufkit.format.write_gguf` writes it, plus the aligned tensor data). Each type's size is that of the
 file ``quantize_file`` writes: llama-quantize's plan (llama.cpp src/llama-quant.cpp:
 llama_model_quantize_impl, llama_tensor_get_type) computed on the master, and the header it writes with it
-(:func:`ggufkit.quant.pipeline.predict_file_size`). Before the master exists, the plan is computed on a
+(:func:`ggufkit.quant.llama_quantize.pipeline.predict_file_size`). Before the master exists, the plan is computed on a
 *skeleton* master: the real master's header in a sparse file of the master's size whose data is a hole, so
 nothing is converted and nothing but the header takes disk space. Before the importance matrix exists, its
 header fields are those it will have (the file name, the calibration text's name, a sha256's 64 digits); only
@@ -53,7 +53,7 @@ def _stand_in_imatrix(plan: ReleasePlan, master: Any) -> Any:
 
     import numpy as np
 
-    from ggufkit.quant.imatrix import Imatrix, load_imatrix
+    from ggufkit.quant.imatrix.reader import Imatrix, load_imatrix
 
     if not plan.use_imatrix or plan.imatrix_file is None:
         return None
@@ -71,7 +71,7 @@ def type_sizes(plan: ReleasePlan, qtypes: list[str]) -> tuple[int | None, dict[s
     """The master's exact size (None when it would be sharded) and each preset type's (MIX entries and a
     sharded master are left out: their sizes come from a search, or from several files)."""
     from ggufkit.format import open_gguf
-    from ggufkit.quant.pipeline import predict_file_size, quantize_file
+    from ggufkit.quant.llama_quantize.pipeline import predict_file_size, quantize_file
 
     cplan = plan.master_plan
     header, size, shards = _header_and_size(cplan, plan.options.split_max_size)

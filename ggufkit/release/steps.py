@@ -167,7 +167,7 @@ def release_imatrix(ctx: StepContext) -> Any:
         return None
     import dataclasses
 
-    from ggufkit.quant.imatrix import load_imatrix
+    from ggufkit.quant.imatrix.reader import load_imatrix
 
     # quantize.imatrix.file names the file as it sits in the release, not this machine's path,
     # so that every machine of a fan-out writes the same bytes.
@@ -249,7 +249,7 @@ def eval_step(ctx: StepContext, types: list[str]) -> None:
 
 def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
     """What a run would do (``--dry-run``): each step, run or skip, its files and estimated sizes."""
-    from ggufkit.quant.presets import get_preset
+    from ggufkit.quant.llama_quantize.presets import get_preset
     from ggufkit.quant.registry import bits_per_weight
     from ggufkit.release.mix import is_mix, mix_inputs, parse_mix, recipe_file
 

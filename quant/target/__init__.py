@@ -1,0 +1,2 @@
+"""The size-budget search (``--target-size``/``--target-bpw``) and the error measurements it uses.
+"""
