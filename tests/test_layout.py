@@ -22,6 +22,18 @@ LAYERS = ["format", "quant", "converters", "eval", "app"]
 
 MAX_MODULE_LINES = 800
 
+#: Layers inside quant/, lowest first (``core``: quant/__init__.py, registry.py and dispatch.py). A module
+#: imports from its own layer or a lower one: the kernels never reach up to the table or llama-quantize's
+#: rules, llama_quantize/ reads the kernels only through the registry and dispatch, target/ drives
+#: llama_quantize/. Every module of quant/ other than the core lives in one of these sub-packages.
+QUANT_LAYERS = ["kernels", "core", "imatrix", "llama_quantize", "target"]
+
+#: Kernel families (sub-packages of quant/kernels/), lowest first; "" is the shared pieces at the top of
+#: kernels/ (fp, worksharing, numba_loading). A family imports the shared pieces, itself and lower-ranked
+#: families (the k-quant subroutines serve the grid and low-bit types; the CUDA modules build on
+#: legacy/cuda.py's retargeting), never a family of its own rank.
+KERNEL_FAMILIES = {"": 0, "legacy": 1, "kquants": 2, "iq": 3, "lowbit": 3}
+
 
 def layer_of(module: str) -> str:
     if module.startswith("ggufkit.quant"):
@@ -69,6 +81,49 @@ def test_module_imports_only_its_own_layer_or_lower_ones(module: str, path: Path
     for name, _ in imported_modules(path):
         if name.startswith("ggufkit"):
             assert LAYERS.index(layer_of(name)) <= mine, f"{module} imports {name} from a higher layer"
+
+
+def quant_layer(module: str) -> str:
+    parts = module.split(".")[2:]
+    return "core" if not parts or parts[0] in ("registry", "dispatch") else parts[0]
+
+
+def kernel_family(module: str) -> str:
+    parts = module.split(".")[3:]
+    return parts[0] if len(parts) > 1 or (parts and parts[0] in KERNEL_FAMILIES) else ""
+
+
+def imported_package_modules(path: Path) -> list[str]:
+    """Every ggufkit module the file imports, ``from package import module`` resolved to the module."""
+    known = {module for module, _ in MODULES}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("ggufkit")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith("ggufkit"):
+            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
+            found += subs or [node.module]
+            if subs and len(subs) < len(node.names):
+                found.append(node.module)
+    return found
+
+
+QUANT_MODULES = [(m, p) for m, p in MODULES if layer_of(m) == "quant"]
+
+
+@pytest.mark.parametrize(("module", "path"), QUANT_MODULES, ids=[m for m, _ in QUANT_MODULES])
+def test_quant_modules_import_only_their_own_layer_or_lower_ones(module: str, path: Path) -> None:
+    assert quant_layer(module) in QUANT_LAYERS, \
+        f"{module}: quant/ keeps only __init__, registry and dispatch at the top; put it in {QUANT_LAYERS}"
+    mine = QUANT_LAYERS.index(quant_layer(module))
+    for name in imported_package_modules(path):
+        if layer_of(name) == "quant":
+            assert QUANT_LAYERS.index(quant_layer(name)) <= mine, f"{module} imports {name} from a higher layer"
+            if quant_layer(module) == "kernels":
+                own, other = kernel_family(module), kernel_family(name)
+                assert other in (own, "") or KERNEL_FAMILIES[other] < KERNEL_FAMILIES[own], \
+                    f"{module} imports {name}: kernel families import only shared pieces and lower families"
 
 
 @pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
@@ -121,7 +176,7 @@ def test_library_code_never_exits_prints_or_prompts() -> None:
 
 
 def test_kernels_state_cache_and_never_use_fastmath() -> None:
-    for path in sorted((ROOT / "quant").glob("*.py")):
+    for path in sorted((ROOT / "quant").rglob("*.py")):
         text = path.read_text()
         assert "fastmath=True" not in text, path.name
         for match in re.finditer(r"@(?:numba\.)?(?:njit|jit|cuda\.jit)\(([^)]*)\)", text):
@@ -151,7 +206,7 @@ def test_numba_cuda_is_imported_only_by_the_cuda_kernel_modules() -> None:
                         or (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("numba")
                             and (n.module.startswith("numba.cuda") or any(a.name == "cuda" for a in n.names)))]
         if cuda_imports:
-            assert path.parent.name == "quant" and path.name.startswith("cuda_"), module
+            assert re.fullmatch(r"ggufkit\.quant\.kernels\.\w+\.cuda", module), module
 
 
 def test_no_package_module_shadows_a_standard_library_module() -> None:

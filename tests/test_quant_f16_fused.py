@@ -23,7 +23,7 @@ from ggufkit.errors import QuantizationError
 from ggufkit.quant import KERNELS, quantize
 from ggufkit.quant.dispatch import _FUSED_MIN_ROWS
 
-LEGACY = [t for t, k in KERNELS.items() if k.cpu_module.endswith(".legacy")]
+LEGACY = [t for t, k in KERNELS.items() if k.family == "legacy"]
 FUSED = [t for t, k in KERNELS.items() if k.has_f16_kernel]
 N = 256
 

@@ -19,7 +19,7 @@ from ggufkit.errors import DeviceUnavailableError, QuantizationError, UsageError
 from ggufkit.quant import KERNELS, cuda_available, dequantize, quantize, resolve_device
 from ggufkit.quant.kernels import fp as qfp
 
-LEGACY = [t for t, k in KERNELS.items() if k.cpu_module.endswith(".legacy")]
+LEGACY = [t for t, k in KERNELS.items() if k.family == "legacy"]
 N = 256  # row length: 8 blocks
 
 
