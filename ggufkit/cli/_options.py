@@ -41,8 +41,6 @@ kv_cache_option = click.option(
     help="With --ggml-rounding: f16 follows llama.cpp's default (F16 K/V cache, flash attention), f32 its "
          "-fa off -ctk f32 -ctv f32.")
 
-output_file_option = click.option("-o", "--output", "output", type=click.Path(dir_okay=True, path_type=str),
-                                  default=None, help="Output path.")
 
 
 def parse_size(text: str) -> int:

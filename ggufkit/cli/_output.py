@@ -15,6 +15,8 @@ from typing import Any
 import click
 import numpy as np
 
+from ggufkit.units import human_bytes  # noqa: F401 - re-exported for the commands
+
 
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, Mapping):
@@ -155,11 +157,3 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], align: str = ""
     lines = [fmt(headers), fmt(["-" * w for w in widths])]
     lines.extend(fmt(r) for r in body)
     return "\n".join(lines)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"

@@ -10,6 +10,7 @@ from typing import Any
 
 from ggufkit.release.mix import card_lines
 from ggufkit.release.plan import PLOT, source_card_front_matter
+from ggufkit.units import human_bytes
 
 #: Mean-KLD bands of the recommendation column (nats per token against the master).
 BANDS = ((0.005, "near-lossless"), (0.02, "very good"), (0.06, "good"), (0.2, "noticeable loss"))
@@ -41,15 +42,6 @@ def recommended(rows: Sequence[dict[str, Any]], failed: Mapping[str, str] | None
     failed = failed or {}
     return min((r for r in rows if r["type"] not in failed and r["mean_kld"] <= BANDS[2][0]),
                key=lambda r: r["size"], default=None)
-
-
-def human_size(n: float) -> str:
-    """Bytes in binary units, as the CLI prints them (``ggufkit.cli._output.human_bytes``): 4.86 MiB."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
 
 
 def fixed(x: float, digits: int) -> str:
@@ -133,15 +125,15 @@ def render_card(plan: Any, master: dict[str, Any], rows: Sequence[dict[str, Any]
              "## Files", "",
              "| file | type | size | bits/weight | PPL | ΔPPL | mean KLD | p99 KLD | same top | note |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
-             f"| `{files['master'][0]}` | {plan.master_type} (master) | {human_size(master['size'])} | "
+             f"| `{files['master'][0]}` | {plan.master_type} (master) | {human_bytes(master['size'])} | "
              f"{master['bpw']:.2f} | {master['ppl']:.4f} ± {master['ppl_error']:.4f} | – | – | – | – | reference |"]
     if pj:
-        lines.append(f"| `{pj['file']}` | {pj['file_type']} (vision projector) | {human_size(pj['size'])} | "
+        lines.append(f"| `{pj['file']}` | {pj['file_type']} (vision projector) | {human_bytes(pj['size'])} | "
                      f"{pj['bpw']:.2f} | – | – | – | – | – | {pj['projector_type']}, {pj['tokens_per_image']} tokens "
                      f"per {pj['image_size']} px image; load with `--mmproj` beside any file |")
     for r in rows:
         name = files[r["type"]][0] + (f" (+{len(files[r['type']]) - 1} shards)" if len(files[r["type"]]) > 1 else "")
-        lines.append(f"| `{name}` | {r['type']} | {human_size(r['size'])} | {r['bpw']:.2f} | "
+        lines.append(f"| `{name}` | {r['type']} | {human_bytes(r['size'])} | {r['bpw']:.2f} | "
                      f"{r['ppl']:.4f} ± {r['ppl_error']:.4f} | {percent(r['delta_ppl'])} | {kld_cell(r)} | "
                      f"{kld_cell(r, 'p99_kld')} | {100 * r['same_top_p']:.1f}% | {recommendation(r, rows, failed)} |")
     kld_note = ("exact: the master's whole vocabulary is scored at every position" if exact else
