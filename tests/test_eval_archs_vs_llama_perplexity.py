@@ -154,14 +154,18 @@ def gemma3_tail_quantized(tmp_path_factory: pytest.TempPathFactory, gemma3_real:
 def test_real_gemma3_ggml_rounding_equals_llama_perplexity(gemma3_real: dict[str, Any],
                                                            gemma3_tail_quantized: Path) -> None:
     """With its 8-bit inputs of the Q8_0 head (Q8_0) and the Q6_K ffn_down (Q8_K) reproduced, ggufkit equals
-    llama-perplexity (-fa off -ctk f32 -ctv f32) within 1e-4; float32 inputs miss by more than 1e-3."""
+    llama-perplexity (-fa off -ctk f32 -ctv f32) within 5e-4; float32 inputs miss by more than 1e-3.
+
+    How close depends on the CPU llama-perplexity was built for, since ggml's vector kernels sum in the order
+    of their SIMD width: measured < 1e-4 on an AMD Zen 5 with AVX-512, 2.3e-4 on an AMD Zen 3 with AVX2 only
+    (20.8614 against 20.8566), on every commit since the test was written."""
     path = gemma3_tail_quantized
     theirs, _ = llama_perplexity(path, gemma3_real["text"], REAL_CTX, REAL_CHUNKS, *F32_PATH)
     text = gemma3_real["text"].read_text(encoding="utf-8")[:-1]
     rounded = perplexity(path, text=text, ctx=REAL_CTX, chunks=REAL_CHUNKS, device="cpu", ggml_rounding=True,
                          kv_cache="f32")
     plain = perplexity(path, text=text, ctx=REAL_CTX, chunks=REAL_CHUNKS, device="cpu")
-    assert abs(rounded.ppl / theirs - 1) < 1e-4, (rounded.ppl, theirs)
+    assert abs(rounded.ppl / theirs - 1) < 5e-4, (rounded.ppl, theirs)
     assert abs(plain.ppl / theirs - 1) > 1e-3, (plain.ppl, theirs)
 
 
