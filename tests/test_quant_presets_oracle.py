@@ -152,8 +152,10 @@ def test_preset_table_mirrors_quant_options_and_default_types():
 def test_help_lists_every_type_with_bits_per_weight_and_imatrix_need(models):
     res = invoke("quantize", "--help")
     assert res.exit_code == 0
+    lines = res.output.splitlines()
+    table = lines[next(i for i, x in enumerate(lines) if re.match(r"\s+id\s+name\s", x)) + 1:]  # not the prose
     for p in PRESETS.values():
-        line = next(x for x in res.output.splitlines() if re.match(rf"\s+(\d+\s+)?{p.name.upper()}\s", x))
+        line = next(x for x in table if re.match(rf"\s+(\d+\s+)?{p.name.upper()}\s", x))
         assert ("needs imatrix" in line) == p.needs_imatrix, line
         assert p.only_copy or f"{bits_per_weight(p.default_type):.3f} bpw" in line, line
     # numeric ids and any case work as in llama-quantize: 15 is Q4_K (= Q4_K_M), 0 is F32
