@@ -9,7 +9,13 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from ggufkit.quant.llama_quantize.presets import PRESETS, TENSOR_TYPES, has_kernel
+from ggufkit.quant.llama_quantize.presets import (
+    ADAPTER_OUTTYPES,
+    CONVERT_OUTTYPES,
+    PRESETS,
+    TENSOR_TYPES,
+    has_kernel,
+)
 from ggufkit.quant.registry import FLOAT_TYPES, KERNELS, REQUIRES_IMATRIX, TYPES, type_name
 
 
@@ -46,6 +52,14 @@ def test_every_preset_default_type_is_a_tensor_type():
     for p in PRESETS.values():
         assert p.default_type in TENSOR_TYPES.values()
         assert has_kernel(p.default_type) == (p.default_type in TYPES)
+
+
+def test_convert_outtypes_come_from_the_preset_table():
+    """convert's --outtype names (models; --mmproj and LoRA adapters) are a column of the preset table, in the
+    order convert's help lists them; each names a preset whose default type ggufkit can write."""
+    assert CONVERT_OUTTYPES == ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
+    assert ADAPTER_OUTTYPES == ("f32", "f16", "bf16", "q8_0")
+    assert all(has_kernel(PRESETS[n].default_type) for n in CONVERT_OUTTYPES)
 
 
 def test_plan_names_cpu_only_and_missing_kernel_types():

@@ -32,6 +32,9 @@ class Preset:
         default_type: ``llama_ftype_get_default_type(file_type)``: the type every tensor starts from.
         desc: llama-quantize's description of the row.
         only_copy: ``COPY``: every tensor is copied as is.
+        outtype: where ``ggufkit convert --outtype`` accepts the name: :data:`ADAPTER` (models, ``--mmproj``
+            projectors and LoRA adapters, as convert_hf_to_gguf.py's and convert_lora_to_gguf.py's
+            ``--outtype``), :data:`MODEL` (models only: ggufkit's quantized outtypes) or "" (not an outtype).
     """
 
     name: str
@@ -39,6 +42,7 @@ class Preset:
     default_type: GGMLQuantizationType
     desc: str
     only_copy: bool = False
+    outtype: str = ""
 
     @property
     def is_quantized(self) -> bool:
@@ -51,15 +55,21 @@ class Preset:
         return self.default_type in REQUIRES_IMATRIX or self.file_type == F.MOSTLY_Q2_K_S
 
 
-def _p(name: str, ftype: LlamaFileType, default: GGMLQuantizationType, desc: str, *, copy: bool = False) -> Preset:
-    return Preset(name, ftype, default, desc, copy)
+#: Values of :attr:`Preset.outtype`.
+ADAPTER = "adapter"
+MODEL = "model"
+
+
+def _p(name: str, ftype: LlamaFileType, default: GGMLQuantizationType, desc: str, *, copy: bool = False,
+       outtype: str = "") -> Preset:
+    return Preset(name, ftype, default, desc, copy, outtype)
 
 
 #: QUANT_OPTIONS, in its order (the order of ``--help`` and of numeric-id lookup: "15" means Q4_K).
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     _p("q1_0", F.MOSTLY_Q1_0, QT.Q1_0, "1.125 bpw quantization"),
-    _p("q4_0", F.MOSTLY_Q4_0, QT.Q4_0, "4.34G, +0.4685 ppl @ Llama-3-8B"),
-    _p("q4_1", F.MOSTLY_Q4_1, QT.Q4_1, "4.78G, +0.4511 ppl @ Llama-3-8B"),
+    _p("q4_0", F.MOSTLY_Q4_0, QT.Q4_0, "4.34G, +0.4685 ppl @ Llama-3-8B", outtype=MODEL),
+    _p("q4_1", F.MOSTLY_Q4_1, QT.Q4_1, "4.78G, +0.4511 ppl @ Llama-3-8B", outtype=MODEL),
     _p("mxfp4_moe", F.MOSTLY_MXFP4_MOE, QT.MXFP4, "MXFP4 MoE"),
     _p("q5_0", F.MOSTLY_Q5_0, QT.Q5_0, "5.21G, +0.1316 ppl @ Llama-3-8B"),
     _p("q5_1", F.MOSTLY_Q5_1, QT.Q5_1, "5.65G, +0.1062 ppl @ Llama-3-8B"),
@@ -83,17 +93,17 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     _p("q3_k_l", F.MOSTLY_Q3_K_L, QT.Q3_K, "4.03G, +0.5562 ppl @ Llama-3-8B"),
     _p("iq4_nl", F.MOSTLY_IQ4_NL, QT.IQ4_NL, "4.50 bpw non-linear quantization"),
     _p("iq4_xs", F.MOSTLY_IQ4_XS, QT.IQ4_XS, "4.25 bpw non-linear quantization"),
-    _p("q4_k", F.MOSTLY_Q4_K_M, QT.Q4_K, "alias for Q4_K_M"),
+    _p("q4_k", F.MOSTLY_Q4_K_M, QT.Q4_K, "alias for Q4_K_M", outtype=MODEL),
     _p("q4_k_s", F.MOSTLY_Q4_K_S, QT.Q4_K, "4.37G, +0.2689 ppl @ Llama-3-8B"),
-    _p("q4_k_m", F.MOSTLY_Q4_K_M, QT.Q4_K, "4.58G, +0.1754 ppl @ Llama-3-8B"),
+    _p("q4_k_m", F.MOSTLY_Q4_K_M, QT.Q4_K, "4.58G, +0.1754 ppl @ Llama-3-8B", outtype=MODEL),
     _p("q5_k", F.MOSTLY_Q5_K_M, QT.Q5_K, "alias for Q5_K_M"),
     _p("q5_k_s", F.MOSTLY_Q5_K_S, QT.Q5_K, "5.21G, +0.1049 ppl @ Llama-3-8B"),
     _p("q5_k_m", F.MOSTLY_Q5_K_M, QT.Q5_K, "5.33G, +0.0569 ppl @ Llama-3-8B"),
     _p("q6_k", F.MOSTLY_Q6_K, QT.Q6_K, "6.14G, +0.0217 ppl @ Llama-3-8B"),
-    _p("q8_0", F.MOSTLY_Q8_0, QT.Q8_0, "7.96G, +0.0026 ppl @ Llama-3-8B"),
-    _p("f16", F.MOSTLY_F16, QT.F16, "14.00G, +0.0020 ppl @ Mistral-7B"),
-    _p("bf16", F.MOSTLY_BF16, QT.BF16, "14.00G, -0.0050 ppl @ Mistral-7B"),
-    _p("f32", F.ALL_F32, QT.F32, "26.00G              @ 7B"),
+    _p("q8_0", F.MOSTLY_Q8_0, QT.Q8_0, "7.96G, +0.0026 ppl @ Llama-3-8B", outtype=ADAPTER),
+    _p("f16", F.MOSTLY_F16, QT.F16, "14.00G, +0.0020 ppl @ Mistral-7B", outtype=ADAPTER),
+    _p("bf16", F.MOSTLY_BF16, QT.BF16, "14.00G, -0.0050 ppl @ Mistral-7B", outtype=ADAPTER),
+    _p("f32", F.ALL_F32, QT.F32, "26.00G              @ 7B", outtype=ADAPTER),
     # COPY comes after F32 so that ftype 0 means F32 (quantize.cpp's note).
     _p("copy", F.ALL_F32, QT.F32, "only copy tensors, no quantizing", copy=True),
 )}
@@ -111,6 +121,15 @@ TENSOR_TYPES: dict[str, GGMLQuantizationType] = {type_name(t).lower(): t for t i
     *FLOAT_TYPES, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K,
     QT.IQ2_XXS, QT.IQ2_XS, QT.IQ3_XXS, QT.IQ1_S, QT.IQ4_NL, QT.IQ3_S, QT.IQ2_S, QT.IQ4_XS, QT.IQ1_M,
     QT.TQ1_0, QT.TQ2_0, QT.MXFP4, QT.Q1_0}, key=int)}
+
+#: ``ggufkit convert --outtype`` names for adapters (``--mmproj`` projectors, LoRA): widest type first, as
+#: convert_hf_to_gguf.py lists its ``--outtype`` choices (f32, f16, bf16, q8_0).
+ADAPTER_OUTTYPES: tuple[str, ...] = tuple(sorted(
+    (n for n, p in PRESETS.items() if p.outtype == ADAPTER), key=lambda n: -bits_per_weight(PRESETS[n].default_type)))
+
+#: ``ggufkit convert --outtype`` names for models: the adapter ones, then ggufkit's quantized outtypes in
+#: ``QUANT_OPTIONS`` order.
+CONVERT_OUTTYPES: tuple[str, ...] = ADAPTER_OUTTYPES + tuple(n for n, p in PRESETS.items() if p.outtype == MODEL)
 
 # try_parse_ftype falls back to std::stoi, which reads a leading integer and ignores the rest.
 _STOI = re.compile(r"\s*([+-]?\d+)")
