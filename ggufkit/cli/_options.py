@@ -13,6 +13,9 @@ from ggufkit.cli._output import Output
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+JSON_HELP = "Print exactly one JSON object on stdout instead of text."
+
+
 def common_options(func: F) -> F:
     """--json, --quiet and --debug. The command body receives ``out: Output`` instead of them
     (--debug is read by the error handler, ``ggufkit.cli._errors``)."""
@@ -23,8 +26,7 @@ def common_options(func: F) -> F:
 
     wrapper = click.option("--debug", is_flag=True, help="Show the traceback of an error (also GGUFKIT_DEBUG=1).")(wrapper)
     wrapper = click.option("--quiet", "-q", is_flag=True, help="No progress bars or status lines.")(wrapper)
-    wrapper = click.option("--json", "json_mode", is_flag=True,
-                           help="Print exactly one JSON object on stdout instead of text.")(wrapper)
+    wrapper = click.option("--json", "json_mode", is_flag=True, help=JSON_HELP)(wrapper)
     return wrapper  # type: ignore[return-value]
 
 
@@ -36,11 +38,24 @@ threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), def
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
                              show_default=True, help="Where kernels run: CUDA when available with auto.")
 
+IMATRIX_HELP = "Importance matrix from llama-imatrix or `ggufkit imatrix` (GGUF or legacy .dat){use}."
+
+
+def imatrix_option(use: str = "") -> Callable[[F], F]:
+    """--imatrix FILE (an existing file; the command receives ``imatrix: str | None``, None when absent).
+
+    Args:
+        use: what the command does with it, appended to the one help text (e.g. ", instead of collecting
+            one"); empty for the plain meaning.
+    """
+    return click.option("--imatrix", "imatrix", type=click.Path(dir_okay=False, exists=True, path_type=str),
+                        default=None, help=IMATRIX_HELP.format(use=use))
+
+
 kv_cache_option = click.option(
     "--kv-cache", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
     help="With --ggml-rounding: f16 follows llama.cpp's default (F16 K/V cache, flash attention), f32 its "
          "-fa off -ctk f32 -ctv f32.")
-
 
 
 def parse_size(text: str) -> int:

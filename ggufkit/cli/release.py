@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ggufkit.cli._options import SizeParam, common_options, device_option, dry_run_option
+from ggufkit.cli._options import SizeParam, common_options, device_option, dry_run_option, imatrix_option
 from ggufkit.cli._output import Output, human_bytes, table
 
 
@@ -65,8 +65,7 @@ def _render(d: Mapping[str, Any]) -> str:
               help="Type of the converted master every type is quantized from (auto: as the checkpoint).")
 @click.option("--imatrix-text", type=click.Path(dir_okay=False, exists=True, path_type=str), default=None,
               help="Calibration text for the importance matrix (default: the bundled English sample).")
-@click.option("--imatrix", "imatrix", type=click.Path(dir_okay=False, exists=True, path_type=str), default=None,
-              help="Use this importance matrix (GGUF or .dat) instead of collecting one.")
+@imatrix_option(use=", used instead of collecting one")
 @click.option("--no-imatrix", is_flag=True, help="No importance matrix (types that need one are refused).")
 @click.option("--eval-text", type=click.Path(dir_okay=False, exists=True, path_type=str), default=None,
               help="Evaluation text (default: the bundled sample's part not used for calibration).")
