@@ -39,6 +39,7 @@ from ggufkit.constants import (
     SUPPORTED_VERSIONS,
 )
 from ggufkit.errors import GGUFFormatError
+from ggufkit.format.tensor_shape import n_elements
 from ggufkit.format.values import SCALAR_DTYPES, VT, type_label
 
 _U32 = struct.Struct("<I")
@@ -109,10 +110,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.ne:
-            n *= d
-        return n
+        return n_elements(self.ne)
 
     @property
     def n_dims(self) -> int:
@@ -427,16 +425,14 @@ class GGUFFile:
         if not 1 <= n_dims <= MAX_DIMS:
             raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (allowed 1..{MAX_DIMS})", at=dims_pos)
         ne: list[int] = []
-        n_elements = 1
         for i in range(n_dims):
             d_pos = cur.pos
             d = cur.u64(f"ne[{i}] of {name!r}")
             if d > _INT64_MAX:
                 raise cur.fail(f"tensor {name!r}: ne[{i}] = {d} does not fit in int64", at=d_pos)
-            n_elements *= d
-            if n_elements > _INT64_MAX:
-                raise cur.fail(f"tensor {name!r}: element count overflows int64", at=d_pos)
             ne.append(d)
+            if n_elements(ne) > _INT64_MAX:
+                raise cur.fail(f"tensor {name!r}: element count overflows int64", at=d_pos)
         type_pos = cur.pos
         raw_type = cur.u32(f"type of {name!r}")
         try:

@@ -29,6 +29,7 @@ from ggufkit.errors import GGUFKitError, UsageError
 from ggufkit.format.atomic import EarlyWriteback, atomic_write
 from ggufkit.format.reader import MAX_ALIGNMENT, align_up, tensor_nbytes
 from ggufkit.format.shards import SPLIT_COUNT, SPLIT_KEYS, SPLIT_NO, SPLIT_TENSORS_COUNT, shard_path
+from ggufkit.format.tensor_shape import n_elements
 from ggufkit.format.values import (
     VT,
     EncodableValue,
@@ -97,7 +98,7 @@ class TensorSpec:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return n_elements(self.shape)
 
 
 def alignment_of(metadata: Mapping[str, EncodableValue]) -> int:
