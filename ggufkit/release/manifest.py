@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ggufkit.format.atomic import atomic_write
+from ggufkit.release.mix import manifest_entry
 from ggufkit.release.plan import MANIFEST, STATE_DIR, file_hash
 
 FORMAT = "ggufkit-release/1"
@@ -142,8 +143,6 @@ def build_manifest(plan: Any, records: dict[str, dict[str, Any]], files: list[st
     mixes = {name.removeprefix("quantize-"): rec for name, rec in records.items()
              if name.startswith("quantize-") and "recipe" in rec.get("results", {})}
     if mixes:
-        from ggufkit.release.mix import manifest_entry
-
         # size-budget entries: target, budget, base preset, candidates and the search's estimate (the recipe's
         # sha256 is in "files")
         manifest["mixes"] = {name: manifest_entry(rec) for name, rec in sorted(mixes.items())}

@@ -9,7 +9,7 @@ Syntax (case-insensitive; the canonical spelling is what file names, records and
 - ``MIX@4.5bpw``: bits per weight over all tensors (tensor data, as ``ggufkit info`` reports it).
 
 A bare number (``MIX@3``) is refused: bytes, bits per weight and llama-quantize's numeric type ids would all
-read it differently. Each entry is one resumable step (:func:`mix_step`) that calls
+read it differently. Each entry is one resumable step (:func:`ggufkit.release.steps.mix_step`) that calls
 :func:`ggufkit.quant.target.search.quantize_to_target` on the release's master with its importance matrix, writes
 ``{basename}-MIX-{TARGET}.gguf`` and its llama-quantize ``--tensor-type-file`` recipe
 ``{basename}-MIX-{TARGET}.tensor-types.txt`` beside it, and measures into one cache inside the release's state
@@ -197,55 +197,6 @@ def candidates(use_imatrix: bool) -> list[str]:
     from ggufkit.quant.target.search import DEFAULT_TYPES, IMATRIX_TYPES
 
     return [t.name for t in DEFAULT_TYPES + (IMATRIX_TYPES if use_imatrix else ())]
-
-
-def mix_inputs(plan: Any, records: dict[str, dict[str, Any]], qtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The step's inputs (the master's and imatrix's hashes) and parameters (target, candidates, method)."""
-    from ggufkit.quant.target.measure import DEFAULT_SAMPLE_ROWS
-    from ggufkit.release.steps import quant_inputs
-
-    inputs, _ = quant_inputs(plan, records, qtype)
-    mix = parse_mix(qtype)
-    return inputs, {"type": mix.name, "target": mix.to_dict(), "candidates": candidates(plan.use_imatrix),
-                    "proxy": PROXY, "sample_rows": DEFAULT_SAMPLE_ROWS}
-
-
-def mix_step(ctx: Any, qtype: str) -> dict[str, Any]:
-    """Search and write one MIX entry (skipped when its record matches): the model, its recipe, its record."""
-    from ggufkit.quant.target.search import quantize_to_target
-    from ggufkit.release.plan import STATE_DIR
-    from ggufkit.release.steps import first_output, release_imatrix
-
-    plan = ctx.plan
-    mix = parse_mix(qtype)
-    inputs, params = mix_inputs(plan, ctx.records, qtype)
-    step = f"quantize-{qtype}"
-    rec = ctx.state.done(step, inputs, params)
-    if rec is None:
-        ctx.stage(f"searching the best mix at {mix.describe()}")
-        model_file, recipe = plan.type_file(qtype), recipe_file(plan, qtype)
-        report = quantize_to_target(
-            first_output(ctx.records["master"], plan.outdir), plan.outdir / model_file, target_size=mix.size,
-            target_bpw=mix.bpw, target_like=mix.preset, imatrix=release_imatrix(ctx), types=params["candidates"],
-            mix_out=plan.outdir / recipe, cache_dir=plan.outdir / STATE_DIR / CACHE_DIR,
-            sample_rows=params["sample_rows"], proxy=params["proxy"], device=plan.options.device,
-            progress=ctx.progress)
-        d = report.to_dict()
-        ref = d["reference"]
-        # run-specific numbers (seconds, measured/cached counts) stay out of the record: the manifest is the
-        # same whichever machine or run made the step
-        results = {"bits_per_weight": d["bits_per_weight"], "budget": d["budget"], "budget_kind": d["budget_kind"],
-                   "feasible": d["feasible"], "predicted_size": d["predicted_size"],
-                   "base_preset": d["base_preset"].upper(), "proxy": d["proxy"], "estimated_error": d["estimated_error"],
-                   "reference": {**ref, "preset": ref["preset"].upper()}, "types": d["types"], "recipe": recipe,
-                   "target": mix.describe()}
-        rec = ctx.state.finish(step, inputs, params, [model_file, recipe], results)
-        ctx.ran.append(step)
-        ctx.searches[qtype] = {"measured": report.measured, "cached": report.cached}
-    else:
-        ctx.skipped.append(step)
-    ctx.records[step] = rec
-    return rec
 
 
 def manifest_entry(rec: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ggufkit.errors import UsageError
+from ggufkit.release.mix import check_feasible, is_mix, parse_mix, recipe_file
 
 #: A publisher's usual matrix (the quants most GGUF repositories on the hub carry).
 DEFAULT_TYPES = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
@@ -160,7 +161,6 @@ def canonical_type(name: str) -> str:
         UsageError: unknown, a float or copy target, a type this build has no kernel for, a bad MIX entry.
     """
     from ggufkit.quant.llama_quantize.presets import get_preset, has_kernel
-    from ggufkit.release.mix import is_mix, parse_mix
 
     if is_mix(name):
         return parse_mix(name).name
@@ -175,7 +175,6 @@ def canonical_type(name: str) -> str:
 def needs_imatrix(qtype: str) -> bool:
     """The type (or the preset a ``MIX@PRESET`` entry takes its size from) needs an importance matrix."""
     from ggufkit.quant.llama_quantize.presets import get_preset
-    from ggufkit.release.mix import is_mix, parse_mix
 
     if is_mix(qtype):
         preset = parse_mix(qtype).preset
@@ -329,8 +328,6 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
     dry = convert(o.model, None, outtype=o.master, dry_run=True)
     assert dry.plan.output is not None
     if mixes:
-        from ggufkit.release.mix import check_feasible
-
         check_feasible(mixes, dry.plan.entries, use_imatrix)
     master_type = dry.plan.output.name.removesuffix(".gguf").rsplit("-", 1)[1]
     prefix = dry.plan.output.name.removesuffix(f"-{master_type}.gguf")
@@ -413,8 +410,6 @@ def release_own_files(folder: Path) -> set[str]:
 
 def planned_outputs(plan: ReleasePlan) -> list[str]:
     """The names of the files the release writes in OUTDIR (a sharded master's shard names aside)."""
-    from ggufkit.release.mix import is_mix, recipe_file
-
     names = [plan.master_file(), *(plan.type_file(t) for t in plan.types),
              *(recipe_file(plan, t) for t in plan.types if is_mix(t)), CARD, PLOT, MANIFEST]
     return names + [n for n in (plan.imatrix_file, plan.mmproj_file) if n is not None]
@@ -449,7 +444,6 @@ def _check_overwrites(plan: ReleasePlan) -> None:
 
 def _mix_targets(types: Sequence[str]) -> list[Any]:
     """The MIX entries of ``types``; two with the same budget (``MIX@2.5G``, ``MIX@2500M``) are refused."""
-    from ggufkit.release.mix import is_mix, parse_mix
 
     mixes = [parse_mix(t) for t in types if is_mix(t)]
     seen: dict[tuple[Any, ...], str] = {}

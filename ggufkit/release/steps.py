@@ -1,7 +1,8 @@
 """The steps of a release, each skipped when its record matches (see :mod:`ggufkit.release.manifest`).
 
 projector (vision-language models: ``mmproj-*.gguf``) -> master (convert) -> imatrix (collect on the master,
-or copy the given file) -> one quantization per type -> evaluation (the master scored once, each type compared
+or copy the given file) -> one quantization per type (a ``MIX@`` entry: the size-budget search, whose entries
+:mod:`ggufkit.release.mix` parses) -> evaluation (the master scored once, each type compared
 with it). Every file is written atomically by the
 API it comes from (ggufkit.format.atomic), so a SIGKILL leaves no partial file under a final name.
 """
@@ -16,7 +17,9 @@ from typing import Any
 from ggufkit.errors import UsageError
 from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.release.manifest import State, write_bytes
-from ggufkit.release.plan import ReleasePlan, needs_imatrix
+from ggufkit.release.mix import CACHE_DIR, PROXY, candidates, is_mix, parse_mix, recipe_file
+from ggufkit.release.plan import STATE_DIR, ReleasePlan, file_hash, needs_imatrix
+from ggufkit.release.sizes import converted_size, type_sizes
 
 
 @dataclass
@@ -113,8 +116,6 @@ def imatrix_params(plan: ReleasePlan, records: dict[str, dict[str, Any]]
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
     o = plan.options
     if o.imatrix is not None:
-        from ggufkit.release.plan import file_hash
-
         return {"imatrix": file_hash(Path(o.imatrix))["sha256"]}, {"source": "given"}
     assert plan.imatrix_text is not None
     return ({"master": _hashes(records["master"]), "text": plan.imatrix_text.sha256},
@@ -174,9 +175,54 @@ def release_imatrix(ctx: StepContext) -> Any:
     return dataclasses.replace(load_imatrix(plan.outdir / plan.imatrix_file), path=Path(plan.imatrix_file))
 
 
+def mix_inputs(plan: ReleasePlan, records: dict[str, dict[str, Any]], qtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A MIX entry's inputs (the master's and imatrix's hashes) and parameters (target, candidates, method)."""
+    from ggufkit.quant.target.measure import DEFAULT_SAMPLE_ROWS
+
+    inputs, _ = quant_inputs(plan, records, qtype)
+    mix = parse_mix(qtype)
+    return inputs, {"type": mix.name, "target": mix.to_dict(), "candidates": candidates(plan.use_imatrix),
+                    "proxy": PROXY, "sample_rows": DEFAULT_SAMPLE_ROWS}
+
+
+def mix_step(ctx: StepContext, qtype: str) -> dict[str, Any]:
+    """Search and write one MIX entry (skipped when its record matches): the model, its recipe, its record."""
+    from ggufkit.quant.target.search import quantize_to_target
+
+    plan = ctx.plan
+    mix = parse_mix(qtype)
+    inputs, params = mix_inputs(plan, ctx.records, qtype)
+    step = f"quantize-{qtype}"
+    rec = ctx.state.done(step, inputs, params)
+    if rec is None:
+        ctx.stage(f"searching the best mix at {mix.describe()}")
+        model_file, recipe = plan.type_file(qtype), recipe_file(plan, qtype)
+        report = quantize_to_target(
+            first_output(ctx.records["master"], plan.outdir), plan.outdir / model_file, target_size=mix.size,
+            target_bpw=mix.bpw, target_like=mix.preset, imatrix=release_imatrix(ctx), types=params["candidates"],
+            mix_out=plan.outdir / recipe, cache_dir=plan.outdir / STATE_DIR / CACHE_DIR,
+            sample_rows=params["sample_rows"], proxy=params["proxy"], device=plan.options.device,
+            progress=ctx.progress)
+        d = report.to_dict()
+        ref = d["reference"]
+        # run-specific numbers (seconds, measured/cached counts) stay out of the record: the manifest is the
+        # same whichever machine or run made the step
+        results = {"bits_per_weight": d["bits_per_weight"], "budget": d["budget"], "budget_kind": d["budget_kind"],
+                   "feasible": d["feasible"], "predicted_size": d["predicted_size"],
+                   "base_preset": d["base_preset"].upper(), "proxy": d["proxy"], "estimated_error": d["estimated_error"],
+                   "reference": {**ref, "preset": ref["preset"].upper()}, "types": d["types"], "recipe": recipe,
+                   "target": mix.describe()}
+        rec = ctx.state.finish(step, inputs, params, [model_file, recipe], results)
+        ctx.ran.append(step)
+        ctx.searches[qtype] = {"measured": report.measured, "cached": report.cached}
+    else:
+        ctx.skipped.append(step)
+    ctx.records[step] = rec
+    return rec
+
+
 def quant_step(ctx: StepContext, qtype: str) -> dict[str, Any]:
     from ggufkit.quant import quantize_file
-    from ggufkit.release.mix import is_mix, mix_step
 
     if is_mix(qtype):
         return mix_step(ctx, qtype)
@@ -251,7 +297,6 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
     """What a run would do (``--dry-run``): each step, run or skip, its files and estimated sizes."""
     from ggufkit.quant.llama_quantize.presets import get_preset
     from ggufkit.quant.registry import bits_per_weight
-    from ggufkit.release.mix import is_mix, mix_inputs, parse_mix, recipe_file
 
     o = plan.options
     out: list[StepStatus] = []
@@ -265,8 +310,6 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
 
     if o.card_only:
         return [StepStatus("card", "run", ["README.md", "quality.png", "manifest.json"])]
-    from ggufkit.release.sizes import converted_size, type_sizes
-
     if plan.mmproj_file is not None:
         from ggufkit.converters import convert_mmproj
 
