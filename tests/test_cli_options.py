@@ -40,8 +40,8 @@ def test_every_imatrix_option_is_the_shared_one_with_its_help_text() -> None:
         assert p.help is not None and p.help.startswith(head) and p.help.endswith(tail), command_name
 
 
-@pytest.mark.parametrize("name", ["threads", "device"])
-def test_every_threads_and_device_option_is_the_shared_one(name: str) -> None:
+@pytest.mark.parametrize("name", ["threads", "device", "batch"])
+def test_every_threads_device_and_batch_option_is_the_shared_one(name: str) -> None:
     params = _params(name)
     assert params
     _same_definition(params)

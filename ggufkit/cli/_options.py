@@ -38,6 +38,9 @@ threads_option = click.option("--threads", "-t", type=click.IntRange(min=1), def
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
                              show_default=True, help="Where kernels run: CUDA when available with auto.")
 
+batch_option = click.option("--batch", "-b", type=click.IntRange(min=1), default=None,
+                            help="Chunks per forward pass (default: 2048 tokens' worth).")
+
 IMATRIX_HELP = "Importance matrix from llama-imatrix or `ggufkit imatrix` (GGUF or legacy .dat){use}."
 
 

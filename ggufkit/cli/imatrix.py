@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ggufkit.cli._options import common_options, device_option, kv_cache_option
+from ggufkit.cli._options import batch_option, common_options, device_option, kv_cache_option
 from ggufkit.cli._output import Output
 
 
@@ -80,8 +80,7 @@ def _render_statistics(d: Mapping[str, Any]) -> str:
               help="Every N chunks also write a snapshot OUTPUT.at_<chunks> (0: never).")
 @click.option("--output-frequency", type=click.IntRange(min=0), default=10, show_default=True,
               help="Every N chunks rewrite OUTPUT with the data so far (0: only at the end).")
-@click.option("--batch", "-b", type=click.IntRange(min=1), default=None,
-              help="Chunks per forward pass (default: 2048 tokens' worth).")
+@batch_option
 @click.option("--ggml-rounding", is_flag=True,
               help="Round the input of every matmul to the weight's vec_dot_type first (F16/BF16, or 8-bit "
                    "blocks for quantized weights), as llama.cpp's plain CPU kernels do (its AMX build "

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ggufkit.cli._options import common_options, device_option, kv_cache_option
+from ggufkit.cli._options import batch_option, common_options, device_option, kv_cache_option
 from ggufkit.cli._output import Output
 
 
@@ -94,8 +94,7 @@ def _chunk_printer(out: Output, baseline: bool) -> Any:
 @click.option("--ctx", "-c", type=click.IntRange(min=4), default=512, show_default=True,
               help="Tokens per chunk (llama-perplexity's -c).")
 @click.option("--chunks", type=click.IntRange(min=1), default=None, help="Evaluate at most N chunks.")
-@click.option("--batch", "-b", type=click.IntRange(min=1), default=None,
-              help="Chunks per forward pass (default: 2048 tokens' worth).")
+@batch_option
 @device_option
 @click.option("--dtype", type=click.Choice(["auto", "f32", "f16", "bf16"]), default="auto", show_default=True,
               help="Matmul precision; auto is f32 (reproduces the CPU result); f16/bf16 need a GPU.")
