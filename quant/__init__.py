@@ -3,7 +3,7 @@
 Public API:
 
 * :func:`quantize` / :func:`dequantize` - one tensor (``ggufkit.quant.dispatch``).
-* :data:`KERNELS`, :class:`QuantKernels`, :data:`SUPPORTED_TYPES` - the kernel registry.
+* :data:`KERNELS`, :class:`TypeTraits`, :data:`SUPPORTED_TYPES` - the kernel registry.
 * :func:`plan_quantization` and :func:`quantize_file` - llama-quantize's per-tensor plan and the file
   pipeline (``ggufkit.quant.llama_quantize.plan`` / ``ggufkit.quant.llama_quantize.pipeline``), imported on first access.
 
@@ -16,13 +16,13 @@ import importlib
 from typing import Any
 
 from ggufkit.quant.dispatch import cuda_available, dequantize, quantize, resolve_device
-from ggufkit.quant.registry import FLOAT_TYPES, KERNELS, SUPPORTED_TYPES, QuantKernels
+from ggufkit.quant.registry import FLOAT_TYPES, KERNELS, SUPPORTED_TYPES, TypeTraits
 
 __all__ = [
     "FLOAT_TYPES",
     "KERNELS",
     "SUPPORTED_TYPES",
-    "QuantKernels",
+    "TypeTraits",
     "cuda_available",
     "dequantize",
     "plan_quantization",

@@ -55,7 +55,7 @@ T = GGMLQuantizationType
 
 #: Types llama-quantize refuses to produce without importance-matrix data (src/llama-quant.cpp:
 #: tensor_requires_imatrix; Q2_K is added there only inside a Q2_K_S file, see
-#: ggufkit.quant.llama_quantize.mixture).
+#: ggufkit.quant.llama_quantize.presets.Preset.requires_imatrix).
 #: Kept for every type, kernel or not, so the planner can refuse a plan before any kernel exists.
 REQUIRES_IMATRIX: frozenset[GGMLQuantizationType] = frozenset(
     {T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_M, T.IQ1_S})
@@ -131,6 +131,14 @@ class TypeTraits:
     def is_float(self) -> bool:
         """An element-wise float conversion rather than a block kernel."""
         return not self.kernel
+
+    @property
+    def is_grid(self) -> bool:
+        """Its quantizer searches a lattice grid per block: the ``iq`` family (ggml-quants.c
+        quantize_row_iq2_xxs_impl, quantize_row_iq2_xs_impl, quantize_row_iq2_s_impl, quantize_row_iq3_xxs_impl,
+        quantize_row_iq3_s_impl, quantize_row_iq1_s_impl, quantize_row_iq1_m_impl): 3-15x the CPU time per row
+        of the other types."""
+        return self.family == "iq"
 
     def row_bytes(self, n_per_row: int) -> int:
         """Bytes of one row of ``n_per_row`` elements (a multiple of :attr:`block_size`)."""
@@ -252,5 +260,5 @@ KERNELS: dict[GGMLQuantizationType, TypeTraits] = {
 #: Every type :func:`ggufkit.quant.quantize` can produce.
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(TYPES)
 
-#: Former name of :class:`TypeTraits` (one row of the table).
-QuantKernels = TypeTraits
+#: The grid-search types (:attr:`TypeTraits.is_grid`).
+GRID_TYPES: frozenset[GGMLQuantizationType] = frozenset(t for t, r in TYPES.items() if r.is_grid)

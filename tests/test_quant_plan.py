@@ -25,14 +25,9 @@ from gguf import LlamaFileType
 from ggufkit.cli.quantize import TYPE_CHOICES as CLI_TYPE_CHOICES
 from ggufkit.errors import MetadataKeyNotFoundError, QuantizationError, UsageError
 from ggufkit.format import TensorSpec, open_gguf
-from ggufkit.quant.llama_quantize.plan import (
-    TYPE_CHOICES,
-    QuantOptions,
-    get_preset,
-    llama_order_key,
-    parse_tensor_type_option,
-    plan_quantization,
-)
+from ggufkit.quant.llama_quantize.options import parse_tensor_type_option
+from ggufkit.quant.llama_quantize.plan import QuantOptions, llama_order_key, plan_quantization
+from ggufkit.quant.llama_quantize.presets import TYPE_CHOICES, get_preset
 
 ALL_PRESETS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "f16",
                "bf16", "f32"]

@@ -79,3 +79,32 @@ def test_plan_names_cpu_only_and_missing_kernel_types():
     d = plan.to_dict()
     assert d["missing_kernels"] == [t.name for t in plan.missing_kernels()]
     assert d["cpu_only_types"] == [t.name for t in plan.cpu_only_types()]
+
+
+def test_type_lists_are_derived_from_the_trait_table():
+    """One list of writable types (the table's rows), the grid types a column of it; no second names."""
+    from ggufkit.quant import registry
+    from ggufkit.quant.llama_quantize import plan
+    from ggufkit.quant.registry import GRID_TYPES
+
+    assert list(TENSOR_TYPES.values()) == sorted(TYPES, key=int)
+    assert {QT.IQ1_S, QT.IQ1_M, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S} == GRID_TYPES
+    assert {t for t, r in TYPES.items() if r.is_grid} == GRID_TYPES
+    assert not hasattr(registry, "QuantKernels") and not hasattr(plan, "WRITABLE_TYPES")
+
+
+def test_the_q2_k_s_imatrix_rule_is_the_presets():
+    """tensor_requires_imatrix: the very low-bit types always, Q2_K only inside a Q2_K_S file; the preset's
+    own need and the planner's per-tensor flag both ask the preset."""
+    from ggufkit.format import TensorSpec
+    from ggufkit.quant.llama_quantize.plan import QuantOptions, plan_quantization
+
+    q2_k_s, q2_k = PRESETS["q2_k_s"], PRESETS["q2_k"]
+    assert q2_k_s.requires_imatrix(QT.Q2_K) and not q2_k.requires_imatrix(QT.Q2_K)
+    assert q2_k.requires_imatrix(QT.IQ2_XXS) and not q2_k_s.requires_imatrix(QT.Q4_K)
+    assert q2_k_s.needs_imatrix and not q2_k.needs_imatrix and PRESETS["iq2_xxs"].needs_imatrix
+    specs = [TensorSpec("blk.0.attn_q.weight", QT.F16, (256, 256))]
+    for name, required in (("q2_k_s", True), ("q2_k", False)):
+        p = plan_quantization(specs, name, arch="llama", metadata={"llama.block_count": 1},
+                              options=QuantOptions(pure=True, dry_run=True))
+        assert p.entries[0].requires_imatrix == required, name

@@ -214,7 +214,7 @@ def test_requantize_matches_powerinfer_and_needs_allow_requantize(models, tmp_pa
     assert_matches_powerinfer(q8, ref, out, check_reference=False)
 
 
-@pytest.mark.parametrize("args", [("--type", "bf16"), ("--type", "q4_k_m", "--tensor-type", "attn_v=q8_0"),
+@pytest.mark.parametrize("args", [("--type", "bf16"), ("--type", "15"), ("--type", "q4_k_m", "--tensor-type", "attn_v=q8_0"),
                                   ("--type", "q4_0", "--output-tensor-type", "q8_0"),
                                   ("--type", "q4_0", "--token-embedding-type", "q8_0")])
 def test_what_powerinfers_quantize_does_not_offer_is_refused_for_pwri_files(models, tmp_path, args):

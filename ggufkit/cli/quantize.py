@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ggufkit.cli._options import common_options, device_option, dry_run_option, threads_option
+from ggufkit.cli._options import common_options, device_option, dry_run_option, imatrix_option, threads_option
 from ggufkit.cli._output import Output, human_bytes, table
 from ggufkit.outputs import (
     TEMPLATE_HELP,
@@ -20,35 +20,45 @@ from ggufkit.outputs import (
 )
 from ggufkit.quant.llama_quantize.presets import (
     TYPE_CHOICES,
-    get_preset,
+    PresetChoice,
+    default_output_name,
+    find_preset,
+    parse_preset,
     preset_help_header,
     preset_help_lines,
-    quant_option_name,
     type_help_lines,
+)
+from ggufkit.quant.target.defaults import (
+    AUTO_SENSITIVITY_MAX_WEIGHTS,
+    SENSITIVITY_CHOICES,
+    resolve_sensitivity,
 )
 
 
 class _TargetType(click.ParamType):
-    """A llama-quantize TYPE: a QUANT_OPTIONS name (case-insensitive) or a numeric file type id."""
+    """A llama-quantize TYPE: a QUANT_OPTIONS name (case-insensitive) or a numeric file type id, parsed once
+    into a :class:`PresetChoice` (a tuple of them where a comma-separated list is accepted)."""
 
     name = "TYPE"
 
     def __init__(self, several: bool = False) -> None:
         self.several = several  # a comma-separated list is accepted
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> PresetChoice | tuple[PresetChoice, ...]:
         from ggufkit.errors import UsageError
 
+        if isinstance(value, (PresetChoice, tuple)):
+            return value
         words = str(value).split(",") if self.several else [str(value)]
         try:
-            for word in words:
-                get_preset(word)
+            choices = tuple(parse_preset(word) for word in words)
         except UsageError as exc:
             self.fail(str(exc), param, ctx)
-        names = [quant_option_name(w) for w in words]
+        names = [c.name for c in choices]
         if len(set(names)) < len(names):
             self.fail(f"a type is named twice in {value!r}", param, ctx)
-        return str(value)
+        return choices if self.several else choices[0]
 
 
 _EPILOG = "\n".join([
@@ -133,15 +143,14 @@ def _render_target(d: Mapping[str, Any]) -> str:
               help="Where a target search caches its measurements (default ~/.cache/ggufkit/target).")
 @click.option("--calibration-text", type=click.Path(dir_okay=False, exists=True, path_type=str),
               help="Text the target search measures each tensor group's KLD on (default: the bundled sample).")
-@click.option("--sensitivity", type=click.Choice(["auto", "off", "estimate", "search"]), default="auto",
+@click.option("--sensitivity", type=click.Choice(SENSITIVITY_CHOICES), default="auto",
               show_default=True,
               help="Measured KLD sensitivity of a target search: for the estimated KLD of the report only "
                    "(estimate), also to weigh the search (search), or not measured (off); auto = search "
-                   "when PyTorch is installed and the model has at most 4B weights (the measurement runs the "
-                   "model about 15 times on the CPU), else off.")
+                   f"when PyTorch is installed and the model has at most {AUTO_SENSITIVITY_MAX_WEIGHTS / 1e9:.0f}B "
+                   "weights (the measurement runs the model about 15 times on the CPU), else off.")
 @click.option("--pure", is_flag=True, help="No k-quant mixture: every quantizable tensor gets the default type.")
-@click.option("--imatrix", "imatrix", type=click.Path(dir_okay=False, exists=True, path_type=str),
-              help="Importance matrix from llama-imatrix (GGUF or legacy .dat).")
+@imatrix_option()
 @click.option("--tensor-type", "tensor_types", multiple=True, metavar="PATTERN=TYPE",
               help="Override the type of tensors whose name matches the regular expression (first match wins).")
 @click.option("--tensor-type-file", type=click.Path(dir_okay=False, exists=True, path_type=str),
@@ -164,8 +173,8 @@ def _render_target(d: Mapping[str, Any]) -> str:
 @device_option
 @dry_run_option
 @common_options
-def quantize(input_file: str, positional: tuple[str, ...], target: str | None, target_size: str | None,
-             target_bpw: float | None, target_like: str | None, cand_types: str | None, mix_out: str | None,
+def quantize(input_file: str, positional: tuple[str, ...], target: tuple[PresetChoice, ...] | None,
+             target_size: str | None, target_bpw: float | None, target_like: PresetChoice | None, cand_types: str | None, mix_out: str | None,
              cache_dir: str | None, calibration_text: str | None, sensitivity: str, pure: bool, imatrix: str | None,
              tensor_types: tuple[str, ...], output_tensor_type: str | None, token_embedding_type: str | None,
              tensor_type_file: str | None, include_weights: tuple[str, ...], exclude_weights: tuple[str, ...],
@@ -197,13 +206,13 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
         _refuse_a_mistyped_type(output_file)  # no type anywhere: the only word may be a mistyped one
     if positional_type is not None:
         if target is not None:
-            raise UsageError(f"the type is given twice: {positional_type} and --type {target}")
+            raise UsageError(f"the type is given twice: {_words(positional_type)} and --type {_words(target)}")
         target = positional_type
     if positional_threads is not None:
         if threads is not None:
             raise UsageError(f"the thread count is given twice: {positional_threads} and --threads {threads}")
         threads = positional_threads or None
-    if output_file is None and not dry_run and not (target and "," in target):
+    if output_file is None and not dry_run and not (target and len(target) > 1):
         raise click.UsageError("OUT.gguf is required unless --dry-run is given")
     if (target is None) == (not searching):
         raise UsageError("give --type, or one of --target-size, --target-bpw, --target-like")
@@ -217,7 +226,8 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
         if used:
             raise UsageError(f"{', '.join(used)} cannot be combined with a target search")
         if output_file is not None:
-            output_file = str(resolve_output(output_file, f"ggml-model-{(target_like or 'mix').upper()}.gguf",
+            name = target_like.word.upper() if target_like is not None else "MIX"
+            output_file = str(resolve_output(output_file, default_output_name(name),
                                              Path(os.path.dirname(input_file))))
             refuse_overwriting_inputs([output_file, *([mix_out] if mix_out else [])],
                                       [input_file, imatrix, calibration_text])
@@ -236,26 +246,31 @@ def quantize(input_file: str, positional: tuple[str, ...], target: str | None, t
         allow_requantize=allow_requantize, no_fallback=no_fallback, threads=threads, device=device,
         tensor_type_file=tensor_type_file, include_weights=include_weights, exclude_weights=exclude_weights,
         prune_layers=prune_layers or (), keep_split=keep_split, override_kv=override_kv)
-    targets = target.split(",")
+    targets = list(target)
     outputs = several_outputs(input_file, output_file, targets)
     if not dry_run:  # before any work; quantize_file checks the input's shards too
         refuse_overwriting_inputs(outputs, [input_file, imatrix, tensor_type_file])
     if len(targets) > 1:
         _several(out, input_file, outputs, targets, dry_run, options)
         return
-    report = quantize_file(input_file, outputs[0] if output_file is not None else None, target, dry_run=dry_run,
-                           progress=out.progress(), **options)
+    report = quantize_file(input_file, outputs[0] if output_file is not None else None, targets[0],
+                           dry_run=dry_run, progress=out.progress(), **options)
     for warning in report.warnings:
         out.warn(warning)
     out.result(report.to_dict(), lambda d: _render(d, device))
 
 
+def _words(choices: tuple[PresetChoice, ...]) -> str:
+    """The TYPE words as given (comma-separated)."""
+    return ",".join(c.word for c in choices)
+
+
 def default_output(input_file: str, name: str) -> str:
     """llama-quantize's output path when none is given: ``ggml-model-NAME.gguf`` in IN's folder."""
-    return os.path.join(os.path.dirname(input_file), f"ggml-model-{name}.gguf")
+    return os.path.join(os.path.dirname(input_file), default_output_name(name))
 
 
-def several_outputs(input_file: str, output_file: str | None, targets: list[str]) -> list[str]:
+def several_outputs(input_file: str, output_file: str | None, targets: list[PresetChoice]) -> list[str]:
     """One output per type, through :func:`ggufkit.outputs.resolve_output`: OUT as a file, a template
     (``{type}`` the type's QUANT_OPTIONS name in lower case, ``{TYPE}`` in upper case), or a folder (an existing
     one, or a path ending in a separator) holding ``ggml-model-NAME.gguf``; without OUT ``ggml-model-NAME.gguf``
@@ -267,14 +282,14 @@ def several_outputs(input_file: str, output_file: str | None, targets: list[str]
     """
     from ggufkit.errors import UsageError
 
-    names = [quant_option_name(t) or t.upper() for t in targets]
+    names = [t.name for t in targets]
     if output_file is None:
         return [default_output(input_file, n) for n in names]
     if len(names) > 1 and not (is_template(output_file) or ends_with_separator(output_file)
                                or os.path.isdir(output_file)):
         raise UsageError(f"several types need an output name with {{type}} in it (got {output_file!r}), "
                          "e.g. model-{type}.gguf, or a folder")
-    return [str(resolve_output(output_file, f"ggml-model-{n}.gguf", Path(os.path.dirname(input_file)), n))
+    return [str(resolve_output(output_file, default_output_name(n), Path(os.path.dirname(input_file)), n))
             for n in names]
 
 
@@ -293,7 +308,7 @@ def _refuse_a_mistyped_type(word: str) -> None:
                          "or a numeric file type id")
 
 
-def _several(out: Output, input_file: str, outputs: list[str], targets: list[str], dry_run: bool,
+def _several(out: Output, input_file: str, outputs: list[str], targets: list[PresetChoice], dry_run: bool,
              options: dict[str, Any]) -> None:
     """Every type's plan first (a refused one stops the run before anything is written), then one file per
     type in this process: imports, kernel loading and the input's pages in the page cache are shared."""
@@ -319,11 +334,12 @@ def _several(out: Output, input_file: str, outputs: list[str], targets: list[str
 
 
 def split_positional(input_file: str, args: tuple[str, ...], dry_run: bool
-                     ) -> tuple[str | None, str | None, int | None]:
+                     ) -> tuple[str | None, tuple[PresetChoice, ...] | None, int | None]:
     """(OUT, TYPE, NTHREADS) from the words after IN.gguf, read as llama-quantize reads them
     (tools/quantize/quantize.cpp, ``main``): a first word that parses as a type is the type and the output
     is ``ggml-model-NAME.gguf`` in IN's folder; otherwise it is the output and the type may follow; a last
-    word is the thread count (0 or less: all cores, returned as 0).
+    word is the thread count (0 or less: all cores, returned as 0). A TYPE word that parses is then read as
+    ``--type`` reads its value: comma-separated, each part parsed once.
 
     Raises:
         UsageError: a word that is not a type where a type must be, a thread count that is not an integer,
@@ -335,60 +351,42 @@ def split_positional(input_file: str, args: tuple[str, ...], dry_run: bool
         return None, None, None
     rest = list(args)
     out: str | None = None
-    name = quant_option_name(rest[0])
-    if name is not None:  # IN TYPE [NTHREADS]
+    choice = find_preset(rest[0])
+    word: str | None = None
+    if choice is not None:  # IN TYPE [NTHREADS]
         if not dry_run:
-            out = default_output(input_file, name)
-        target: str | None = rest.pop(0)
+            out = default_output(input_file, choice.name)
+        word = rest.pop(0)
     else:  # IN OUT [TYPE [NTHREADS]]
         out = rest.pop(0)
-        target = rest.pop(0) if rest else None
-        if target is not None and quant_option_name(target) is None:
-            raise UsageError(f"invalid type {target!r} after OUT.gguf; "
-                             f"{did_you_mean(target, [t.upper() for t in TYPE_CHOICES])}choose one of "
+        word = rest.pop(0) if rest else None
+        choice = None if word is None else find_preset(word)
+        if word is not None and choice is None:
+            raise UsageError(f"invalid type {word!r} after OUT.gguf; "
+                             f"{did_you_mean(word, [t.upper() for t in TYPE_CHOICES])}choose one of "
                              f"{', '.join(TYPE_CHOICES)} or a numeric file type id")
+    target: tuple[PresetChoice, ...] | None = None
+    if word is not None and choice is not None:  # a list is read as --type reads it
+        target = (choice,) if "," not in word else tuple(parse_preset(w) for w in word.split(","))
     threads: int | None = None
     if rest:
-        word = rest.pop(0)
+        count = rest.pop(0)
         try:
-            threads = max(int(word), 0)
+            threads = max(int(count), 0)
         except ValueError:
-            raise UsageError(f"invalid thread count {word!r}") from None
+            raise UsageError(f"invalid thread count {count!r}") from None
     if rest:
         raise UsageError(f"unexpected extra argument {rest[0]!r}; the form is IN.gguf [OUT.gguf] [TYPE [NTHREADS]]")
     return out, target, threads
 
 
-#: ``--sensitivity auto`` measures the KLD sensitivity only up to this many weights.
-AUTO_SENSITIVITY_MAX_WEIGHTS = 4_000_000_000
-
-
 def _target(out: Output, input_file: str, output_file: str | None, sensitivity: str, calibration_text: str | None,
             **kwargs: Any) -> None:
     """A target search; with the KLD sensitivity through the evaluator unless ``off`` (or auto without torch)."""
-    import importlib.util
-
-    from ggufkit.errors import UsageError
-
-    if sensitivity == "auto":
-        if importlib.util.find_spec("torch") is None:
-            if calibration_text is not None:
-                raise UsageError("--calibration-text needs PyTorch (pip install 'ggufkit[torch]')")
-            sensitivity = "off"
-        else:
-            from ggufkit.format import open_gguf
-
-            with open_gguf(input_file) as model:
-                n_weights = sum(t.n_elements for t in model.tensors)
-            # unattended runs stay bounded: a 70B model's evaluator passes would take hours on a CPU
-            small = n_weights <= AUTO_SENSITIVITY_MAX_WEIGHTS
-            sensitivity = "search" if small or calibration_text is not None else "off"
-            if sensitivity == "off":
-                out.warn(f"{n_weights / 1e9:.1f}B weights: the KLD sensitivity is not measured by default above "
-                         f"{AUTO_SENSITIVITY_MAX_WEIGHTS / 1e9:.0f}B (--sensitivity search measures it)")
+    sensitivity, warnings = resolve_sensitivity(input_file, sensitivity, calibration_text)
+    for warning in warnings:
+        out.warn(warning)
     if sensitivity == "off":
-        if calibration_text is not None:
-            raise UsageError("--calibration-text is read only by the KLD sensitivity (not with --sensitivity off)")
         from ggufkit.quant.target.search import quantize_to_target
 
         out.result(quantize_to_target(input_file, output_file, progress=out.progress(), **kwargs).to_dict(),

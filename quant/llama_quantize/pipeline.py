@@ -44,21 +44,21 @@ from ggufkit.quant.llama_quantize.options import (
     KVOverride,
     filter_imatrix,
     parse_kv_override,
+    parse_prune_layers,
+    parse_tensor_type_option,
     read_tensor_type_file,
 )
 from ggufkit.quant.llama_quantize.plan import (
-    FLOAT_TYPES,
     QUANTIZATION_VERSION,
     PlanEntry,
     QuantOptions,
     QuantPlan,
-    parse_prune_layers,
-    parse_tensor_type_option,
-    parse_type,
     plan_quantization,
     refuse_missing_imatrix,
 )
-from ggufkit.quant.registry import TYPES
+from ggufkit.quant.llama_quantize.plan_powerinfer import plan_powerinfer, sparse_ffn_warnings
+from ggufkit.quant.llama_quantize.presets import PresetChoice, parse_type
+from ggufkit.quant.registry import FLOAT_TYPES, TYPES
 
 QT = GGMLQuantizationType
 
@@ -98,7 +98,7 @@ class QuantReport:
                 "fallback_summary": self.plan.fallback_summary(), **self.plan.to_dict()}
 
 
-def quantize_file(input: str | Path, output: str | Path | None, target: str, *, pure: bool = False,
+def quantize_file(input: str | Path, output: str | Path | None, target: str | PresetChoice, *, pure: bool = False,
                   imatrix: str | Path | Imatrix | None = None,
                   tensor_types: Sequence[str | tuple[str, str | GGMLQuantizationType]] = (),
                   output_tensor_type: str | GGMLQuantizationType | None = None,
@@ -115,7 +115,9 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
         input: F32/F16/BF16 GGUF file (or any shard of a gguf-split set).
         output: the file to write (atomically); may be None with ``dry_run``.
         target: a ``QUANT_OPTIONS`` name of llama-quantize (``ggufkit.quant.llama_quantize.presets.TYPE_CHOICES``,
-            case-insensitive; ``q4_k`` = ``q4_k_m``) or a numeric file type id.
+            case-insensitive; ``q4_k`` = ``q4_k_m``) or a numeric file type id, or one already parsed
+            (:class:`~ggufkit.quant.llama_quantize.presets.PresetChoice`). A PowerInfer (PWRI) input is planned
+            by PowerInfer's ``quantize`` rules and names (:mod:`~ggufkit.quant.llama_quantize.plan_powerinfer`).
         pure: no mixture rules: every quantizable tensor gets the default type (fallbacks still apply).
         imatrix: a llama-imatrix file (GGUF or legacy ``.dat``) or an already loaded :class:`Imatrix`.
         tensor_types: ``PATTERN=TYPE`` overrides; the first regular expression found in a name wins.
@@ -183,16 +185,17 @@ def quantize_file(input: str | Path, output: str | Path | None, target: str, *, 
         # llama_model_loader reads the hparams the rules use (all integers) through the overrides; an override
         # of another kind only warns there and the file's value stays.
         hparams = {**model.kv, **{o.key: o.value for o in overrides if o.vtype == VT.UINT32}}
-        plan = plan_quantization(model.tensors, target, arch=arch, metadata=hparams, options=options,
-                                 powerinfer=model.is_powerinfer)
+        if model.is_powerinfer:  # PowerInfer's own quantize rules and type names, tensors in file order
+            word = target.word if isinstance(target, PresetChoice) else target
+            plan = plan_powerinfer(model.tensors, word, arch=arch, metadata=hparams, options=options)
+        else:
+            plan = plan_quantization(model.tensors, target, arch=arch, metadata=hparams, options=options)
         warnings = missing_imatrix_warnings(plan)
         need = plan.imatrix_required()
         if need:  # one line: a dry run of IQ2_XXS would otherwise print one per tensor
             warnings.append(f"{len(need)} tensors need an importance matrix, first {need[0].name!r} "
                             f"({need[0].dst_type.name}): a real run refuses them")
         if model.is_powerinfer:
-            from ggufkit.quant.llama_quantize.plan_powerinfer import sparse_ffn_warnings
-
             warnings += sparse_ffn_warnings(plan)
         dev = _device_or_none(device, dry_run)
         if plan.cpu_only_types() and device == "cuda":  # asked for: under auto it is no news

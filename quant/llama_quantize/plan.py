@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
 from ggufkit.errors import QuantizationError
+from ggufkit.format.tensor_shape import n_elements
 from ggufkit.quant.llama_quantize.mixture import (
     ATTN_K,
     ATTN_KV_B,
@@ -40,26 +41,15 @@ from ggufkit.quant.llama_quantize.mixture import (
     layer_of,
     mixture_type,
 )
-from ggufkit.quant.llama_quantize.options import parse_prune_layers, parse_tensor_type_option
-from ggufkit.quant.llama_quantize.presets import (
-    ALIASES,
-    PRESETS,
-    TENSOR_TYPES,
-    TYPE_CHOICES,
-    Preset,
-    get_preset,
-    parse_type,
-)
-from ggufkit.quant.registry import FLOAT_TYPES, REQUIRES_IMATRIX, TYPES
+from ggufkit.quant.llama_quantize.options import parse_prune_layers
+from ggufkit.quant.llama_quantize.presets import ALIASES, PRESETS, Preset, PresetChoice, get_preset
+from ggufkit.quant.registry import FLOAT_TYPES, TYPES
 
 QT = GGMLQuantizationType
 
-__all__ = ["ALIASES", "PRESETS", "TYPE_CHOICES", "WRITABLE_TYPES", "PlanEntry", "Preset", "QuantOptions",
-           "QuantPlan", "get_preset", "llama_order_key", "parse_prune_layers", "parse_tensor_type_option",
-           "parse_type", "plan_quantization", "tensor_category"]
-
-#: Tensor types ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type`` accept.
-WRITABLE_TYPES = TENSOR_TYPES
+__all__ = ["NO_QUANTIZER_WITHOUT_IMATRIX", "QUANTIZATION_VERSION", "PlanEntry", "QuantOptions", "QuantPlan",
+           "TensorSource", "llama_order_key", "model_info", "plan_quantization", "refuse_missing_imatrix",
+           "tensor_category", "tensor_nbytes"]
 
 #: ggml.c ``ggml_quantize_requires_imatrix``: ggml has no quantizer for these without importance weights and
 #: ``ggml_quantize_chunk`` aborts (GGML_ASSERT) on any tensor, token_embd and output included, that gets none.
@@ -152,10 +142,7 @@ class PlanEntry:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return n_elements(self.shape)
 
     @property
     def action(self) -> str:
@@ -394,10 +381,7 @@ def model_info(arch: str, metadata: Mapping[str, Any]) -> Model:
 def tensor_nbytes(t: GGMLQuantizationType, shape: Sequence[int]) -> int:
     """Bytes of a tensor of numpy-order ``shape`` in type ``t`` (rows must be whole blocks)."""
     block, size = GGML_QUANT_SIZES[t]
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
-    return rows * (shape[-1] // block) * size
+    return n_elements(shape[:-1]) * (shape[-1] // block) * size
 
 
 _BLK_RE = re.compile(r"blk\.(\d+)\.")
@@ -426,21 +410,20 @@ def _prune_names(names: Sequence[str], prune: Sequence[int]) -> tuple[dict[str, 
     return out, next_id
 
 
-def plan_quantization(tensors: Sequence[TensorSource], target: str, *, arch: str,
-                      metadata: Mapping[str, Any], options: QuantOptions | None = None,
-                      powerinfer: bool = False) -> QuantPlan:
+def plan_quantization(tensors: Sequence[TensorSource], target: str | PresetChoice, *, arch: str,
+                      metadata: Mapping[str, Any], options: QuantOptions | None = None) -> QuantPlan:
     """Choose every tensor's output type exactly as ``llama_model_quantize`` would.
 
     Args:
         tensors: the input tensors (any order): objects with ``name``, ``ggml_type`` and numpy-order ``shape``
             (a reader's ``TensorInfo``, a writer's ``TensorSpec``); ``shard``/``offset`` when present order
             the output under ``keep_split``.
-        target: a ``--type`` value (:data:`TYPE_CHOICES` or a numeric file type, case-insensitive).
+        target: a ``--type`` value (``TYPE_CHOICES`` of :mod:`~ggufkit.quant.llama_quantize.presets` or a
+            numeric file type, case-insensitive), or one already parsed (:class:`PresetChoice`).
         arch: ``general.architecture`` (``falcon`` and 80-layer ``llama`` have special rules).
         metadata: the model's KV pairs (plain values or typed values with ``.value``, ``--override-kv``
             already applied); reads ``<arch>.block_count``, ``<arch>.expert_count`` and the head counts.
         options: see :class:`QuantOptions`.
-        powerinfer: a PowerInfer (PWRI) file: PowerInfer's ``quantize`` rules instead (plan_powerinfer.py).
 
     Returns:
         The plan, entries in llama-quantize's output order.
@@ -453,10 +436,6 @@ def plan_quantization(tensors: Sequence[TensorSource], target: str, *, arch: str
             :meth:`QuantPlan.imatrix_required`).
         MetadataKeyNotFoundError: the mixture rules need ``<arch>.block_count`` and it is missing.
     """
-    if powerinfer:  # PWRI files: PowerInfer's own quantize rules (see plan_powerinfer), tensors in file order
-        from ggufkit.quant.llama_quantize.plan_powerinfer import plan_powerinfer
-
-        return plan_powerinfer(tensors, target, arch=arch, metadata=metadata, options=options)
     opts = options or QuantOptions()
     preset = get_preset(target)
     if preset.only_copy:
@@ -586,9 +565,9 @@ def _plan_one(t: TensorSource, name: str, preset: Preset, model: Model, c: Count
         if src not in TYPES:
             raise QuantizationError(f"cannot requantize from {src.name}: ggufkit has no dequantizer for it",
                                     tensor=name)
-    # tensor_requires_imatrix: never the token embeddings or output; Q2_K only inside a Q2_K_S file.
+    # tensor_requires_imatrix: never the token embeddings or output.
     requires = keep is None and name not in _TOKEN_EMBD_NAMES and name != "output.weight" and (
-        dst in REQUIRES_IMATRIX or (dst == QT.Q2_K and preset.file_type == LlamaFileType.MOSTLY_Q2_K_S))
+        preset.requires_imatrix(dst))
     imatrix = _imatrix_status(t.name, name, shape, src, dst, cat, opts)
     return PlanEntry(name, shape, src, dst, reason, tensor_nbytes(dst, shape), tensor_nbytes(src, shape),
                      fallback, imatrix, src_name=t.name, shard=int(getattr(t, "shard", 0)),

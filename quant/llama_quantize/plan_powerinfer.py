@@ -26,15 +26,8 @@ from typing import Any
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
 from ggufkit.errors import QuantizationError, UsageError
-from ggufkit.quant.llama_quantize.plan import (
-    FLOAT_TYPES,
-    WRITABLE_TYPES,
-    PlanEntry,
-    QuantOptions,
-    QuantPlan,
-    TensorSource,
-    tensor_nbytes,
-)
+from ggufkit.quant.llama_quantize.plan import PlanEntry, QuantOptions, QuantPlan, TensorSource, tensor_nbytes
+from ggufkit.quant.registry import FLOAT_TYPES, SUPPORTED_TYPES, TYPES
 
 QT = GGMLQuantizationType
 _LFT = LlamaFileType
@@ -204,8 +197,6 @@ def plan_powerinfer(tensors: Sequence[TensorSource], target: str, *, arch: str, 
         QuantizationError: a planned type ggufkit has no kernel for, rows that are not whole blocks of the
             planned type, a quantized input without ``allow_requantize``, a fallback with ``no_fallback``.
     """
-    from ggufkit.quant.registry import SUPPORTED_TYPES
-
     opts = options or QuantOptions()
     _refuse_foreign_options(opts)
     preset, file_type, default = powerinfer_preset(target)
@@ -261,7 +252,7 @@ def _entry(name: str, shape: tuple[int, ...], src: GGMLQuantizationType, dst: GG
             if not opts.allow_requantize:
                 raise QuantizationError(f"already quantized as {src.name}; pass --allow-requantize to dequantize "
                                         f"it and quantize it again as {dst.name}", tensor=name)
-            if src not in WRITABLE_TYPES.values():
+            if src not in TYPES:
                 raise QuantizationError(f"cannot requantize from {src.name}: ggufkit has no dequantizer for it",
                                         tensor=name)
     return PlanEntry(name, shape, src, dst, reason, tensor_nbytes(dst, shape), tensor_nbytes(src, shape), fallback)

@@ -52,7 +52,13 @@ class Preset:
     @property
     def needs_imatrix(self) -> bool:
         """Its default type cannot be written without an importance matrix (Q2_K_S's Q2_K included)."""
-        return self.default_type in REQUIRES_IMATRIX or self.file_type == F.MOSTLY_Q2_K_S
+        return self.requires_imatrix(self.default_type)
+
+    def requires_imatrix(self, t: GGMLQuantizationType) -> bool:
+        """llama-quant.cpp ``tensor_requires_imatrix`` for a tensor of type ``t`` in this preset's file (its
+        exemption of the token embeddings and output aside): the very low-bit types of
+        :data:`~ggufkit.quant.registry.REQUIRES_IMATRIX` always, Q2_K only inside a Q2_K_S file."""
+        return t in REQUIRES_IMATRIX or (t == QT.Q2_K and self.file_type == F.MOSTLY_Q2_K_S)
 
 
 #: Values of :attr:`Preset.outtype`.
@@ -115,12 +121,10 @@ ALIASES: dict[str, str] = {n: p.desc.split()[-1].lower() for n, p in PRESETS.ite
 TYPE_CHOICES: tuple[str, ...] = tuple(PRESETS)
 
 #: Tensor types llama-quantize can be asked for by name (``--tensor-type``, ``--output-tensor-type``,
-#: ``--token-embedding-type``): the float types and every type some preset can produce. Q8_1, Q8_K and
-#: the integer types are ggml types too, but ggml_quantize_chunk cannot write them.
-TENSOR_TYPES: dict[str, GGMLQuantizationType] = {type_name(t).lower(): t for t in sorted({
-    *FLOAT_TYPES, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K,
-    QT.IQ2_XXS, QT.IQ2_XS, QT.IQ3_XXS, QT.IQ1_S, QT.IQ4_NL, QT.IQ3_S, QT.IQ2_S, QT.IQ4_XS, QT.IQ1_M,
-    QT.TQ1_0, QT.TQ2_0, QT.MXFP4, QT.Q1_0}, key=int)}
+#: ``--token-embedding-type``): every row of the trait table (:data:`~ggufkit.quant.registry.TYPES`), in
+#: ggml type-id order. Q8_1, Q8_K and the integer types are ggml types too, but ggml_quantize_chunk cannot
+#: write them.
+TENSOR_TYPES: dict[str, GGMLQuantizationType] = {type_name(t).lower(): t for t in sorted(TYPES, key=int)}
 
 #: ``ggufkit convert --outtype`` names for adapters (``--mmproj`` projectors, LoRA): widest type first, as
 #: convert_hf_to_gguf.py lists its ``--outtype`` choices (f32, f16, bf16, q8_0).
@@ -135,39 +139,79 @@ CONVERT_OUTTYPES: tuple[str, ...] = ADAPTER_OUTTYPES + tuple(n for n, p in PRESE
 _STOI = re.compile(r"\s*([+-]?\d+)")
 
 
-def _quant_option_row(word: str) -> Preset | None:
-    """The ``QUANT_OPTIONS`` row quantize.cpp's ``try_parse_ftype`` picks for ``word`` (an alias is its own
-    row): a name, case-insensitive, else the first row whose id is ``word``'s leading integer; None if none."""
+@dataclass(frozen=True)
+class PresetChoice:
+    """A ``--type`` word parsed once, as quantize.cpp's ``try_parse_ftype`` parses it.
+
+    Attributes:
+        word: the word as given (``Q4_K``, ``15``).
+        row: the ``QUANT_OPTIONS`` row it names: a name, case-insensitive, else the first row whose ftype id is
+            the word's leading integer (an alias is its own row).
+    """
+
+    word: str
+    row: Preset
+
+    @property
+    def name(self) -> str:
+        """The ``QUANT_OPTIONS`` name llama-quantize gives the word (``Q4_K``; a numeric id names its first
+        row); it also names llama-quantize's default output (:func:`default_output_name`)."""
+        return self.row.name.upper()
+
+    @property
+    def preset(self) -> Preset:
+        """The preset the row stands for (an alias gives the row it names)."""
+        return PRESETS[ALIASES.get(self.row.name, self.row.name)]
+
+
+def find_preset(word: str) -> PresetChoice | None:
+    """The :class:`PresetChoice` of ``word``, or None when ``word`` is not a ``--type`` value."""
     key = word.strip().lower()
     if key in PRESETS:
-        return PRESETS[key]
+        return PresetChoice(word, PRESETS[key])
     m = _STOI.match(word)
     if m:
-        return next((p for p in PRESETS.values() if int(p.file_type) == int(m.group(1))), None)
+        row = next((p for p in PRESETS.values() if int(p.file_type) == int(m.group(1))), None)
+        return None if row is None else PresetChoice(word, row)
     return None
 
 
-def get_preset(target: str) -> Preset:
-    """The preset for a ``--type`` value: a ``QUANT_OPTIONS`` name (case-insensitive) or a numeric ftype id
-    (the first row with that id, as quantize.cpp's ``try_parse_ftype``); an alias gives the row it stands for.
+def parse_preset(word: str) -> PresetChoice:
+    """The :class:`PresetChoice` of a ``--type`` value: a ``QUANT_OPTIONS`` name (case-insensitive) or a
+    numeric ftype id.
 
     Raises:
         UsageError: unknown name or id.
     """
-    row = _quant_option_row(target)
-    if row is None:
-        raise UsageError(f"unknown quantization type {target!r}; "
-                         f"{did_you_mean(target, [c.upper() for c in TYPE_CHOICES])}choose one of "
+    choice = find_preset(word)
+    if choice is None:
+        raise UsageError(f"unknown quantization type {word!r}; "
+                         f"{did_you_mean(word, [c.upper() for c in TYPE_CHOICES])}choose one of "
                          f"{', '.join(TYPE_CHOICES)} or a numeric file type id")
-    return PRESETS[ALIASES.get(row.name, row.name)]
+    return choice
+
+
+def get_preset(target: str | PresetChoice) -> Preset:
+    """The preset for a ``--type`` value (see :func:`parse_preset`) or an already parsed one; an alias gives
+    the row it stands for.
+
+    Raises:
+        UsageError: unknown name or id.
+    """
+    return (target if isinstance(target, PresetChoice) else parse_preset(target)).preset
 
 
 def quant_option_name(word: str) -> str | None:
-    """The ``QUANT_OPTIONS`` name llama-quantize gives ``word`` (``Q4_K_M``; an alias keeps its own name,
-    a numeric id names its first row), or None when ``word`` is not a type; the name also makes
-    llama-quantize's default output name ``ggml-model-NAME.gguf``."""
-    row = _quant_option_row(word)
-    return None if row is None else row.name.upper()
+    """The ``QUANT_OPTIONS`` name llama-quantize gives ``word`` (:attr:`PresetChoice.name`), or None when
+    ``word`` is not a type."""
+    choice = find_preset(word)
+    return None if choice is None else choice.name
+
+
+def default_output_name(name: str) -> str:
+    """llama-quantize's output file name when none is given (quantize.cpp ``main``: ``ggml-model-`` + the type
+    word's name + ``.gguf``, in IN's folder)."""
+    return f"ggml-model-{name}.gguf"
 
 
 def parse_type(name: str | GGMLQuantizationType, what: str = "tensor type") -> GGMLQuantizationType:

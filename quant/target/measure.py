@@ -41,7 +41,7 @@ from gguf import GGMLQuantizationType
 
 from ggufkit.format.reader import GGUFModel, TensorInfo
 from ggufkit.quant.imatrix.reader import Imatrix
-from ggufkit.quant.registry import FLOAT_TYPES
+from ggufkit.quant.registry import FLOAT_TYPES, GRID_TYPES
 
 QT = GGMLQuantizationType
 
@@ -50,12 +50,8 @@ QT = GGMLQuantizationType
 MEASURE_VERSION = 2
 #: Rows sampled per tensor (per expert for 3-D tensors) by default.
 DEFAULT_SAMPLE_ROWS = 256
-#: Types whose quantizers search a lattice grid per block (ggml-quants.c quantize_row_iq2_xxs_impl,
-#: quantize_row_iq2_xs_impl, quantize_row_iq2_s_impl, quantize_row_iq3_xxs_impl, quantize_row_iq3_s_impl,
-#: quantize_row_iq1_s_impl, quantize_row_iq1_m_impl): 3-15x the CPU time per row of the other candidates,
-#: ~80 % of a search's measurement when all five IQ2/IQ3 candidates are offered.
-GRID_TYPES = frozenset({QT.IQ1_S, QT.IQ1_M, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S})
-#: The grid types are measured on every this-many-th sampled row (64 of 256 by default).
+#: The grid types (:data:`ggufkit.quant.registry.GRID_TYPES`, ~80 % of a search's measurement when all five
+#: IQ2/IQ3 candidates are offered) are measured on every this-many-th sampled row (64 of 256 by default).
 GRID_SAMPLE_DIVISOR = 4
 #: The cache file is rewritten at most this often (and when the search ends or is interrupted).
 SAVE_EVERY_S = 10.0
@@ -178,10 +174,11 @@ def measure_tensor(model: GGUFModel, info: TensorInfo, types: Sequence[GGMLQuant
     """Measure ``types`` on one tensor, all from one read of its sampled rows.
 
     Every type but the grid types is measured on the same ``n_sample`` rows per expert (so the differences
-    between types, which decide the tensor's hull, see the same weights); the grid types (:data:`GRID_TYPES`)
-    on every :data:`GRID_SAMPLE_DIVISOR`-th of those rows, their ``sse`` being the subsample's ``sse /
-    energy`` times the full sample's energy. The result of one type does not depend on which other types
-    are measured with it, nor on ``threads`` (the kernels' bytes do not; the sums run in a fixed order).
+    between types, which decide the tensor's hull, see the same weights); the grid types
+    (:data:`~ggufkit.quant.registry.GRID_TYPES`) on every :data:`GRID_SAMPLE_DIVISOR`-th of those rows,
+    their ``sse`` being the subsample's ``sse / energy`` times the full sample's energy. The result of one type
+    does not depend on which other types are measured with it, nor on ``threads`` (the kernels' bytes do not;
+    the sums run in a fixed order).
 
     Args:
         model: the open input model.

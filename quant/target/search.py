@@ -40,7 +40,7 @@ from ggufkit.format.reader import align_up
 from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.quant.imatrix.reader import Imatrix
 from ggufkit.quant.llama_quantize.plan import QuantOptions, QuantPlan, plan_quantization
-from ggufkit.quant.llama_quantize.presets import ALIASES, PRESETS, get_preset, parse_type
+from ggufkit.quant.llama_quantize.presets import ALIASES, PRESETS, PresetChoice, get_preset, parse_type
 from ggufkit.quant.registry import REQUIRES_IMATRIX, TYPES
 from ggufkit.quant.target.measure import (
     DEFAULT_SAMPLE_ROWS,
@@ -384,7 +384,7 @@ class _Renamed:
 
 
 def quantize_to_target(input: str | Path, output: str | Path | None, *, target_size: int | str | None = None,
-                       target_bpw: float | None = None, target_like: str | None = None,
+                       target_bpw: float | None = None, target_like: str | PresetChoice | None = None,
                        imatrix: str | Path | Imatrix | None = None,
                        types: Sequence[str | GGMLQuantizationType] | None = None, dry_run: bool = False,
                        mix_out: str | Path | None = None, cache_dir: str | Path | None = None,
@@ -400,7 +400,8 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
         output: the file to write (atomically); may be None with ``dry_run``.
         target_size: bytes of the whole output file (int or ``95M``, ``90MiB``...).
         target_bpw: bits per weight over all tensors (tensor data only, as ``info`` reports it).
-        target_like: a preset name: the size of the file llama-quantize would write for it (same imatrix).
+        target_like: a preset name (or one parsed, :class:`~ggufkit.quant.llama_quantize.presets.PresetChoice`):
+            the size of the file llama-quantize would write for it (same imatrix).
         imatrix: llama-imatrix file (or loaded :class:`Imatrix`), used to quantize and to weight the error.
         types: candidate types (default :data:`DEFAULT_TYPES`, plus :data:`IMATRIX_TYPES` with an imatrix).
         dry_run: plan and measure only, write no model.
