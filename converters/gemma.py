@@ -9,8 +9,27 @@ from typing import Any
 
 from ggufkit.errors import UnsupportedArchitectureError
 
-#: llama.cpp's Gemma "27B" types (by layer count), whose query scale is 1/sqrt(n_embd / n_head).
-_27B_LAYERS = {"gemma2": 46, "gemma3_text": 62, "gemma3": 62}
+#: llama.cpp's Gemma "27B" types, told apart by their layer count, per GGUF architecture (src/models/gemma2.cpp,
+#: gemma3.cpp: load_arch_hparams, LLM_TYPE_27B); their queries are scaled by 1/sqrt(n_embd / n_head).
+LAYERS_27B = {"gemma2": 46, "gemma3": 62}
+#: Every ``SWA_PATTERN[arch]``-th layer attends globally, the others through the sliding window
+#: (load_arch_hparams: ``hparams.set_swa_pattern(2)`` for gemma2, ``(6)`` for gemma3).
+SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
+#: Hugging Face ``model_type`` -> the GGUF architecture llama.cpp's converter writes (conversion/gemma.py).
+_ARCH_OF_MODEL_TYPE = {"gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+_27B_LAYERS = {model_type: LAYERS_27B[arch] for model_type, arch in _ARCH_OF_MODEL_TYPE.items()}
+
+
+def is_sliding(il: int, period: int) -> bool:
+    """Whether layer ``il`` attends through the sliding window when every ``period``-th layer is global
+    (llama_hparams::set_swa_pattern in src/llama-hparams.cpp: ``il % period < period - 1``)."""
+    return il % period < period - 1
+
+
+def query_scale_dim(n_layer: int | None, layers_27b: int | None, n_embd: int, n_head: int, head_dim: int) -> int:
+    """``d`` of llama.cpp's Gemma query scale ``1/sqrt(d)``: ``n_embd / n_head`` for its "27B" type (``n_layer``
+    equal to ``layers_27b``), else ``head_dim`` (load_arch_hparams: ``f_attention_scale``)."""
+    return n_embd // n_head if n_layer == layers_27b else head_dim
 
 
 def check_config(config: Mapping[str, Any]) -> None:
@@ -25,15 +44,14 @@ def check_config(config: Mapping[str, Any]) -> None:
     if isinstance(head_dim, int) and scalar is not None:
         n_layer, hidden, heads = (config.get(k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"))
         want = head_dim
-        if n_layer == _27B_LAYERS.get(model_type) and isinstance(hidden, int) and isinstance(heads, int):
-            want = hidden // heads
+        if isinstance(hidden, int) and isinstance(heads, int):
+            want = query_scale_dim(n_layer, _27B_LAYERS.get(model_type), hidden, heads, head_dim)
         if not math.isclose(float(scalar), float(want)):
             problems.append(f"query_pre_attn_scalar {scalar} (llama.cpp scales queries by 1/sqrt({want}))")
-    pattern = 2 if model_type == "gemma2" else 6
+    pattern = SWA_PATTERN["gemma2" if model_type == "gemma2" else "gemma3"]
     types = config.get("layer_types")
     if isinstance(types, list) and config.get("sliding_window"):
-        want_types = ["sliding_attention" if i % pattern < pattern - 1 else "full_attention"
-                      for i in range(len(types))]
+        want_types = ["sliding_attention" if is_sliding(i, pattern) else "full_attention" for i in range(len(types))]
         if types != want_types:
             problems.append(f"layer_types other than llama.cpp's fixed pattern (every {pattern}th layer global)")
     if model_type == "gemma2":

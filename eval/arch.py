@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ggufkit.converters import gemma
 from ggufkit.errors import EvaluationError, MetadataKeyNotFoundError, MetadataValueError
 from ggufkit.format.reader import GGUFModel
 
@@ -69,7 +70,7 @@ class ArchTraits:
 
 
 #: src/models/gemma2.cpp / gemma3.cpp (load_arch_hparams and the graph): GELU-tanh gated FFN, sandwich norms,
-#: scaled embeddings; every 2nd (gemma2) or 6th (gemma3) layer global, the others sliding-window.
+#: scaled embeddings; the "27B" layer counts and the sliding-window period are converters/gemma.py's.
 _GEMMA = {"ffn": "gelu_tanh", "embd_scale": True, "softcap_keys": True}
 
 #: GGUF architecture -> traits. A new LLaMA-like architecture is a row here (and none if it writes ``llama``).
@@ -89,9 +90,10 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen3moe": ArchTraits(moe_norm_topk=True),
     # src/models/phi3.cpp: fused attn_qkv, ffn_up = [gate; up] (LLM_FFN_SWIGLU), NEOX rope.
     "phi3": ArchTraits(ffn="silu_fused"),
-    "gemma2": ArchTraits(**_GEMMA, gemma_27b_layers=46, swa_pattern=2, swa_default=4096),  # type: ignore[arg-type]
-    "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=62, swa_pattern=6, swa_rope_base=10000.0,  # type: ignore[arg-type]
-                         swa_rope_unscaled=True),
+    "gemma2": ArchTraits(**_GEMMA, gemma_27b_layers=gemma.LAYERS_27B["gemma2"],  # type: ignore[arg-type]
+                         swa_pattern=gemma.SWA_PATTERN["gemma2"], swa_default=4096),
+    "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=gemma.LAYERS_27B["gemma3"],  # type: ignore[arg-type]
+                         swa_pattern=gemma.SWA_PATTERN["gemma3"], swa_rope_base=10000.0, swa_rope_unscaled=True),
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -212,7 +214,7 @@ def read_hparams(model: GGUFModel) -> HParams:
     n_layer = key(model, f"{a}.block_count", int)
     attn_scale = None
     if tr.gemma_27b_layers:
-        attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == tr.gemma_27b_layers else head_dim)
+        attn_scale = 1.0 / math.sqrt(gemma.query_scale_dim(n_layer, tr.gemma_27b_layers, n_embd, n_head, head_dim))
     n_swa = 0
     swa_layers: tuple[bool, ...] = ()
     if tr.swa_pattern:
@@ -236,8 +238,8 @@ def read_hparams(model: GGUFModel) -> HParams:
 
 def _swa_layers(model: GGUFModel, a: str, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
     """Which layers use the sliding window: ``{arch}.attention.sliding_window_pattern`` as a per-layer bool
-    array or a period, else the architecture's period (llama_model_base::load_swa_pattern; with period n,
-    layer il slides when ``il % n < n - 1``, llama_hparams::set_swa_pattern)."""
+    array or a period, else the architecture's period (llama_model_base::load_swa_pattern; with a period,
+    :func:`ggufkit.converters.gemma.is_sliding`, llama_hparams::set_swa_pattern)."""
     field = model.kv.get(f"{a}.attention.sliding_window_pattern")
     if field is not None and isinstance(field.value, (list, tuple, np.ndarray)):
         flags = [bool(x) for x in field.value]
@@ -246,7 +248,7 @@ def _swa_layers(model: GGUFModel, a: str, n_layer: int, default_pattern: int) ->
                                      key=f"{a}.attention.sliding_window_pattern", path=model.path)
         return tuple(flags)
     n = key(model, f"{a}.attention.sliding_window_pattern", int, default_pattern)
-    return tuple(il % n < n - 1 for il in range(n_layer))
+    return tuple(gemma.is_sliding(il, n) for il in range(n_layer))
 
 
 def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
