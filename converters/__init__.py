@@ -12,16 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ggufkit.converters.outtypes import OUTTYPES
+
 if TYPE_CHECKING:
-    from ggufkit.converters.core import ConvertReport
     from ggufkit.converters.lora import LoraReport
+    from ggufkit.converters.write import ConvertReport
     from ggufkit.format.writer import Progress
 
 __all__ = ["OUTTYPES", "convert", "convert_lora", "convert_mmproj", "is_adapter_dir", "list_architectures",
            "merge_lora"]
-
-#: --outtype choices: the one list (ggufkit.converters.core and the CLI import it).
-OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
 
 
 def convert(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ggufkit.errors import CheckpointError
+from ggufkit.format.tensor_shape import n_elements
 from ggufkit.format.values import PendingString
 
 #: safetensors dtype -> numpy dtype of the bytes as stored (BF16 as raw bits).
@@ -97,10 +98,7 @@ class SourceTensor:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return n_elements(self.shape)
 
 
 #: What a conversion reads from a hub snapshot.

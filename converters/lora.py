@@ -33,8 +33,12 @@ from ggufkit.converters.lora_source import (
     read_settings,
     sort_adapter_tensors,
 )
+from ggufkit.converters.outtypes import LORA_OUTTYPES
+from ggufkit.converters.plan import build_plan, open_source
+from ggufkit.converters.plan_types import ConvertPlan
 from ggufkit.converters.stream import encode, to_float32
 from ggufkit.converters.transforms import TRANSFORMS
+from ggufkit.converters.write import ConvertReport, write_plan
 from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
 from ggufkit.format.values import VT, Metadata
 from ggufkit.format.writer import NullProgress, Progress, TensorSpec, write_gguf
@@ -42,11 +46,9 @@ from ggufkit.outputs import refuse_overwriting_inputs, resolve_output
 
 Q = GGMLQuantizationType
 G = Keys.General
-#: --outtype choices for adapters (llama.cpp's convert_lora_to_gguf.py offers the same).
-LORA_OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 _TARGETS = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
 _FTYPE_LABEL = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}
-__all__ = ["LORA_OUTTYPES", "LoraReport", "convert_lora", "merge_lora"]
+__all__ = ["LoraReport", "convert_lora", "merge_lora"]
 
 
 @dataclass
@@ -287,7 +289,7 @@ def _stream(planned: list[LoraTensor]) -> Iterator[np.ndarray]:
 
 
 def merge_lora(adapter: str | Path, output: str | Path | None = None, *, base: str | Path | None = None,
-               outtype: str = "auto", dry_run: bool = False, progress: Progress | None = None) -> Any:
+               outtype: str = "auto", dry_run: bool = False, progress: Progress | None = None) -> ConvertReport:
     """Write the base model with the adapter merged in (any PEFT LoRA: plain, rslora, patterns, DoRA,
     ``modules_to_save``), at any outtype or quantization type, in one pass: what ``llama-export-lora``
     does for plain LoRA, for every kind.
@@ -302,14 +304,11 @@ def merge_lora(adapter: str | Path, output: str | Path | None = None, *, base: s
         progress: receives bytes written.
 
     Returns:
-        The :class:`~ggufkit.converters.core.ConvertReport` of the merged model.
+        The :class:`~ggufkit.converters.write.ConvertReport` of the merged model.
 
     Raises:
         UsageError: ``base`` is a GGUF file (merging needs the checkpoint's weights) or cannot be found.
     """
-    from ggufkit.converters.core import write_plan
-    from ggufkit.converters.plan import build_plan, open_source
-
     adapter_dir, _, _ = resolve_model(adapter)
     settings = read_settings(adapter_dir)
     if base is not None and Path(base).is_file():
@@ -331,8 +330,6 @@ def merge_lora(adapter: str | Path, output: str | Path | None = None, *, base: s
         plan.entries = [dataclasses.replace(e, src_dtype="F32") if e.source in merged else e
                         for e in plan.entries]
         if dry_run:
-            from ggufkit.converters.core import ConvertReport
-
             return ConvertReport(plan, [], time.perf_counter() - start, dry_run=True, model_dir=src.model_dir)
         return write_plan(plan, src.model_dir, start, progress=progress)
     finally:
@@ -341,7 +338,7 @@ def merge_lora(adapter: str | Path, output: str | Path | None = None, *, base: s
             src.checkpoint.close()
 
 
-def _merge_loaders(plan: Any, base_ckpt: Checkpoint | None, ckpt: Checkpoint, tensors: AdapterTensors,
+def _merge_loaders(plan: ConvertPlan, base_ckpt: Checkpoint | None, ckpt: Checkpoint, tensors: AdapterTensors,
                    settings: LoraSettings, base: LoraBase) -> set[str]:
     """Replace the loaders of adapted tensors by base + delta (float32, HF layout, then the entry's transform)."""
     assert base_ckpt is not None

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from gguf import GGML_QUANT_VERSION, Keys
 from gguf.utility import model_weight_count_rounded_notation
 
@@ -18,15 +18,14 @@ from ggufkit.constants import (
     KEY_TOOL_VERSION,
 )
 from ggufkit.converters.hparams import hparams_metadata
+from ggufkit.converters.plan_types import PlanEntry, Source
 from ggufkit.converters.powerinfer import predictor_threshold
 from ggufkit.errors import CheckpointError, UsageError
+from ggufkit.format.tensor_shape import n_elements
 from ggufkit.format.values import VT, EncodableValue, Metadata
 from ggufkit.outputs import resolve_output
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
-    from ggufkit.converters.plan import PlanEntry, Source
     from ggufkit.converters.pretokenizer import PreTokenizerMatch
 
 G = Keys.General
@@ -153,7 +152,7 @@ def build_metadata(src: Source, hp: Mapping[str, tuple[VT, Any]], entries: list[
     name = overrides.get(G.NAME, default_name(src.model_dir, src.repo))
     meta.set(G.NAME, VT.STRING, str(name))
     meta.set(G.BASENAME, VT.STRING, str(overrides.get(G.BASENAME, name)).replace(" ", "-"))
-    n_params = sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries)
+    n_params = sum(n_elements(e.shape) for e in entries)
     if not vocab_only:
         meta.set(G.SIZE_LABEL, VT.STRING, str(overrides.get(G.SIZE_LABEL, size_label(n_params))))
     if src.repo:

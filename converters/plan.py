@@ -10,15 +10,13 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, Keys, LlamaFileType
 
-from ggufkit.constants import GGUF_MAGIC, KEY_SLACK, POWERINFER_MAGIC
-from ggufkit.converters import OUTTYPES
+from ggufkit.constants import GGUF_MAGIC, POWERINFER_MAGIC
 from ggufkit.converters.checkpoint import Checkpoint, checkpoint_inputs, read_config, resolve_model
 from ggufkit.converters.hooks import hooks_for
 from ggufkit.converters.hparams import resolve_hparams
@@ -29,14 +27,16 @@ from ggufkit.converters.metadata import (
     output_path,
     size_label,
 )
+from ggufkit.converters.outtypes import OUTTYPES
+from ggufkit.converters.plan_types import ConvertPlan, PlanEntry, Source
 from ggufkit.converters.powerinfer import check_activation, load_predictor, read_predictor
-from ggufkit.converters.pretokenizer import PreTokenizerMatch
 from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
 from ggufkit.converters.rewrite import stack_experts
 from ggufkit.converters.shape_check import check_shapes
 from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_dtype, transformed_shape
 from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
-from ggufkit.format.values import VT, Metadata
+from ggufkit.format.tensor_shape import n_elements
+from ggufkit.format.values import VT
 from ggufkit.format.writer import TensorSpec
 
 Q = GGMLQuantizationType
@@ -47,81 +47,6 @@ FLOAT_FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F1
 #: GGUF tensors llama.cpp's converter always keeps in F32 whatever the outtype (conversion/base.py:
 #: ModelBase.prepare_tensors).
 _F32_KINDS = frozenset({"POS_EMBD", "TOKEN_TYPES", "FFN_GATE_INP", "FFN_GATE_INP_SHEXP"})
-
-
-@dataclass(frozen=True)
-class PlanEntry:
-    """One output tensor: where it comes from and what it becomes.
-
-    Attributes:
-        name: GGUF name.
-        source: HF tensor name (or ``model_N.pt:fc1.weight`` for predictors, ``generated`` for computed ones).
-        shape: output shape, numpy order.
-        src_dtype: source dtype (``F32``, ``F16``, ``BF16``, ...).
-        ggml_type: output type.
-        transform: transform name, or None.
-        reason: why this output type.
-        kind: MODEL_TENSOR name (``ATTN_Q``) or ``""``.
-    """
-
-    name: str
-    source: str
-    shape: tuple[int, ...]
-    src_dtype: str
-    ggml_type: GGMLQuantizationType
-    transform: str | None
-    reason: str
-    kind: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "shape": list(self.shape), "src_dtype": self.src_dtype,
-                "type": self.ggml_type.name, "transform": self.transform, "reason": self.reason}
-
-
-@dataclass
-class ConvertPlan:
-    """Everything that will be written, known before any tensor data is read."""
-
-    hf_class: str
-    arch: str
-    outtype: str
-    file_type: int
-    magic: bytes
-    metadata: Metadata
-    entries: list[PlanEntry]
-    ignored: list[str]
-    output: Path | None
-    loaders: dict[str, Callable[[], np.ndarray]] = field(default_factory=dict, repr=False)
-    #: how tokenizer.ggml.pre was chosen (None for sentencepiece vocabularies)
-    pre_tokenizer: PreTokenizerMatch | None = None
-    #: every file the conversion reads (checkpoint, predictor, --metadata): no output may be one of them
-    inputs: list[Path] = field(default_factory=list)
-
-    @property
-    def n_params(self) -> int:
-        return sum(int(np.prod(e.shape, dtype=np.int64)) for e in self.entries)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(TensorSpec(e.name, e.ggml_type, e.shape).nbytes for e in self.entries)
-
-    def as_dict(self) -> dict[str, Any]:
-        meta = {}
-        for k, v in self.metadata.items():
-            if k == KEY_SLACK:
-                continue
-            value = getattr(v, "value", None)
-            if v.type == VT.ARRAY:
-                value = {"array_length": len(value) if value is not None else None}
-            meta[k] = value
-        return {"hf_class": self.hf_class, "architecture": self.arch, "outtype": self.outtype,
-                "file_type": self.file_type, "powerinfer": self.magic == POWERINFER_MAGIC,
-                "output": str(self.output) if self.output else None, "n_tensors": len(self.entries),
-                "n_params": self.n_params, "nbytes": self.nbytes, "metadata": meta,
-                "tensors": [e.as_dict() for e in self.entries], "ignored": self.ignored,
-                "pre_tokenizer": self.pre_tokenizer.as_dict() if self.pre_tokenizer else None}
-
-
 
 
 # -- mapping -------------------------------------------------------------------------------------------
@@ -238,18 +163,6 @@ def float_type(name: str, kind: str, shape: tuple[int, ...], target: GGMLQuantiz
 
 
 # -- planning ------------------------------------------------------------------------------------------
-@dataclass
-class Source:
-    """An opened checkpoint: where it is, its config and registry entry, its tensors (None: vocab only)."""
-
-    model_dir: Path
-    repo: str | None
-    revision: str | None
-    config: dict[str, Any]
-    entry: ArchEntry
-    checkpoint: Checkpoint | None
-
-
 def open_source(model: str | Path, vocab_only: bool) -> Source:
     """Resolve ``model``, read its config, find its registry entry and run its ``check_config`` hook."""
     model_dir, repo, revision = resolve_model(model)
@@ -352,7 +265,7 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
 
     meta, pre_match = build_metadata(src, hp, entries, file_type, vocab_only, metadata_file, powerinfer, predictor,
                                      pre_tokenizer)
-    label = None if vocab_only else size_label(sum(int(np.prod(e.shape, dtype=np.int64)) for e in entries))
+    label = None if vocab_only else size_label(sum(n_elements(e.shape) for e in entries))
     name_value = meta.get(G.BASENAME) or meta.get(G.NAME)
     basename = str(getattr(name_value, "value", default_name(src.model_dir, src.repo)))
     ftype_name = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")

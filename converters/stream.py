@@ -11,13 +11,11 @@ import mmap
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
-if TYPE_CHECKING:
-    from ggufkit.converters.plan import ConvertPlan
+from ggufkit.converters.plan_types import ConvertPlan
 
 Q = GGMLQuantizationType
 

@@ -21,9 +21,19 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_outtype_choices_match_the_library() -> None:
     from ggufkit.cli.convert import OUTTYPES as cli_types
     from ggufkit.converters import OUTTYPES as api_types
-    from ggufkit.converters.core import OUTTYPES as core_types
+    from ggufkit.converters.outtypes import OUTTYPES as core_types
 
     assert cli_types == api_types == core_types
+
+
+def test_outtype_choices_are_read_from_the_preset_table() -> None:
+    # issue 31: one copy of the type lists; --help and the errors print these tuples, in this order
+    from ggufkit.converters.outtypes import LORA_OUTTYPES, OUTTYPES
+    from ggufkit.quant.llama_quantize.presets import ADAPTER_OUTTYPES, CONVERT_OUTTYPES
+
+    assert OUTTYPES == ("auto", *CONVERT_OUTTYPES) == \
+        ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q4_k_m")
+    assert LORA_OUTTYPES == ("auto", *ADAPTER_OUTTYPES) == ("auto", "f32", "f16", "bf16", "q8_0")
 
 
 def test_list_shows_every_registry_class_as_json() -> None:

@@ -19,6 +19,30 @@ from ggufkit.format import open_gguf
 REGISTRY_TEXT = DEFAULT_REGISTRY.read_text()
 
 
+def test_converters_modules_import_each_other_one_way_typing_imports_included() -> None:
+    # issue 31: no circle inside converters/, not even through imports inside functions or under
+    # TYPE_CHECKING, and no module of the package imports the package's __init__ (its public API).
+    from test_layout import MODULES, imported_package_modules
+
+    graph = {m: {n for n in imported_package_modules(p) if n.startswith("ggufkit.converters") and n != m}
+             for m, p in MODULES if m.startswith("ggufkit.converters")}
+    assert not [m for m, names in graph.items() if "ggufkit.converters" in names and m != "ggufkit.converters"]
+    circles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for name in sorted(graph.get(module, ())):
+            if name in path:
+                circles.append(" -> ".join([*path[path.index(name):], name]))
+            elif name not in done:
+                visit(name, [*path, name])
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        visit(module, [module])
+    assert not circles, circles
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("llama"), "LlamaForCausalLM")
