@@ -29,8 +29,8 @@ TEXT = (Path(__file__).resolve().parents[1] / "eval" / "data" / "sample.txt").re
 def test_tokenize_sample_vs_llama_cpp(benchmark, name: str) -> None:
     import llama_cpp
 
-    from ggufkit.eval.tokenizer import load_tokenizer
     from ggufkit.format import open_gguf
+    from ggufkit.tokenizer.gguf_tokenizer import load_tokenizer
 
     path = vocab_dir() / f"ggml-vocab-{name}.gguf"
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)

@@ -7,7 +7,8 @@ Two ways, tried in order:
 2. **Behaviour**, when the hash is unknown (a fine-tune added a token, a new model reused a known
    pre-tokenizer): run llama.cpp's BPE, as the runtime would with each known pre-tokenizer's regexes
    (:mod:`ggufkit.tokenizer.pretokenizers`), over the very vocabulary and merges being written, on a varied text,
-   and keep the pre-tokenizer whose ids equal the HF tokenizer's. If none does, the error names the closest
+   with the evaluator's own BPE driver (:class:`ggufkit.tokenizer.bpe_session.BpeSession`), and keep the
+   pre-tokenizer whose ids equal the HF tokenizer's. If none does, the error names the closest
    candidates and the ``--pre-tokenizer NAME`` override.
 """
 
@@ -15,14 +16,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import TokenType
 
 from ggufkit.errors import TokenizerError
-from ggufkit.tokenizer.bpe import byte_level, merge_ranks, merge_symbols
+from ggufkit.tokenizer.bpe import merge_ranks
+
+if TYPE_CHECKING:
+    from ggufkit.tokenizer.bpe_session import BpeSession
 
 __all__ = [
     "BEHAVIOUR_TEXT", "CHKHSH_TABLE", "CHKTXT", "PreTokenizerMatch", "bpe_tokenize", "chkhsh",
@@ -231,14 +235,36 @@ def _fragments(text: str, user_defined: Sequence[str]) -> list[tuple[str, bool]]
     return fragments
 
 
-def _runtime_words(text: str, name: str, user_defined: Sequence[str]) -> list[str]:
-    """The byte-level words llama.cpp's BPE merges within (user-defined tokens as themselves)."""
-    from ggufkit.tokenizer.pretokenizers import split
+def _session(name: str, token_to_id: dict[str, int], ranks: dict[tuple[str, str], int]) -> BpeSession:
+    """llama.cpp's BPE session for pre-tokenizer ``name`` over the vocabulary being written.
 
+    The session is the evaluator's (llm_tokenizer_bpe_session::tokenize), missing symbols included: the
+    question here is whether llama.cpp's runtime, given this name, reproduces the HF tokenizer's ids, so the
+    runtime's rules are the ones to simulate, not HF's. Every candidate runs byte-level, as this check always
+    has (vocab.py refuses the byte_fallback tokenizers that are not), including the raw-UTF-8 rules of
+    ``gemma4``, ``granite-embed-multi-311m`` and ``sarvam-moe``; ggufkit's own merge loop, because a
+    ``tokenizers`` model per candidate would cost a second each on a large vocabulary.
+    """
+    from ggufkit.tokenizer.bpe_session import BpeSession
+    from ggufkit.tokenizer.pretokenizers import get_pre_tokenizer
+
+    return BpeSession(token_to_id, ranks, replace(get_pre_tokenizer(name), byte_level=True), engine="python")
+
+
+def _runtime_words(text: str, session: BpeSession, user_defined: Sequence[str]) -> list[str]:
+    """The byte-level words llama.cpp's BPE merges within (user-defined tokens as themselves)."""
     words: list[str] = []
     for frag, is_tok in _fragments(text, user_defined):
-        words.extend([frag] if is_tok else [byte_level(w) for w in split(frag, name)])
+        words.extend([frag] if is_tok else session.words(frag))
     return words
+
+
+def _runtime_ids(text: str, session: BpeSession, token_to_id: dict[str, int],
+                 user_defined: Sequence[str]) -> list[int]:
+    ids: list[int] = []
+    for frag, is_tok in _fragments(text, user_defined):
+        ids.extend([token_to_id[frag]] if is_tok else session.encode(frag))
+    return ids
 
 
 def bpe_tokenize(text: str, name: str, *, token_to_id: dict[str, int], ranks: dict[tuple[str, str], int],
@@ -246,9 +272,10 @@ def bpe_tokenize(text: str, name: str, *, token_to_id: dict[str, int], ranks: di
     """Token ids llama.cpp's BPE tokenizer gives ``text`` with pre-tokenizer ``name`` (no BOS/EOS).
 
     Follows src/llama-vocab.cpp (llama_vocab::impl::load, tokenizer_st_partition): user-defined tokens
-    are cut out of the raw text first (longest first), each remaining fragment is split by the
-    pre-tokenizer's regexes, byte-level encoded and merged by lowest merge rank (leftmost on ties);
-    symbols missing from the vocabulary are dropped, as the runtime does.
+    are cut out of the raw text first (longest first), and each remaining fragment goes through llama.cpp's
+    BPE session (:class:`ggufkit.tokenizer.bpe_session.BpeSession`): split by the pre-tokenizer's regexes,
+    byte-level encoded, merged by lowest merge rank (leftmost on ties); a final symbol missing from the
+    vocabulary is looked up byte by byte, so only its ASCII bytes can survive, as in the runtime.
 
     Args:
         text: raw text.
@@ -263,21 +290,7 @@ def bpe_tokenize(text: str, name: str, *, token_to_id: dict[str, int], ranks: di
     Raises:
         TokenizerError: ``name`` is not a pre-tokenizer ggufkit can run.
     """
-    from ggufkit.tokenizer.pretokenizers import get_pre_tokenizer
-
-    ignore_merges = get_pre_tokenizer(name).ignore_merges
-    user = set(user_defined)
-    ids: list[int] = []
-    for word in _runtime_words(text, name, user_defined):
-        if word in user or (ignore_merges and word in token_to_id):
-            ids.append(token_to_id[word])
-            continue
-        for sym in merge_symbols(list(word), lambda left, right: ranks.get((left, right))):
-            if sym in token_to_id:
-                ids.append(token_to_id[sym])
-            else:
-                ids.extend(token_to_id[c] for c in sym if c in token_to_id)
-    return ids
+    return _runtime_ids(text, _session(name, token_to_id, ranks), token_to_id, user_defined)
 
 
 def _hf_words(tokenizer: Any, text: str, user_defined: Sequence[str]) -> list[str] | None:
@@ -380,14 +393,14 @@ def detect_pre_tokenizer(tokenizer: Any, *, tokens: Sequence[str], token_types: 
     for (_, ignore_merges), names in groups.items():
         label = next((n for n in _PREFERRED if n in names), names[0])
         words_agree = 0
+        session = _session(names[0], token_to_id, ranks)
         if hf_words is not None:
-            words = _runtime_words(BEHAVIOUR_TEXT, names[0], user_defined)
+            words = _runtime_words(BEHAVIOUR_TEXT, session, user_defined)
             words_agree = _first_difference(words, hf_words)
             if words != hf_words:
                 near.append((words_agree, label))
                 continue
-        got = bpe_tokenize(BEHAVIOUR_TEXT, names[0], token_to_id=token_to_id, ranks=ranks,
-                           user_defined=user_defined)
+        got = _runtime_ids(BEHAVIOUR_TEXT, session, token_to_id, user_defined)
         if got != expected:
             near.append((_first_difference(got, expected), label))
             continue

@@ -301,8 +301,8 @@ def _token_hint(vocab_kind: Any, pre: Any, model_dir: Path) -> str:
 def _compare(model_dir: Path, hf_tok: Any, reference: Any, converted: Any, gguf: str | Path) -> CheckResult:
     import torch
 
-    from ggufkit.eval.tokenizer import load_tokenizer
     from ggufkit.format import open_gguf
+    from ggufkit.tokenizer.gguf_tokenizer import load_tokenizer
 
     failures: list[str] = []
     encode_ref, parse_special = _reference_tokenizer(model_dir, hf_tok)

@@ -356,7 +356,7 @@ def _tokenize(file: Any, text: str | None, tokens: Sequence[int] | None,
               parse_special: bool) -> tuple[list[int], bool, int | None]:
     """llama-imatrix's ``common_tokenize(ctx, prompt, true, parse_special)``, or the given token ids."""
     from ggufkit.errors import TokenizerError
-    from ggufkit.eval.tokenizer import load_tokenizer
+    from ggufkit.tokenizer.gguf_tokenizer import load_tokenizer
 
     tok = load_tokenizer(file)
     if tok.add_eos:

@@ -179,7 +179,7 @@ def tokenize_text(file: Any, text: str | None) -> tuple[list[int] | None, bool, 
     Raises:
         TokenizerError: the vocabulary cannot be rebuilt, or it appends EOS (llama-perplexity refuses that).
     """
-    from ggufkit.eval.tokenizer import load_tokenizer
+    from ggufkit.tokenizer.gguf_tokenizer import load_tokenizer
 
     tok = load_tokenizer(file)
     if tok.add_eos:

@@ -23,8 +23,8 @@ from ggufkit.errors import DeviceUnavailableError, EvaluationError, MetadataKeyN
 from ggufkit.eval import load_model, perplexity
 from ggufkit.eval.model import load_model as load_model_with
 from ggufkit.eval.perplexity import sample_text
-from ggufkit.eval.tokenizer import load_tokenizer
 from ggufkit.format import Metadata, TensorSpec, open_gguf, write_gguf
+from ggufkit.tokenizer.gguf_tokenizer import load_tokenizer
 
 CTX = 64
 

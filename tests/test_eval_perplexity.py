@@ -98,8 +98,8 @@ def test_batch_size_and_repetition_do_not_change_the_result(models: dict[str, Pa
 
 def test_text_is_tokenized_with_the_gguf_vocabulary(models: dict[str, Path]) -> None:
     text = sample_text()[:3000]
-    from ggufkit.eval.tokenizer import load_tokenizer
     from ggufkit.format import open_gguf
+    from ggufkit.tokenizer.gguf_tokenizer import load_tokenizer
 
     with open_gguf(models["llama"]) as f:
         ids = load_tokenizer(f).encode(text)

@@ -38,10 +38,15 @@ def unicode_to_bytes() -> dict[str, int]:
     return {c: b for b, c in _byte_table()}
 
 
+@lru_cache(maxsize=1)
+def _translate_table() -> dict[int, str]:
+    return dict(_byte_table())
+
+
 def byte_level(word: str) -> str:
-    """``word``'s UTF-8 bytes spelled in GPT-2's byte-level alphabet."""
-    chars = dict(_byte_table())
-    return "".join(chars[b] for b in word.encode("utf-8"))
+    """``word``'s UTF-8 bytes spelled in GPT-2's byte-level alphabet, as llama.cpp's BPE session spells each
+    word before merging (unicode.cpp: unicode_byte_to_utf8)."""
+    return word.encode("utf-8").decode("latin-1").translate(_translate_table())
 
 
 def merge_ranks(merges: Iterable[str]) -> dict[tuple[str, str], int]:

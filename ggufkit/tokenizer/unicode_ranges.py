@@ -8,7 +8,7 @@ after Unicode 14 (CJK extensions H and I, Kawi, ...) and after 15.1.
 Only what the pre-tokenizers use is kept: for every code point from U+0080, one of ``L`` (letter),
 ``N`` (number), ``P`` (punctuation), ``M`` (mark), ``S`` (symbol) or ``O`` (anything else, unassigned
 included). Whitespace is a separate fixed set (:data:`ggufkit.tokenizer.pretokenizers.WHITESPACE`).
-``tests/test_eval_tokenizer.py`` rebuilds this table from llama.cpp's ``unicode-data.cpp`` and compares.
+``tests/test_tokenizer.py`` rebuilds this table from llama.cpp's ``unicode-data.cpp`` and compares.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The GGUF tokenizer (eval/tokenizer.py) and the pre-tokenizer table (ggufkit/tokenizer/pretokenizers.py) against
-llama.cpp itself: its tokenizer test vectors (models/ggml-vocab-*.gguf with .inp/.out, as
-tests/test-tokenizer-0.cpp reads them) and llama-cpp-python's tokenizer/detokenizer on the same files."""
+"""The GGUF tokenizer (ggufkit/tokenizer/gguf_tokenizer.py, its BPE driver bpe_session.py) and the pre-tokenizer
+table (ggufkit/tokenizer/pretokenizers.py) against llama.cpp itself: its tokenizer test vectors
+(models/ggml-vocab-*.gguf with .inp/.out, as tests/test-tokenizer-0.cpp reads them) and llama-cpp-python's
+tokenizer/detokenizer on the same files."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import pytest
 from gguf import GGUFValueType
 from llama_cpp_sources import llama_cpp_dir, vocab_dir
 
+from ggufkit.converters.pretokenizer import bpe_tokenize
 from ggufkit.errors import TokenizerError
-from ggufkit.eval.tokenizer import GGUFTokenizer, _parse_merges, load_tokenizer
 from ggufkit.format import Metadata, open_gguf, write_gguf
+from ggufkit.tokenizer.bpe import merge_ranks
+from ggufkit.tokenizer.gguf_tokenizer import GGUFTokenizer, _parse_merges, load_tokenizer
 from ggufkit.tokenizer.pretokenizers import PRE_TOKENIZERS, WHITESPACE, get_pre_tokenizer, split
 from ggufkit.tokenizer.unicode_ranges import _table, char_class
 
@@ -177,7 +180,7 @@ def _patched_copy(tmp_path: Path, source: str, changes: dict[str, tuple[GGUFValu
         md = Metadata((k, f) for k, f in src.kv.items() if k not in changes)
         for key, (vtype, value) in changes.items():
             item = None
-            if isinstance(value, np.ndarray):
+            if isinstance(value, (np.ndarray, list)):
                 item, vtype = vtype, GGUFValueType.ARRAY
             md.set(key, vtype, value, item)
         write_gguf(out, md, [], [], slack_bytes=0)
@@ -256,6 +259,25 @@ def test_merge_into_a_non_token_falls_back_to_bytes_in_the_python_engine() -> No
     assert tok.encode("abc") == [0, 1, 2] and tok.merge_engine == "python"
     with pytest.raises(TokenizerError, match="cannot be expressed with the tokenizers library"):
         load_tokenizer(md, engine="tokenizers").encode("abc")
+
+
+def test_a_symbol_missing_from_the_vocabulary_is_spelt_as_llama_cpp_spells_it_for_both_users(tmp_path: Path) -> None:
+    """The one BPE driver (ggufkit/tokenizer/bpe_session.py) of the evaluator and of the converter's pre-tokenizer
+    check. With "Ġthe" renamed away, the merges still build it; llama.cpp (llm_tokenizer_bpe_session::tokenize)
+    then looks the symbol up byte by byte, so 't', 'h', 'e' survive and 'Ġ' (two UTF-8 bytes) is dropped.
+    The converter used to look it up character by character and kept 'Ġ'."""
+    with open_gguf(_path("gpt-2")) as f:
+        tokens = list(f.get("tokenizer.ggml.tokens"))
+        merges = list(f.get("tokenizer.ggml.merges"))
+    tokens[tokens.index("Ġthe")] = "[gone]"
+    path = _patched_copy(tmp_path, "gpt-2", {"tokenizer.ggml.tokens": (GGUFValueType.STRING, tokens)})
+    text = "Over the hill, the end."
+    expected = _reference(path, text, add_special=False, parse_special=False)
+    t2i = {t: i for i, t in enumerate(tokens)}
+    assert [t2i["t"], t2i["h"], t2i["e"]] == expected[1:4] and t2i["Ġ"] not in expected
+    for engine in ("auto", "python"):
+        assert load_tokenizer(open_gguf(path), engine=engine).encode(text, add_special=False) == expected
+    assert bpe_tokenize(text, "gpt-2", token_to_id=t2i, ranks=merge_ranks(merges)) == expected
 
 
 def test_spm_without_byte_tokens_reports_the_missing_byte() -> None:

@@ -11,31 +11,27 @@ those of ``src/llama-vocab.cpp`` in the llama.cpp tree vendored by llama-cpp-pyt
   without ``parse_special`` only USER_DEFINED ones are matched in the text.
 * SPM (``llm_tokenizer_spm_session``): one space prefixed, spaces -> U+2581, greedy merging of the adjacent
   pair whose concatenation is the highest-scoring token, ``<0xNN>`` byte fallback.
-* BPE (``llm_tokenizer_bpe_session``): words from :mod:`ggufkit.tokenizer.pretokenizers`, GPT-2 byte-level encoding,
-  lowest-rank merges; ``ignore_merges`` vocabularies emit whole-word tokens directly; symbols not in the
-  vocabulary are dropped byte by byte as llama.cpp drops them. Gemma 4 (``tokenizer.ggml.model = gemma4``)
-  is BPE over raw UTF-8 with spaces escaped as U+2581 and ``<0xNN>`` byte tokens for unknown symbols.
+* BPE (``llm_tokenizer_bpe_session``): :class:`ggufkit.tokenizer.bpe_session.BpeSession`, the driver the
+  converter's pre-tokenizer check shares. Gemma 4 (``tokenizer.ggml.model = gemma4``) is BPE over raw UTF-8
+  with spaces escaped as U+2581 and ``<0xNN>`` byte tokens for unknown symbols.
 
-Engines: the BPE merges of a word run in the ``tokenizers`` library (``tokenizers.models.BPE``: same
-lowest-rank-then-leftmost order) whenever it can express llama.cpp's rules, which it can for every BPE
-vocabulary in llama.cpp's test set; ggufkit's own loop covers the rest. What ``tokenizers`` cannot express
-is custom code: the pre-tokenizer (llama.cpp's character classes and hand-written matchers differ from any
-regex engine's), the special-token partition, and SPM (llama.cpp merges any adjacent pair that forms a
-token, by score, ties to the left; HF's BPE needs an explicit merge list and breaks ties by rank).
-Each distinct word (BPE) or space-delimited piece (SPM) is merged once and cached: 1 MB of text takes
-about a second.
+What the ``tokenizers`` library (which merges BPE words where it can) cannot express is custom code: the
+pre-tokenizer (llama.cpp's character classes and hand-written matchers differ from any regex engine's), the
+special-token partition, and SPM (llama.cpp merges any adjacent pair that forms a token, by score, ties to
+the left; HF's BPE needs an explicit merge list and breaks ties by rank). Each distinct word (BPE) or
+space-delimited piece (SPM) is merged once and cached: 1 MB of text takes about a second.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ggufkit.errors import TokenizerError, UsageError
-from ggufkit.tokenizer.bpe import bytes_to_unicode, merge_ranks, merge_symbols, unicode_to_bytes
-from ggufkit.tokenizer.pretokenizers import get_pre_tokenizer, split_spans
+from ggufkit.tokenizer.bpe import merge_ranks, merge_symbols, unicode_to_bytes
+from ggufkit.tokenizer.bpe_session import BpeSession
+from ggufkit.tokenizer.pretokenizers import PreTokenizer, get_pre_tokenizer
 
 # llama_token_attr bits (include/llama.h).
 ATTR_UNKNOWN = 1 << 0
@@ -85,8 +81,6 @@ _SPECIAL_KEYS = (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_
                  ("fim_suf", "suffix_token_id"), ("fim_mid", "middle_token_id"))
 
 
-#: str.translate table turning latin-1-decoded bytes into GPT-2's byte-level characters.
-_BYTE_TRANSLATE = bytes_to_unicode()
 _BYTE_DEC = unicode_to_bytes()
 
 
@@ -142,8 +136,8 @@ class GGUFTokenizer:
         self.clean_spaces = model != "llama"
         self.byte_level = True
         self.escape_whitespaces = False
-        self._regexes: tuple[str, ...] = ()
-        self._ranks: dict[tuple[str, str], int] = {}
+        rule: PreTokenizer | None = None
+        ranks: dict[tuple[str, str], int] = {}
         special: dict[str, int | None] = dict.fromkeys(k for k, _ in _SPECIAL_KEYS)
         if model == "llama":  # llama.cpp's default ids before the file's
             special.update(bos=1, eos=2, unk=0)
@@ -157,13 +151,12 @@ class GGUFTokenizer:
             self.pre_kind = rule.kind
             self.byte_level = rule.byte_level
             self.escape_whitespaces = not rule.byte_level
-            self._regexes = rule.regexes
             self.ignore_merges = rule.ignore_merges
             self.add_bos = rule.add_bos
             self.clean_spaces = pre not in _NO_CLEAN_SPACES
             if rule.no_bos:
                 special["bos"] = None
-            self._ranks = _parse_merges(metadata.get("tokenizer.ggml.merges"))
+            ranks = _parse_merges(metadata.get("tokenizer.ggml.merges"))
         flag = metadata.get("tokenizer.ggml.add_space_prefix")
         if flag is not None:
             self.add_space_prefix = bool(flag)
@@ -185,9 +178,8 @@ class GGUFTokenizer:
             (i for i in range(n) if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)),
             key=lambda i: -len(words[i].encode("utf-8")))  # stable: equal lengths stay in id order
         self._cache: dict[str, tuple[int, ...]] = {}
-        self._engine = engine
-        self._hf: Any = None  # tokenizers.models.BPE, built on first use (about 1 s for 128k tokens)
-        self._unknown_chars: re.Pattern[str] | None = None
+        # SPM has no merges; every other model is BPE, run by the driver the converter shares
+        self._bpe = None if rule is None else BpeSession(token_to_id, ranks, rule, engine=engine)
         self._spm_splittable = model == "llama" and not any(
             _SPACE in w.lstrip(_SPACE) for w in words)
 
@@ -279,9 +271,9 @@ class GGUFTokenizer:
     @property
     def merge_engine(self) -> str:
         """What merges words: ``tokenizers`` or ``python`` (BPE), ``spm`` (SentencePiece, always ggufkit's)."""
-        if self.model == "llama":
+        if self._bpe is None:
             return "spm"
-        return "python" if self._hf_model() is None else "tokenizers"
+        return self._bpe.merge_engine
 
     @property
     def tokens(self) -> Sequence[str]:
@@ -311,7 +303,11 @@ class GGUFTokenizer:
         if add_special and self.add_bos:
             out.append(self.bos_id)  # type: ignore[arg-type]  # checked at load
         fragments = self._partition(text, parse_special) if text else []
-        if self.model == "llama":
+        bpe = self._bpe
+        if bpe is not None:
+            for frag in fragments:
+                out.extend([frag] if isinstance(frag, int) else bpe.encode(frag))
+        else:  # SPM
             prev_special = True  # the first fragment gets the space prefix too
             for frag in fragments:
                 if isinstance(frag, int):
@@ -322,12 +318,6 @@ class GGUFTokenizer:
                     frag = " " + frag
                 out.extend(self._spm(frag.replace(" ", _SPACE)))
                 prev_special = False
-        else:
-            for frag in fragments:
-                if isinstance(frag, int):
-                    out.append(frag)
-                else:
-                    out.extend(self._bpe(frag.replace(" ", _SPACE) if self.escape_whitespaces else frag))
         if add_special and self.add_eos:
             out.append(self.eos_id)  # type: ignore[arg-type]
         return out
@@ -448,92 +438,6 @@ class GGUFTokenizer:
         if tid is None:
             raise TokenizerError(f"the vocabulary has no byte token <0x{b:02X}> for a character it cannot spell")
         return tid
-
-    # -- BPE (llm_tokenizer_bpe_session) ---------------------------------------------------------------------
-    def _bpe(self, text: str) -> list[int]:
-        out: list[int] = []
-        cache = self._cache
-        for a, b in split_spans(text, self._regexes):
-            word = text[a:b]
-            ids = cache.get(word)
-            if ids is None:
-                ids = cache[word] = self._bpe_word(
-                    word.encode("utf-8").decode("latin-1").translate(_BYTE_TRANSLATE) if self.byte_level else word)
-            out.extend(ids)
-        return out
-
-    def _bpe_word(self, word: str) -> tuple[int, ...]:
-        t2i = self._vocab.token_to_id
-        if self.ignore_merges and word in t2i:  # the whole word only, as in llama.cpp
-            return (t2i[word],)
-        if self.pre_kind == "gemma4" and word.strip("\n") == "" and word in t2i:
-            return (t2i[word],)  # a run of newlines that is a token is taken whole (llama.cpp PR 21343)
-        hf = self._hf_model()
-        if hf is None:
-            return self._bpe_merge(word)
-        if self._unknown_chars is None:
-            return tuple(t.id for t in hf.tokenize(word))
-        # A character missing from the vocabulary takes part in no merge (every merge's parts are tokens), so
-        # it separates the word into pieces that merge independently; llama.cpp then drops it (see _unknown).
-        out: list[int] = []
-        pos = 0
-        for m in self._unknown_chars.finditer(word):
-            if m.start() > pos:
-                out.extend(t.id for t in hf.tokenize(word[pos:m.start()]))
-            out.extend(self._unknown(m.group()))
-            pos = m.end()
-        if pos < len(word):
-            out.extend(t.id for t in hf.tokenize(word[pos:]))
-        return tuple(out)
-
-    def _hf_model(self) -> Any:
-        """The ``tokenizers`` BPE model that merges words when it can express llama.cpp's rules, else None.
-
-        It can when every merge's two parts and result are tokens (a merge into a non-token would make
-        llama.cpp fall back to bytes, and ``tokenizers`` refuses such merges). ``ignore_merges`` is handled
-        by the caller, for the whole word only, because ``tokenizers`` would apply it per piece.
-        """
-        if self._engine == "python" or self._hf is False or not self.byte_level:
-            # raw-UTF-8 BPE (Gemma 4): any character may be missing, and tokenizers would drop it before
-            # merging where llama.cpp keeps it in place, then spells it with <0xNN> tokens
-            return None
-        if self._hf is None:
-            from tokenizers.models import BPE
-
-            t2i = self._vocab.token_to_id
-            merges = [p for p in self._ranks if p != ("", "")]  # the dict is in rank order
-            # checked here: tokenizers refuses (or panics on) merges whose parts or result are not tokens
-            if not all(a in t2i and b in t2i and a + b in t2i for a, b in merges):
-                if self._engine == "tokenizers":
-                    raise TokenizerError("the merges cannot be expressed with the tokenizers library: some "
-                                         "merge has a part or result that is not a token")
-                self._hf = False
-                return None
-            self._hf = BPE(vocab=t2i, merges=merges)
-            unknown = sorted(c for c in _BYTE_TRANSLATE.values() if c not in t2i)
-            if unknown:
-                self._unknown_chars = re.compile("[" + "".join(re.escape(c) for c in unknown) + "]")
-        return self._hf
-
-    def _unknown(self, sym: str) -> list[int]:
-        """llama.cpp's fallback for a final symbol that is not a token: each UTF-8 byte is looked up as a
-        one-byte token; only ASCII bytes can ever be found, so the rest of the symbol is silently dropped."""
-        t2i = self._vocab.token_to_id
-        if not self.byte_level:  # Gemma 4 spells it with <0xNN> byte tokens
-            return [t2i[f"<0x{b:02X}>"] for b in sym.encode("utf-8") if f"<0x{b:02X}>" in t2i]
-        return [t2i[chr(b)] for b in sym.encode("utf-8") if b < 0x80 and chr(b) in t2i]
-
-    def _bpe_merge(self, word: str) -> tuple[int, ...]:
-        """llm_tokenizer_bpe_session's merge loop in Python (used when ``tokenizers`` cannot express it)."""
-        t2i, ranks = self._vocab.token_to_id, self._ranks
-        out: list[int] = []
-        for sym in merge_symbols(list(word), lambda left, right: ranks.get((left, right))):
-            tid = t2i.get(sym)
-            if tid is not None:
-                out.append(tid)
-            else:
-                out.extend(self._unknown(sym))
-        return tuple(out)
 
 
 #: ``tokenizer.ggml.pre`` names llama.cpp loads with clean_spaces = false (every other BPE name: true).
