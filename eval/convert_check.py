@@ -29,7 +29,7 @@ import numpy as np
 from ggufkit.sysmem import available_memory_bytes
 
 if TYPE_CHECKING:
-    from ggufkit.converters.core import ConvertPlan
+    from ggufkit.converters.plan_types import ConvertPlan
 
 #: The tokenizer test set: what tokenizers disagree on.
 CHECK_TEXTS = (
