@@ -1,3 +1,3 @@
-"""Importance matrices: the file as llama-quantize reads it (:mod:`.reader`) and llama-imatrix's
-accumulators and file writers (:mod:`.collector`).
+"""Importance matrices: the two file formats as stored (:mod:`.files`), the file as llama-quantize uses it
+(:mod:`.reader`) and llama-imatrix's accumulators and file writers (:mod:`.collector`).
 """

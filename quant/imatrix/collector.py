@@ -30,36 +30,25 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ggufkit.constants import GGUF_MAGIC
-from ggufkit.errors import GGUFFormatError, QuantizationError
-from ggufkit.quant.imatrix.reader import (
+from ggufkit.errors import QuantizationError
+from ggufkit.quant.imatrix.files import (
     KEY_CHUNK_COUNT,
     KEY_CHUNK_SIZE,
     KEY_DATASETS,
     SUFFIX_COUNTS,
     SUFFIX_SUMS,
+    RawImatrix,
+    read_imatrix_file,
 )
 
 #: ``general.type`` of an imatrix GGUF (imatrix.cpp: ``gguf_set_val_str(ctx_gguf, "general.type", "imatrix")``).
 GENERAL_TYPE_IMATRIX = "imatrix"
 _KEY_GENERAL_TYPE = "general.type"
-_MAX_LEGACY_ENTRIES = 1 << 20
-
-
-@dataclass(frozen=True)
-class RawImatrix:
-    """One imatrix file as stored: ``entries`` name -> (float32 sums, int64 counts), both flat."""
-
-    path: Path
-    entries: dict[str, tuple[np.ndarray, np.ndarray]]
-    datasets: tuple[str, ...]
-    chunk_count: int
-    chunk_size: int
-    is_legacy: bool
 
 
 def read_raw_imatrix(path: str | Path) -> RawImatrix:
-    """Read an imatrix file in either format without normalising it (``common_imatrix_load``).
+    """Read an imatrix file in either format without normalising it (``common_imatrix_load``, through
+    :func:`~ggufkit.quant.imatrix.files.read_imatrix_file`), refusing non-finite sums and negative counts.
 
     Raises:
         QuantizationError: malformed file, no entries, unpaired or non-F32 sums/counts, sizes that do not
@@ -67,109 +56,13 @@ def read_raw_imatrix(path: str | Path) -> RawImatrix:
         OSError: it cannot be read.
     """
     path = Path(path)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    raw = _read_gguf(path) if magic == GGUF_MAGIC else _read_legacy(path)
+    raw = read_imatrix_file(path)
     for name, (sums, counts) in raw.entries.items():
         if not np.isfinite(sums).all():
             raise QuantizationError(f"imatrix entry {name!r} contains a non-finite value", path=path)
         if (counts < 0).any():
             raise QuantizationError(f"imatrix entry {name!r} has a negative count", path=path)
     return raw
-
-
-def _read_gguf(path: Path, *, require_keys: bool = False) -> RawImatrix:
-    """Entries of a GGUF imatrix (counts rounded as ``common_imatrix_load`` does). ``require_keys``: refuse a
-    file without llama-imatrix's three metadata keys (llama-quantize's loader needs them)."""
-    from ggufkit.format import open_gguf
-    from ggufkit.format.values import VT
-
-    try:
-        model = open_gguf(path)
-    except GGUFFormatError as exc:
-        raise QuantizationError(f"not a valid GGUF imatrix: {exc.message}", path=path) from None
-    with model:
-        if not model.tensors:
-            raise QuantizationError("the imatrix has no entries", path=path)
-        missing = [k for k in (KEY_DATASETS, KEY_CHUNK_COUNT, KEY_CHUNK_SIZE) if k not in model.kv]
-        if require_keys and missing:
-            raise QuantizationError(f"missing imatrix metadata {', '.join(missing)}: not written by llama-imatrix?",
-                                    path=path)
-        datasets: tuple[str, ...] = ()
-        ds = model.kv.get(KEY_DATASETS)
-        if ds is not None and ds.type == VT.ARRAY and ds.item_type == VT.STRING:
-            datasets = tuple(ds.value)
-        chunk_count, chunk_size = (_u32(model.kv.get(k), k, path) for k in (KEY_CHUNK_COUNT, KEY_CHUNK_SIZE))
-        pairs: dict[str, list[Any]] = {}
-        for t in model.tensors:
-            for slot, suffix in enumerate((SUFFIX_SUMS, SUFFIX_COUNTS)):
-                if t.name.endswith(suffix) and len(t.name) > len(suffix):
-                    pairs.setdefault(t.name[: -len(suffix)], [None, None])[slot] = t
-        entries: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for name in sorted(pairs):
-            s_info, c_info = pairs[name]
-            if s_info is None or c_info is None:
-                raise QuantizationError(f"mismatched sums and counts for {name!r}", path=path)
-            if s_info.ggml_type != GGMLQuantizationType.F32 or c_info.ggml_type != GGMLQuantizationType.F32:
-                raise QuantizationError(f"sums and counts for {name!r} must be F32", path=path)
-            sums = np.array(model.data(s_info), dtype=np.float32).reshape(-1)
-            counts_f = np.array(model.data(c_info), dtype=np.float32).reshape(-1)
-            if counts_f.size == 0 or sums.size % counts_f.size:
-                raise QuantizationError(f"{name!r}: {sums.size} sums do not split into {counts_f.size} experts",
-                                        path=path)
-            if not np.isfinite(counts_f).all() or (np.abs(counts_f) > 2.0**62).any():
-                raise QuantizationError(f"imatrix entry {name!r} has an invalid count", path=path)
-            c64 = counts_f.astype(np.float64)  # std::lround: half away from zero
-            counts = np.where(c64 >= 0, np.floor(c64 + 0.5), np.ceil(c64 - 0.5)).astype(np.int64)
-            entries[name] = (sums, counts)
-    return RawImatrix(path, entries, datasets, chunk_count, chunk_size, False)
-
-
-def _u32(field_: Any, key: str, path: Path) -> int:
-    if field_ is None:
-        return 0
-    value = getattr(field_, "value", None)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise QuantizationError(f"imatrix key {key} must be an integer", path=path)
-    return value
-
-
-def _read_legacy(path: Path) -> RawImatrix:
-    data = path.read_bytes()
-    pos = 0
-
-    def take(n: int, what: str) -> bytes:
-        nonlocal pos
-        if n < 0 or pos + n > len(data):
-            raise QuantizationError(f"legacy imatrix truncated at byte {pos} while reading {what}", path=path)
-        pos += n
-        return data[pos - n:pos]
-
-    def i32(what: str) -> int:
-        return int(struct.unpack("<i", take(4, what))[0])
-
-    n_entries = i32("the entry count")
-    if n_entries < 1 or n_entries > _MAX_LEGACY_ENTRIES:
-        raise QuantizationError(f"legacy imatrix has {n_entries} entries: not an imatrix file?", path=path)
-    entries: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for i in range(n_entries):
-        raw_name = take(i32(f"the name length of entry {i + 1}"), f"the name of entry {i + 1}")
-        name = raw_name.split(b"\0", 1)[0].decode("utf-8", errors="replace")
-        ncall = i32(f"the call count of entry {i + 1}")
-        nval = i32(f"the value count of entry {i + 1}")
-        if nval < 1:
-            raise QuantizationError(f"legacy imatrix entry {i + 1} ({name!r}) has {nval} values", path=path)
-        values = np.frombuffer(take(4 * nval, f"the values of {name!r}"), dtype="<f4").astype(np.float32)
-        entries[name] = (values, np.array([ncall], dtype=np.int64))
-    chunk_count = 0
-    datasets: tuple[str, ...] = ()
-    if pos < len(data):
-        chunk_count = i32("the chunk count")
-        if pos + 4 <= len(data):
-            length = i32("the dataset name length")
-            if 0 < length <= len(data) - pos:
-                datasets = (take(length, "the dataset name").split(b"\0", 1)[0].decode("utf-8", "replace"),)
-    return RawImatrix(path, entries, datasets, chunk_count, 0, True)
 
 
 @dataclass

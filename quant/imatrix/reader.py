@@ -1,41 +1,30 @@
 """Importance-matrix files as llama-quantize reads them: llama-imatrix's GGUF format and the legacy ``.dat``.
 
 Both give, per weight tensor name, one f32 per column (and per expert for 3-D tensors): the mean squared
-activation that the weighted quantizers (``quantize_*_impl``) use as ``quant_weights``. The arithmetic is
-``common_imatrix_load`` + quantize.cpp ``load_imatrix`` (common/common.cpp, tools/quantize/quantize.cpp):
+activation that the weighted quantizers (``quantize_*_impl``) use as ``quant_weights``. The files are read by
+:mod:`~ggufkit.quant.imatrix.files` (common/imatrix-loader.cpp ``common_imatrix_load``); this module adds
+quantize.cpp ``load_imatrix``'s arithmetic (tools/quantize/quantize.cpp):
 
-- GGUF: tensors ``<name>.in_sum2`` (f32 ``[n_experts, n_per_row]``) and ``<name>.counts`` (f32
-  ``[n_experts, 1]``); value = ``in_sum2 / f32(lround(count))`` in f32, and 1.0 where the count is 0.
-  Keys ``imatrix.datasets`` (string array), ``imatrix.chunk_count`` and ``imatrix.chunk_size`` (u32).
-- legacy: ``i32 n_entries``, then per entry ``i32 len, name bytes, i32 ncall, i32 nval, f32 values[nval]``,
-  optionally ``i32 chunk_count, i32 len, dataset bytes``; value = ``values / f32(ncall)`` when ncall > 0.
+- GGUF: value = ``in_sum2 / f32(lround(count))`` in f32, and 1.0 where the count is 0.
+- legacy: value = ``values / f32(ncall)`` when ncall > 0, else the stored values.
 """
 
 from __future__ import annotations
 
 import hashlib
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ggufkit.constants import GGUF_MAGIC
 from ggufkit.errors import QuantizationError
+from ggufkit.quant.imatrix.files import RawImatrix, read_imatrix_file
 
-KEY_DATASETS = "imatrix.datasets"
-KEY_CHUNK_COUNT = "imatrix.chunk_count"
-KEY_CHUNK_SIZE = "imatrix.chunk_size"
-SUFFIX_SUMS = ".in_sum2"
-SUFFIX_COUNTS = ".counts"
 #: The keys llama-quantize adds to a file quantized with an imatrix (tools/quantize/quantize.cpp).
 KEY_QUANTIZE_IMATRIX_FILE = "quantize.imatrix.file"
 KEY_QUANTIZE_IMATRIX_DATASET = "quantize.imatrix.dataset"
 KEY_QUANTIZE_IMATRIX_N_ENTRIES = "quantize.imatrix.entries_count"
 KEY_QUANTIZE_IMATRIX_N_CHUNKS = "quantize.imatrix.chunks_count"
-
-#: Refuse legacy files claiming more entries or values than this (a corrupt count must not allocate GBs).
-_MAX_LEGACY_ENTRIES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -92,13 +81,8 @@ def load_imatrix(path: str | Path) -> Imatrix:
         OSError: it cannot be read.
     """
     path = Path(path)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    digest = _sha256(path)
-    if magic == GGUF_MAGIC:
-        im = _load_gguf(path, digest)
-    else:
-        im = _load_legacy(path, digest)
+    raw = read_imatrix_file(path, require_keys=True)
+    im = _normalise(raw, _sha256(path))
     for name, values in im.entries.items():
         if not np.isfinite(values).all():
             raise QuantizationError(f"imatrix entry {name!r} contains a non-finite value", path=path)
@@ -113,13 +97,17 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _load_gguf(path: Path, digest: str) -> Imatrix:
-    # One GGUF imatrix parser (ggufkit.quant.imatrix.collector); here only llama-quantize's normalisation is added.
-    from ggufkit.quant.imatrix.collector import _read_gguf
+def _normalise(raw: RawImatrix, digest: str) -> Imatrix:
+    if raw.is_legacy:
+        entries = {name: _normalise_legacy(values, int(counts[0])) for name, (values, counts) in raw.entries.items()}
+    else:
+        entries = {name: _normalise_gguf(sums, counts) for name, (sums, counts) in raw.entries.items()}
+    return Imatrix(raw.path, entries, raw.datasets, raw.chunk_count, raw.chunk_size, raw.is_legacy, digest)
 
-    raw = _read_gguf(path, require_keys=True)
-    entries = {name: _normalise_gguf(sums, counts) for name, (sums, counts) in raw.entries.items()}
-    return Imatrix(path, entries, raw.datasets, raw.chunk_count, raw.chunk_size, False, digest)
+
+def _normalise_legacy(values: np.ndarray, ncall: int) -> np.ndarray:
+    # quantize.cpp load_imatrix: the stored values are mean * ncall; divided by (float) ncall when positive.
+    return values / np.float32(ncall) if ncall > 0 else values
 
 
 def _normalise_gguf(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -131,46 +119,3 @@ def _normalise_gguf(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
     positive = count_f32 > 0
     out[positive] = grid[positive] / count_f32[positive, None]
     return out.reshape(-1)
-
-
-def _load_legacy(path: Path, digest: str) -> Imatrix:
-    data = path.read_bytes()
-    pos = 0
-
-    def take(n: int, what: str) -> bytes:
-        nonlocal pos
-        if n < 0 or pos + n > len(data):
-            raise QuantizationError(f"legacy imatrix truncated at byte {pos} while reading {what}", path=path)
-        chunk = data[pos:pos + n]
-        pos += n
-        return chunk
-
-    def i32(what: str) -> int:
-        return int(struct.unpack("<i", take(4, what))[0])
-
-    n_entries = i32("the entry count")
-    if n_entries < 1 or n_entries > _MAX_LEGACY_ENTRIES:
-        raise QuantizationError(f"legacy imatrix has {n_entries} entries: not an imatrix file?", path=path)
-    entries: dict[str, np.ndarray] = {}
-    for i in range(n_entries):
-        length = i32(f"the name length of entry {i + 1}")
-        raw_name = take(length, f"the name of entry {i + 1}")
-        # The C reader builds std::string from a NUL-terminated buffer: the name stops at the first NUL.
-        name = raw_name.split(b"\0", 1)[0].decode("utf-8", errors="replace")
-        ncall = i32(f"the call count of entry {i + 1}")
-        nval = i32(f"the value count of entry {i + 1}")
-        if nval < 1:
-            raise QuantizationError(f"legacy imatrix entry {i + 1} ({name!r}) has {nval} values", path=path)
-        values = np.frombuffer(take(4 * nval, f"the values of {name!r}"), dtype="<f4").astype(np.float32)
-        if ncall > 0:
-            values = values / np.float32(ncall)
-        entries[name] = values
-    chunk_count = 0
-    datasets: tuple[str, ...] = ()
-    if pos + 4 <= len(data):
-        chunk_count = i32("the chunk count")
-        if pos + 4 <= len(data):
-            length = i32("the dataset name length")
-            if 0 < length <= len(data) - pos:
-                datasets = (take(length, "the dataset name").split(b"\0", 1)[0].decode("utf-8", "replace"),)
-    return Imatrix(path, entries, datasets, chunk_count, 0, True, digest)
