@@ -56,7 +56,7 @@ def cuda_available() -> bool:
     the machine has no NVIDIA driver at all)."""
     if _no_nvidia_driver():
         return False
-    from ggufkit.quant.kernels.legacy.cuda import is_available
+    from ggufkit.quant.kernels.cuda_base import is_available
 
     return is_available()
 
@@ -307,7 +307,7 @@ def _quantize_f16_on_gpu(t: GGMLQuantizationType, x: np.ndarray, qw: np.ndarray,
     """F16 rows to ``t`` on the GPU, widened there (half the upload of float32; same bytes)."""
     import importlib
 
-    from ggufkit.quant.kernels.legacy.cuda import quantize_f16_rows
+    from ggufkit.quant.kernels.cuda_base import quantize_f16_rows
 
     kernels = KERNELS[t]
     h = np.ascontiguousarray(x).view(np.uint16)

@@ -93,3 +93,23 @@ def test_cuda_kernel_matches_cpu_kernel_under_simulator(sim_results: dict[str, d
     rec = sim_results[qtype.name]
     assert "error" not in rec, rec.get("error")
     assert rec[path] is True
+
+
+def test_every_cuda_module_builds_on_the_shared_cuda_base() -> None:
+    """The retargeting, the libdevice primitives and the device-side F16 widening live in one module at the top
+    of quant/kernels/ (issue 31); the families' CUDA modules import it, never legacy/cuda.py."""
+    import ast
+    import importlib.util
+
+    from ggufkit.quant.kernels import cuda_base
+
+    assert all(callable(getattr(cuda_base, n)) for n in ("retarget", "primitives", "quantize_f16_rows", "is_available"))
+    modules = sorted({row.cuda_module for row in KERNELS.values() if row.has_cuda})
+    assert modules == [f"ggufkit.quant.kernels.{f}.cuda" for f in ("kquants", "legacy", "lowbit")]
+    for module in modules:
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None
+        with open(spec.origin) as f:
+            tree = ast.parse(f.read())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "ggufkit.quant.kernels.cuda_base" in imported and "ggufkit.quant.kernels.legacy.cuda" not in imported

@@ -2,7 +2,7 @@
 
 The per-block functions of :mod:`ggufkit.quant.kernels.kquants.cpu` and the subroutines of
 :mod:`ggufkit.quant.kernels.kquants.subroutines` are compiled again as CUDA device functions with
-:func:`ggufkit.quant.kernels.legacy.cuda.retarget`: ``fmul``/``fadd``/``fsub`` become libdevice's ``*_rn``
+:func:`ggufkit.quant.kernels.cuda_base.retarget`: ``fmul``/``fadd``/``fsub`` become libdevice's ``*_rn``
 intrinsics, which NVVM never contracts into a fused multiply-add (it does by default; NVIDIA/numba-cuda#118),
 so every step rounds once, as in ggml's reference build (NVIDIA/numba-cuda issue 118). Under the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) the same code runs as Python on NumPy float32 scalars.
@@ -27,9 +27,9 @@ from gguf import GGMLQuantizationType
 from numba import cuda
 
 from ggufkit.quant.kernels import fp
+from ggufkit.quant.kernels.cuda_base import primitives, retarget
 from ggufkit.quant.kernels.kquants import cpu as kquants
 from ggufkit.quant.kernels.kquants import subroutines as kquants_math
-from ggufkit.quant.kernels.legacy.cuda import _primitives, retarget
 
 _THREADS = 64  # each thread holds ~0.8 KB of local scratch; small thread blocks keep occupancy up
 
@@ -42,9 +42,10 @@ _BLOCK_FUNCS = ("_q45k_finish_block", "q45k_quantize_block", "q45k_dequantize_bl
 
 
 @cache
-def _device_funcs() -> dict[str, Any]:
+def device_funcs() -> dict[str, Any]:
+    """The k-quant block math and its subroutines as CUDA device functions (the low-bit types build on them)."""
     # Bottom-up, so each layer's calls reach the CUDA versions of the layer below.
-    prims = _primitives()
+    prims = primitives()
     fp_dev = retarget(fp, _FP_FUNCS, prims)
     math_dev = retarget(kquants_math, _MATH_FUNCS, {**prims, **fp_dev})
     return {**fp_dev, **math_dev, **retarget(kquants, _BLOCK_FUNCS, {**prims, **fp_dev, **math_dev})}
@@ -52,7 +53,7 @@ def _device_funcs() -> dict[str, Any]:
 
 @cache
 def _kernels() -> dict[str, Any]:
-    dev = _device_funcs()
+    dev = device_funcs()
     q45k_quantize_block = dev["q45k_quantize_block"]
     q45k_dequantize_block = dev["q45k_dequantize_block"]
     q6k_quantize_block = dev["q6k_quantize_block"]

@@ -36,7 +36,7 @@ from ggufkit.quant.kernels.fp import (
     fp32_to_fp16,
     fp32_to_fp16_x86,
     fsub,
-    nearest_int,  # noqa: F401  (a global of make_qx_quants, which cuda_legacy retargets in this namespace)
+    nearest_int,  # noqa: F401  (a global of make_qx_quants, which legacy/cuda.py retargets in this namespace)
     roundf,
 )
 from ggufkit.quant.kernels.legacy.fit import (

@@ -1,8 +1,8 @@
 """The fitting routines of the legacy imatrix quantizers (ggml-quants.c make_qx_quants / make_qkx3_quants).
 
 :func:`make_qx_quants` and :func:`make_qkx3_quants` are the scalar routines, shared by the CPU kernels (as
-fallbacks) and, through :mod:`ggufkit.quant.kernels.legacy.cuda`'s retargeting of :mod:`ggufkit.quant.kernels.legacy.cpu`, the
-CUDA kernels. :func:`make_qx_quants_lanes` and :func:`make_qkx3_quants_lanes` are CPU-only versions that
+fallbacks) and, through :mod:`ggufkit.quant.kernels.legacy.cuda` (which retargets
+:mod:`ggufkit.quant.kernels.legacy.cpu` with :func:`ggufkit.quant.kernels.cuda_base.retarget`), the CUDA kernels. :func:`make_qx_quants_lanes` and :func:`make_qkx3_quants_lanes` are CPU-only versions that
 evaluate ggml's trial scales side by side (same float32 operations per trial, same order of decisions, so
 the same bytes), which the compiler vectorizes across trials.
 """

@@ -2,7 +2,7 @@
 
 The per-block functions of :mod:`ggufkit.quant.kernels.kquants.cpu_low`, :mod:`~ggufkit.quant.kernels.lowbit.iq4`,
 :mod:`~ggufkit.quant.kernels.lowbit.ternary`, :mod:`~ggufkit.quant.kernels.lowbit.mxfp4` and :mod:`~ggufkit.quant.kernels.lowbit.q1_0` are compiled again
-as CUDA device functions with :func:`ggufkit.quant.kernels.legacy.cuda.retarget`, on top of the device versions of
+as CUDA device functions with :func:`ggufkit.quant.kernels.cuda_base.retarget`, on top of the device versions of
 the shared k-quant subroutines (:mod:`ggufkit.quant.kernels.kquants.cuda`): ``fmul``/``fadd``/``fsub`` become
 libdevice's ``*_rn`` intrinsics, which NVVM never contracts into a fused multiply-add, so every step rounds
 once, as in ggml's reference build. Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the same code runs
@@ -29,9 +29,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import cuda
 
 from ggufkit.quant.kernels import fp
+from ggufkit.quant.kernels.cuda_base import primitives, retarget
 from ggufkit.quant.kernels.kquants import cpu_low as kquants_low
-from ggufkit.quant.kernels.kquants.cuda import _device_funcs as _kquant_device_funcs
-from ggufkit.quant.kernels.legacy.cuda import _primitives, retarget
+from ggufkit.quant.kernels.kquants.cuda import device_funcs as kquant_device_funcs
 from ggufkit.quant.kernels.lowbit import iq4 as iq_nonlinear
 from ggufkit.quant.kernels.lowbit import mxfp4, q1_0, ternary
 
@@ -57,7 +57,7 @@ _SIMPLE = {T.TQ1_0: "tq1_0", T.TQ2_0: "tq2_0", T.MXFP4: "mxfp4", T.Q1_0: "q1_0"}
 
 @cache
 def _device_funcs() -> dict[str, Any]:
-    base = {**_primitives(), **_kquant_device_funcs()}
+    base = {**primitives(), **kquant_device_funcs()}
     base.update(retarget(fp, ("roundf",), base))
     out: dict[str, Any] = {}
     for module, names in _MODULE_FUNCS:
