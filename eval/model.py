@@ -33,11 +33,14 @@ from gguf import GGMLQuantizationType
 
 from ggufkit.errors import DeviceUnavailableError, EvaluationError
 from ggufkit.eval.arch import SUPPORTED_ARCHS, HParams, expected_shapes, read_hparams
-from ggufkit.eval.dequant import can_dequantize, dequantize
+from ggufkit.eval.dequant import can_dequantize
 from ggufkit.eval.ggml_cpu import VEC_DOT_TYPE, q8_1_sum_correction, round_activations, round_f16
+from ggufkit.eval.moe import moe_ffn
+from ggufkit.eval.qtensor import QTensor
 from ggufkit.format.reader import GGUFModel, TensorInfo, open_gguf
+from ggufkit.format.tensor_shape import n_elements
 
-__all__ = ["DTYPES", "SUPPORTED_ARCHS", "GGUFCausalLM", "HParams", "QTensor", "load_model", "read_hparams",
+__all__ = ["DTYPES", "SUPPORTED_ARCHS", "GGUFCausalLM", "HParams", "load_model", "read_hparams",
            "resolve_device", "resolve_dtype"]
 
 #: ``--dtype`` choices and the torch type each computes matmuls in.
@@ -57,49 +60,6 @@ class ActivationObserver(Protocol):
 
     def routed(self, name: str, x: torch.Tensor, ids: torch.Tensor) -> None:
         """MoE: token t's slot j (input ``x[b, t, j or 0]``) goes to expert ``ids[b, t, j]`` of ``name``."""
-
-
-class QTensor:
-    """One tensor kept as raw GGUF bytes on the device.
-
-    Attributes:
-        name: tensor name.
-        qtype: GGML type.
-        shape: numpy-order shape in elements (rows first).
-        raw: ``uint8[n_rows, row_bytes]`` on the device.
-    """
-
-    def __init__(self, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...], raw: torch.Tensor) -> None:
-        self.name = name
-        self.qtype = qtype
-        self.shape = shape
-        n_rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-        self.raw = raw.reshape(n_rows, -1)
-
-    def float(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The whole tensor dequantized, in numpy-order ``shape``."""
-        return dequantize(self.raw, self.qtype, self.shape[-1]).reshape(self.shape).to(dtype)
-
-    def row_range(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Rows ``start:stop`` of a 2-D tensor, dequantized (a slice: no copy of the raw bytes)."""
-        return dequantize(self.raw[start:stop], self.qtype, self.shape[-1]).to(dtype)
-
-    def permute_rows(self, order: torch.Tensor) -> None:
-        """Reorder the rows in place (quantization blocks never span rows, so raw rows move intact)."""
-        self.raw = self.raw[order.to(self.raw.device)].contiguous()
-
-    def block_mins(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Q4_1/Q5_1: each 32-block's minimum ``m`` (the F16 after ``d``) of rows ``start:stop``,
-        float32 ``[rows, n/32]``."""
-        raw = self.raw[start:stop]
-        blocks = raw.reshape(raw.shape[0], -1, raw.shape[1] * 32 // self.shape[-1])
-        return blocks[:, :, 2:4].contiguous().view(torch.float16).squeeze(-1).to(torch.float32)
-
-    def rows(self, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Rows ``index`` (any shape) of a 2-D tensor, dequantized: ``[*index.shape, shape[-1]]``."""
-        flat = index.reshape(-1)
-        out = dequantize(self.raw[flat], self.qtype, self.shape[-1]).to(dtype)
-        return out.reshape(*index.shape, self.shape[-1])
 
 
 def resolve_device(device: str) -> torch.device:
@@ -130,6 +90,18 @@ class GGUFCausalLM:
     """A GGUF model ready to score token sequences.
 
     Use :func:`load_model` to build one. ``logits(tokens)`` returns float32 ``[B, T, n_vocab]``.
+
+    Layer interface: what a layer kept in its own module (:mod:`ggufkit.eval.moe`) and a measurement that
+    runs the blocks itself (:mod:`ggufkit.eval.target_calibration`) build on; ``p`` is a block's tensor-name
+    prefix (``blk.{i}.``):
+
+    * :meth:`weight` / :meth:`optional_weight`: a tensor of :attr:`tensors` dequantized (kept between passes
+      in the float cache, tagged for ggml's input rounding);
+    * :meth:`linear`: ``x @ w.T (+ b)``, the input rounded as ggml's CPU backend rounds it when
+      :attr:`ggml_rounding` is on; :meth:`tag_src1` tags a matrix made outside :meth:`weight` (an expert's rows);
+    * :meth:`norm`: the architecture's RMSNorm or LayerNorm;
+    * :meth:`observe` / :meth:`observe_routed`: report a matmul's input to :attr:`observer`, if any;
+    * :meth:`block`: one transformer block on the residual stream ``[B, T, n_embd]``.
     """
 
     def __init__(self, path: Path, hparams: HParams, tensors: dict[str, QTensor], device: torch.device,
@@ -174,8 +146,8 @@ class GGUFCausalLM:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- building blocks ---------------------------------------------------------------------------
-    def _w(self, name: str) -> torch.Tensor | None:
+    # -- building blocks (the public ones: the class docstring's layer interface) --------------------
+    def optional_weight(self, name: str) -> torch.Tensor | None:
         """An optional tensor, dequantized: matrices in the compute dtype, vectors in float32."""
         t = self.tensors.get(name)
         if t is None:
@@ -205,7 +177,8 @@ class GGUFCausalLM:
 
     def _keep(self, key: tuple[str, int, int, bool], t: QTensor, w: torch.Tensor) -> None:
         """Keep a dequantized tensor for the next forward passes while :attr:`float_cache_bytes` allows.
-        (Callers never modify what :meth:`_w` returns, so a kept tensor stays the exact dequantization.)"""
+        (Callers never modify what :meth:`optional_weight` returns, so a kept tensor stays the exact
+        dequantization.)"""
         size = w.numel() * w.element_size()
         old = self._float_cache.pop(key, None)
         if old is not None:
@@ -218,11 +191,11 @@ class GGUFCausalLM:
         """Whether all of ``t``, dequantized, still fits in the float cache (or is already in it)."""
         if self._kept((t.name, 0, t.shape[0], self.ggml_rounding), t) is not None:
             return True
-        size = math.prod(t.shape) * torch.empty((), dtype=self.dtype).element_size()
+        size = n_elements(t.shape) * torch.empty((), dtype=self.dtype).element_size()
         return self._float_cached + size <= self.float_cache_bytes
 
     def tag_src1(self, w: torch.Tensor, t: QTensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Mark ``w``, rows ``start:stop`` of ``t`` dequantized, so that :meth:`_linear` rounds its input
+        """Mark ``w``, rows ``start:stop`` of ``t`` dequantized, so that :meth:`linear` rounds its input
         through the type ggml's CPU backend converts it to (:data:`ggufkit.eval.ggml_cpu.VEC_DOT_TYPE`;
         only with ``ggml_rounding``, else ``w`` as it is)."""
         vec_dot = VEC_DOT_TYPE.get(t.qtype) if self.ggml_rounding else None
@@ -232,21 +205,22 @@ class GGUFCausalLM:
                 w.ggml_mins = t.block_mins(start, stop)  # type: ignore[attr-defined]
         return w
 
-    def _r(self, name: str) -> torch.Tensor:
-        """A required tensor (load_model checked that it exists), dequantized like :meth:`_w`."""
-        w = self._w(name)
+    def weight(self, name: str) -> torch.Tensor:
+        """A required tensor (load_model checked that it exists), dequantized like :meth:`optional_weight`."""
+        w = self.optional_weight(name)
         if w is None:
             raise EvaluationError(f"missing tensor {name!r}", path=self.path)
         return w
 
-    def _norm(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    def norm(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """The architecture's norm of ``x`` with weight ``w`` (and bias ``b``, LayerNorm only)."""
         hp = self.hparams
         if hp.norm == "layer":
             return F.layer_norm(x, (x.shape[-1],), w, b, hp.eps)
         return _rms_norm(x, w, hp.eps)
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
-                src1: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+               src1: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
         """``x @ w.T (+ b)``; with ``ggml_rounding``, ``x`` as ggml's CPU backend converts it (``src1``: that
         conversion already made by :meth:`_src1` for the same ``x`` and weight tensor)."""
         vec_dot = getattr(w, "ggml_src1", None)
@@ -267,12 +241,12 @@ class GGUFCausalLM:
         rounded = round_activations(x, w.ggml_src1)  # type: ignore[attr-defined]
         return rounded, q8_1_sum_correction(x) if getattr(w, "ggml_mins", None) is not None else None
 
-    def _observe(self, x: torch.Tensor, *names: str) -> None:
+    def observe(self, x: torch.Tensor, *names: str) -> None:
         """Report ``x`` (float32 ``[B, T, n]``), the input of the matmuls with the weights ``names``."""
         if self.observer is not None:
             self.observer.dense(names, x)
 
-    def _observe_routed(self, name: str, x: torch.Tensor, ids: torch.Tensor) -> None:
+    def observe_routed(self, name: str, x: torch.Tensor, ids: torch.Tensor) -> None:
         """Report an expert matmul: input ``[B, T, k or 1, n]``, chosen experts ``ids`` ``[B, T, k]``."""
         if self.observer is not None:
             self.observer.routed(name, x, ids)
@@ -318,24 +292,24 @@ class GGUFCausalLM:
         bsz, t, _ = h.shape
         hd = hp.head_dim
         nq, nkv = hp.n_head * hd, hp.n_head_kv * hd
-        qkv_w = self._w(p + "attn_qkv.weight")
+        qkv_w = self.optional_weight(p + "attn_qkv.weight")
         if qkv_w is not None:
-            self._observe(h, p + "attn_qkv.weight")
-            qkv = self._linear(h, qkv_w, self._w(p + "attn_qkv.bias"))
+            self.observe(h, p + "attn_qkv.weight")
+            qkv = self.linear(h, qkv_w, self.optional_weight(p + "attn_qkv.bias"))
             del qkv_w
             q, k, v = qkv.split([nq, nkv, nkv], dim=-1)
         else:
-            self._observe(h, p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
-            q = self._linear(h, self._r(p + "attn_q.weight"), self._w(p + "attn_q.bias"))
-            k = self._linear(h, self._r(p + "attn_k.weight"), self._w(p + "attn_k.bias"))
-            v = self._linear(h, self._r(p + "attn_v.weight"), self._w(p + "attn_v.bias"))
+            self.observe(h, p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
+            q = self.linear(h, self.weight(p + "attn_q.weight"), self.optional_weight(p + "attn_q.bias"))
+            k = self.linear(h, self.weight(p + "attn_k.weight"), self.optional_weight(p + "attn_k.bias"))
+            v = self.linear(h, self.weight(p + "attn_v.weight"), self.optional_weight(p + "attn_v.bias"))
         q = q.reshape(bsz, t, hp.n_head, hd)
         k = k.reshape(bsz, t, hp.n_head_kv, hd)
         v = v.reshape(bsz, t, hp.n_head_kv, hd)
-        q_norm = self._w(p + "attn_q_norm.weight")
+        q_norm = self.optional_weight(p + "attn_q_norm.weight")
         if q_norm is not None:  # qwen3: RMSNorm of each head before RoPE
             q = _rms_norm(q, q_norm, hp.eps)
-            k = _rms_norm(k, self._r(p + "attn_k_norm.weight"), hp.eps)
+            k = _rms_norm(k, self.weight(p + "attn_k_norm.weight"), hp.eps)
         swa = hp.is_swa(int(p.split(".")[1]))
         base, rscale = (hp.rope_base_swa, hp.rope_scale_swa) if swa else (hp.rope_base, hp.rope_scale)
         q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
@@ -359,14 +333,14 @@ class GGUFCausalLM:
         # always reported: llama.cpp's build_attn (src/llama-graph.cpp) ends every path in
         # build_lora_mm(wo, cur), whose src1 llama-imatrix collects (tools/imatrix/imatrix.cpp collect_imatrix).
         o = o.transpose(1, 2).reshape(bsz, t, hp.n_head * hd)
-        self._observe(o, p + "attn_output.weight")
-        return self._linear(o, self._r(p + "attn_output.weight"), self._w(p + "attn_output.bias"))
+        self.observe(o, p + "attn_output.weight")
+        return self.linear(o, self.weight(p + "attn_output.weight"), self.optional_weight(p + "attn_output.bias"))
 
     def _ffn(self, h: torch.Tensor, p: str) -> torch.Tensor:
         hp = self.hparams
-        self._observe(h, p + "ffn_up.weight", p + "ffn_gate.weight")
-        up = self._linear(h, self._r(p + "ffn_up.weight"), self._w(p + "ffn_up.bias"))
-        gate_w = self._w(p + "ffn_gate.weight")
+        self.observe(h, p + "ffn_up.weight", p + "ffn_gate.weight")
+        up = self.linear(h, self.weight(p + "ffn_up.weight"), self.optional_weight(p + "ffn_up.bias"))
+        gate_w = self.optional_weight(p + "ffn_gate.weight")
         if hp.ffn == "gelu":
             a = F.gelu(up)  # exact erf GELU, transformers' "gelu" (GPT-NeoX's default hidden_act)
         elif hp.ffn == "silu_fused":  # Phi-3: [gate; up] in one matrix
@@ -375,7 +349,7 @@ class GGUFCausalLM:
         elif gate_w is None:
             a = F.relu(up)
         else:
-            g = self._linear(h, gate_w)
+            g = self.linear(h, gate_w)
             if hp.ffn == "silu":
                 a = F.silu(g, inplace=True).mul_(up)  # g is this call's own tensor
             elif hp.ffn == "gelu_tanh":
@@ -390,11 +364,11 @@ class GGUFCausalLM:
             # ffn_down_t stores the down projection transposed ([n_ff, n_embd] in numpy order).
             w = down_t.float(self.dtype)
             y = torch.matmul(a.to(w.dtype), w).to(torch.float32)
-            b = self._w(p + "ffn_down_t.bias")
-            b = b if b is not None else self._w(p + "ffn_down.bias")
+            b = self.optional_weight(p + "ffn_down_t.bias")
+            b = b if b is not None else self.optional_weight(p + "ffn_down.bias")
             return y if b is None else y + b
-        self._observe(a, p + "ffn_down.weight")
-        return self._linear(a, self._r(p + "ffn_down.weight"), self._w(p + "ffn_down.bias"))
+        self.observe(a, p + "ffn_down.weight")
+        return self.linear(a, self.weight(p + "ffn_down.weight"), self.optional_weight(p + "ffn_down.bias"))
 
     # -- forward -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -428,13 +402,13 @@ class GGUFCausalLM:
                 raise EvaluationError(f"context {t} is longer than the model's {pos.shape[0] - 2} positions")
             x = x + pos.rows(torch.arange(t, device=self.device) + _EMB_OPT_POS_OFFSET)[None]
         for i in range(hp.n_layer):
-            x = self._block(x, f"blk.{i}.")
+            x = self.block(x, f"blk.{i}.")
         x = x[:, start:]
-        x = self._norm(x, self._r("output_norm.weight"), self._w("output_norm.bias"))
+        x = self.norm(x, self.weight("output_norm.weight"), self.optional_weight("output_norm.bias"))
         head = self.tensors.get("output.weight") if not hp.learned_positions else None
         if head is None:  # tied LM head
             head = self.tensors["token_embd.weight"]
-        self._observe(x, head.name)
+        self.observe(x, head.name)
         parts = []
         src1 = None  # every chunk is a slice of one tensor: round the input once
         # A head kept whole in the float cache is one matmul (no concatenation of the logits).
@@ -444,35 +418,35 @@ class GGUFCausalLM:
             w = self._row_range(head, a, stop)
             if src1 is None and getattr(w, "ggml_src1", None) is not None:
                 src1 = self._src1(x, w)
-            parts.append(self._linear(x, w, src1=src1))
+            parts.append(self.linear(x, w, src1=src1))
             del w
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         if hp.final_softcap:
             out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
         return out
 
-    def _block(self, x: torch.Tensor, p: str) -> torch.Tensor:
+    def block(self, x: torch.Tensor, p: str) -> torch.Tensor:
+        """Block ``p`` (``blk.{i}.``) on the residual stream ``x`` ``[B, T, n_embd]``: attention, then the
+        dense or MoE feed-forward, with the architecture's norms and residual layout."""
         hp = self.hparams
-        h = self._norm(x, self._r(p + "attn_norm.weight"), self._w(p + "attn_norm.bias"))
+        h = self.norm(x, self.weight(p + "attn_norm.weight"), self.optional_weight(p + "attn_norm.bias"))
         attn = self._attention(h, p)
-        post = self._w(p + "post_attention_norm.weight")
+        post = self.optional_weight(p + "post_attention_norm.weight")
         if post is not None:  # Gemma 2/3: sandwich norms around attention and FFN
-            attn = self._norm(attn, post, None)
+            attn = self.norm(attn, post, None)
             x = x + attn
-            y = self._feed_forward(self._norm(x, self._r(p + "ffn_norm.weight"), None), p)
-            return x + self._norm(y, self._r(p + "post_ffw_norm.weight"), None)
+            y = self._feed_forward(self.norm(x, self.weight(p + "ffn_norm.weight"), None), p)
+            return x + self.norm(y, self.weight(p + "post_ffw_norm.weight"), None)
         if hp.parallel_residual:
-            h2 = self._norm(x, self._r(p + "ffn_norm.weight"), self._w(p + "ffn_norm.bias"))
+            h2 = self.norm(x, self.weight(p + "ffn_norm.weight"), self.optional_weight(p + "ffn_norm.bias"))
             return x + attn + self._feed_forward(h2, p)
         x = x + attn
-        h2 = self._norm(x, self._r(p + "ffn_norm.weight"), self._w(p + "ffn_norm.bias"))
+        h2 = self.norm(x, self.weight(p + "ffn_norm.weight"), self.optional_weight(p + "ffn_norm.bias"))
         return x + self._feed_forward(h2, p)
 
     def _feed_forward(self, h: torch.Tensor, p: str) -> torch.Tensor:
         """The block's FFN: dense, or mixture-of-experts when the file has experts."""
         if self.hparams.n_expert:
-            from ggufkit.eval.moe import moe_ffn
-
             return moe_ffn(self, h, p)
         return self._ffn(h, p)
 

@@ -5,7 +5,7 @@ measured group sensitivities (:mod:`ggufkit.eval.target_sensitivity`); both are 
 is written, :func:`measured_check` quantizes the mix and the largest llama-quantize presets that fit the
 budget in memory (ggufkit's byte-exact kernels, the imatrix applied as llama-quantize applies it), runs the
 whole model on the calibration text with the sensitivity's own machinery
-(:class:`ggufkit.eval.target_sensitivity.Calibration`: same tokens, same scored positions, same base
+(:class:`ggufkit.eval.target_calibration.Calibration`: same tokens, same scored positions, same base
 logits) and measures each one's mean KL divergence. The search never returns a plan that measures worse than
 a fitting preset: that preset's per-tensor plan is written instead, and the report says so.
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType
 
+from ggufkit.eval.target_calibration import Calibration, KLDCache
 from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.quant.imatrix.reader import Imatrix
 from ggufkit.quant.registry import FLOAT_TYPES
@@ -65,19 +66,17 @@ def measured_check(input: str | os.PathLike[str], *, imatrix: Imatrix | None, te
     Returns:
         A function: candidate -> {tensor: type} -> (candidate -> mean KLD, measured now, from the cache).
     """
-    from ggufkit.eval.target_sensitivity import _KLDCache
     from ggufkit.quant.target.measure import default_cache_dir, file_sha256
 
     def check(cands: Mapping[str, Mapping[str, GGMLQuantizationType]]) -> tuple[dict[str, float], int, int]:
         from ggufkit.eval.model import load_model
         from ggufkit.eval.perplexity import tokenize_text
-        from ggufkit.eval.target_sensitivity import Calibration
 
         has_im = imatrix is not None and bool(imatrix.entries)
         ident = (f"{file_sha256([Path(input)])}|{imatrix.sha256 if has_im and imatrix is not None else '-'}|"
                  f"{hashlib.sha256(text.encode('utf-8')).hexdigest()}|{ctx}|{chunks}|v{CHECK_VERSION}")
         cdir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        cache = _KLDCache(cdir, "check-" + hashlib.sha256(ident.encode()).hexdigest()[:32])
+        cache = KLDCache(cdir, "check-" + hashlib.sha256(ident.encode()).hexdigest()[:32])
         keys = {label: plan_key(types) for label, types in cands.items()}
         todo = {k: label for label, k in keys.items() if k not in cache.data}
         if todo:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import time
@@ -52,6 +51,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggufkit.errors import UsageError
+from ggufkit.eval.target_calibration import SENSITIVITY_VERSION, Calibration, KLDCache
 from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.quant.imatrix.reader import Imatrix
 from ggufkit.quant.registry import REQUIRES_IMATRIX
@@ -80,8 +80,6 @@ _ALT = f"|alt:{','.join(t.name for t in ALT_PROBE_TYPES)}"
 DEFAULT_CTX = 256
 DEFAULT_CHUNKS = 1
 DEFAULT_BANDS = 4
-#: Bump when the measurement changes meaning: old cache files are then ignored.
-SENSITIVITY_VERSION = 2  # 2: second probes of on-grid groups
 #: Tensor kinds measured together (their errors meet in the same product: Q.K scores, gate*up).
 _KIND_GROUP = {"attn_q": "attn_qk", "attn_k": "attn_qk", "ffn_gate": "ffn_gate_up", "ffn_up": "ffn_gate_up",
                "ffn_gate_exps": "ffn_gate_up_exps", "ffn_up_exps": "ffn_gate_up_exps"}
@@ -198,80 +196,6 @@ def probe_type(name: str, ne0: int, has_imatrix: bool,
     return None
 
 
-class _KLDCache:
-    """``group -> kld`` (and ``*all*``) for one identity of inputs, saved atomically after each group."""
-
-    def __init__(self, directory: Path, key: str) -> None:
-        self.path = directory / f"kld-{key}.json"
-        self.data: dict[str, float] = {}
-        try:
-            loaded = json.loads(self.path.read_text())
-            if isinstance(loaded, dict) and loaded.get("version") == SENSITIVITY_VERSION:
-                self.data = {k: float(v) for k, v in loaded.get("kld", {}).items()}
-        except (OSError, ValueError):
-            pass
-
-    def save(self) -> None:
-        from ggufkit.quant.target.measure import save_json_cache
-
-        save_json_cache(self.path, {"version": SENSITIVITY_VERSION, "kld": self.data})
-
-
-def _embed(model: Any, tokens: Any) -> Any:
-    """The residual stream entering block 0 (as :meth:`GGUFCausalLM.logits` builds it)."""
-    import math
-
-    import torch
-
-    hp = model.hparams
-    x = model.tensors["token_embd.weight"].rows(tokens)
-    if hp.embd_scale:
-        x = x * torch.tensor(math.sqrt(hp.n_embd), dtype=torch.float32)
-    pos = model.tensors.get("position_embd.weight")
-    if pos is not None:
-        x = x + pos.rows(torch.arange(tokens.shape[1], device=model.device) + 2)[None]
-    return x
-
-
-def _head(model: Any, x: Any, start: int) -> Any:
-    """Logits of positions ``start..`` from the last block's output (:meth:`GGUFCausalLM.logits`'s tail)."""
-    import torch
-
-    hp = model.hparams
-    x = model._norm(x[:, start:], model._r("output_norm.weight"), model._w("output_norm.bias"))
-    head = model.tensors.get("output.weight") if not hp.learned_positions else None
-    if head is None:
-        head = model.tensors["token_embd.weight"]
-    parts = []
-    step = 32768
-    for a in range(0, hp.n_vocab, step):
-        stop = min(a + step, hp.n_vocab)
-        parts.append(model._linear(x, model.tag_src1(head.row_range(a, stop, model.dtype), head, a, stop)))
-    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-    if hp.final_softcap:
-        out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
-    return out
-
-
-def _probe_tensor(qt: Any, t: GGMLQuantizationType, weights: np.ndarray | None, threads: int | None) -> Any:
-    """``qt`` quantized to ``t`` in memory (rows as the model holds them; row order does not matter to a
-    row-wise quantizer), as a new QTensor on the same device."""
-    import torch
-
-    from ggufkit.eval.model import QTensor
-    from ggufkit.quant import quantize
-
-    x = qt.float(torch.float32).cpu().numpy()
-    n_exp = x.shape[0] if x.ndim >= 3 else 1
-    rows = x.reshape(n_exp, -1, x.shape[-1])
-    raw = []
-    for e in range(n_exp):
-        w = None if weights is None else np.ascontiguousarray(weights[min(e, weights.shape[0] - 1)], np.float32)
-        raw.append(quantize(np.ascontiguousarray(rows[e]), t, imatrix=w, threads=threads, name=qt.name))
-    data = torch.from_numpy(np.concatenate(raw).reshape(-1)).to(qt.raw.device)
-    return QTensor(qt.name, t, qt.shape, data)
-
-
 def measure_sensitivity(input: str | os.PathLike[str], *, tensors: Sequence[str] | None = None,
                         imatrix: str | os.PathLike[str] | Imatrix | None = None, text: str | None = None,
                         ctx: int = DEFAULT_CTX, chunks: int = DEFAULT_CHUNKS, bands: int = DEFAULT_BANDS,
@@ -353,7 +277,7 @@ def measure_sensitivity(input: str | os.PathLike[str], *, tensors: Sequence[str]
         ident = (f"{model_sha}|{im_sha or '-'}|{text_sha}|{ctx}|{chunks}|{bands}|"
                  f"{','.join(t.name for t in probes)}|v{SENSITIVITY_VERSION}")
         cdir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        cache = _KLDCache(cdir, hashlib.sha256(ident.encode()).hexdigest()[:32])
+        cache = KLDCache(cdir, hashlib.sha256(ident.encode()).hexdigest()[:32])
 
         # the proxy at the probe types: the search's own measurement and cache
         pcache = MeasureCache(cdir, cache_key(model_sha, im_sha, sample_rows))
@@ -433,66 +357,6 @@ def measure_sensitivity(input: str | os.PathLike[str], *, tensors: Sequence[str]
                              need,
                              chunks * (ctx - 1 - ctx // 2), text_sha, n_measured, n_cached,
                              time.perf_counter() - t_start, str(cache.path), notes, linear_all)
-
-
-class Calibration:
-    """The model on the calibration window: its base logits and the residual stream entering every layer,
-    to measure the mean KLD of replacing some tensors by their quantization (llama-perplexity's scored
-    positions: the second half of each chunk, :class:`ggufkit.eval.kld.KLDAccumulator`).
-
-    Args:
-        model: a loaded :class:`ggufkit.eval.model.GGUFCausalLM` (its tensors are swapped and restored).
-        ids, add_bos, bos_id: the tokenized text (:func:`ggufkit.eval.perplexity.tokenize_text`).
-        ctx, chunks: the first ``ctx * chunks`` tokens are run.
-    """
-
-    def __init__(self, model: Any, ids: Sequence[int], add_bos: bool, bos_id: int | None, ctx: int,
-                 chunks: int) -> None:
-        import torch
-
-        from ggufkit.eval.perplexity import chunk_windows
-
-        self.model, self.chunks, self.start = model, chunks, ctx // 2
-        stream = torch.tensor(list(ids[:ctx * chunks]), dtype=torch.int64).reshape(chunks, ctx)
-        _, window, targets = next(chunk_windows(stream, chunks, add_bos, bos_id))
-        self.window, self.targets = window.to(model.device), targets.to(model.device)
-        with torch.inference_mode():
-            self.xs = [_embed(model, self.window)]
-            for i in range(model.hparams.n_layer):
-                self.xs.append(model._block(self.xs[-1], f"blk.{i}."))
-            self.base = _head(model, self.xs[-1], self.start)[:, :-1]
-
-    def kld(self, replace: Mapping[str, tuple[GGMLQuantizationType, np.ndarray | None]], first: int,
-            threads: int | None = None, quantized: dict[tuple[str, GGMLQuantizationType], Any] | None = None
-            ) -> float:
-        """Mean KLD with each tensor of ``replace`` quantized to its type (with its imatrix weights), run from
-        layer ``first`` (-1: the embedding) on the stored residual stream; ``quantized``: a memo of quantized
-        tensors shared between calls."""
-        import torch
-
-        from ggufkit.eval.kld import KLDAccumulator
-
-        model = self.model
-        saved = {n: model.tensors[n] for n in replace}
-        try:
-            for n, (t, w) in replace.items():
-                q = quantized.get((n, t)) if quantized is not None else None
-                if q is None:
-                    q = _probe_tensor(saved[n], t, w, threads)
-                    if quantized is not None:
-                        quantized[(n, t)] = q
-                model.tensors[n] = q
-            with torch.inference_mode():
-                x = _embed(model, self.window) if first < 0 else self.xs[first]
-                for i in range(max(first, 0), model.hparams.n_layer):
-                    x = model._block(x, f"blk.{i}.")
-                logits = _head(model, x, self.start)[:, :-1]
-                acc = KLDAccumulator()
-                for c in range(self.chunks):
-                    acc.add(logits[c], self.base[c], self.targets[c])
-                return float(acc.summary()["mean_kld"])
-        finally:
-            model.tensors.update(saved)
 
 
 def _fit_curve(s1: float, k1: float, s2: float, k2: float) -> tuple[float, float]:

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 
 from ggufkit.eval.dequant import dequantize
 from ggufkit.eval.ggml_cpu import VEC_DOT_TYPE, q8_1_sum_correction, round_activations
-from ggufkit.eval.model import QTensor
+from ggufkit.eval.qtensor import QTensor
 
 Q = GGMLQuantizationType
 

@@ -1,0 +1,157 @@
+"""The calibration window of the size-budget search's KLD measurements (issue #16): what the group
+sensitivity (:mod:`ggufkit.eval.target_sensitivity`) and the final check (:mod:`ggufkit.eval.target_check`)
+both measure with.
+
+:class:`Calibration` runs the unmodified model once on the calibration tokens, keeps its logits and the
+residual stream entering every layer, and measures the mean KL divergence of replacing some tensors by their
+quantization (ggufkit's byte-exact kernels, the imatrix applied as llama-quantize applies it) over
+llama-perplexity's scored positions; :class:`KLDCache` keeps the measured values between runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+#: Bump when the measurement changes meaning: old cache files (the sensitivity's and the final
+#: check's) are then ignored.
+SENSITIVITY_VERSION = 2  # 2: second probes of on-grid groups
+
+
+class KLDCache:
+    """``group -> kld`` (and ``*all*``) for one identity of inputs, saved atomically after each group."""
+
+    def __init__(self, directory: Path, key: str) -> None:
+        self.path = directory / f"kld-{key}.json"
+        self.data: dict[str, float] = {}
+        try:
+            loaded = json.loads(self.path.read_text())
+            if isinstance(loaded, dict) and loaded.get("version") == SENSITIVITY_VERSION:
+                self.data = {k: float(v) for k, v in loaded.get("kld", {}).items()}
+        except (OSError, ValueError):
+            pass
+
+    def save(self) -> None:
+        from ggufkit.quant.target.measure import save_json_cache
+
+        save_json_cache(self.path, {"version": SENSITIVITY_VERSION, "kld": self.data})
+
+
+def _embed(model: Any, tokens: Any) -> Any:
+    """The residual stream entering block 0 (as :meth:`GGUFCausalLM.logits` builds it)."""
+    import math
+
+    import torch
+
+    hp = model.hparams
+    x = model.tensors["token_embd.weight"].rows(tokens)
+    if hp.embd_scale:
+        x = x * torch.tensor(math.sqrt(hp.n_embd), dtype=torch.float32)
+    pos = model.tensors.get("position_embd.weight")
+    if pos is not None:
+        x = x + pos.rows(torch.arange(tokens.shape[1], device=model.device) + 2)[None]
+    return x
+
+
+def _head(model: Any, x: Any, start: int) -> Any:
+    """Logits of positions ``start..`` from the last block's output (:meth:`GGUFCausalLM.logits`'s tail)."""
+    import torch
+
+    hp = model.hparams
+    x = model.norm(x[:, start:], model.weight("output_norm.weight"), model.optional_weight("output_norm.bias"))
+    head = model.tensors.get("output.weight") if not hp.learned_positions else None
+    if head is None:
+        head = model.tensors["token_embd.weight"]
+    parts = []
+    step = 32768
+    for a in range(0, hp.n_vocab, step):
+        stop = min(a + step, hp.n_vocab)
+        parts.append(model.linear(x, model.tag_src1(head.row_range(a, stop, model.dtype), head, a, stop)))
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    if hp.final_softcap:
+        out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
+    return out
+
+
+def _probe_tensor(qt: Any, t: GGMLQuantizationType, weights: np.ndarray | None, threads: int | None) -> Any:
+    """``qt`` quantized to ``t`` in memory (rows as the model holds them; row order does not matter to a
+    row-wise quantizer), as a new QTensor on the same device."""
+    import torch
+
+    from ggufkit.eval.qtensor import QTensor
+    from ggufkit.quant import quantize
+
+    x = qt.float(torch.float32).cpu().numpy()
+    n_exp = x.shape[0] if x.ndim >= 3 else 1
+    rows = x.reshape(n_exp, -1, x.shape[-1])
+    raw = []
+    for e in range(n_exp):
+        w = None if weights is None else np.ascontiguousarray(weights[min(e, weights.shape[0] - 1)], np.float32)
+        raw.append(quantize(np.ascontiguousarray(rows[e]), t, imatrix=w, threads=threads, name=qt.name))
+    data = torch.from_numpy(np.concatenate(raw).reshape(-1)).to(qt.raw.device)
+    return QTensor(qt.name, t, qt.shape, data)
+
+
+class Calibration:
+    """The model on the calibration window: its base logits and the residual stream entering every layer,
+    to measure the mean KLD of replacing some tensors by their quantization (llama-perplexity's scored
+    positions: the second half of each chunk, :class:`ggufkit.eval.kld.KLDAccumulator`).
+
+    Args:
+        model: a loaded :class:`ggufkit.eval.model.GGUFCausalLM` (its tensors are swapped and restored).
+        ids, add_bos, bos_id: the tokenized text (:func:`ggufkit.eval.perplexity.tokenize_text`).
+        ctx, chunks: the first ``ctx * chunks`` tokens are run.
+    """
+
+    def __init__(self, model: Any, ids: Sequence[int], add_bos: bool, bos_id: int | None, ctx: int,
+                 chunks: int) -> None:
+        import torch
+
+        from ggufkit.eval.perplexity import chunk_windows
+
+        self.model, self.chunks, self.start = model, chunks, ctx // 2
+        stream = torch.tensor(list(ids[:ctx * chunks]), dtype=torch.int64).reshape(chunks, ctx)
+        _, window, targets = next(chunk_windows(stream, chunks, add_bos, bos_id))
+        self.window, self.targets = window.to(model.device), targets.to(model.device)
+        with torch.inference_mode():
+            self.xs = [_embed(model, self.window)]
+            for i in range(model.hparams.n_layer):
+                self.xs.append(model.block(self.xs[-1], f"blk.{i}."))
+            self.base = _head(model, self.xs[-1], self.start)[:, :-1]
+
+    def kld(self, replace: Mapping[str, tuple[GGMLQuantizationType, np.ndarray | None]], first: int,
+            threads: int | None = None, quantized: dict[tuple[str, GGMLQuantizationType], Any] | None = None
+            ) -> float:
+        """Mean KLD with each tensor of ``replace`` quantized to its type (with its imatrix weights), run from
+        layer ``first`` (-1: the embedding) on the stored residual stream; ``quantized``: a memo of quantized
+        tensors shared between calls."""
+        import torch
+
+        from ggufkit.eval.kld import KLDAccumulator
+
+        model = self.model
+        saved = {n: model.tensors[n] for n in replace}
+        try:
+            for n, (t, w) in replace.items():
+                q = quantized.get((n, t)) if quantized is not None else None
+                if q is None:
+                    q = _probe_tensor(saved[n], t, w, threads)
+                    if quantized is not None:
+                        quantized[(n, t)] = q
+                model.tensors[n] = q
+            with torch.inference_mode():
+                x = _embed(model, self.window) if first < 0 else self.xs[first]
+                for i in range(max(first, 0), model.hparams.n_layer):
+                    x = model.block(x, f"blk.{i}.")
+                logits = _head(model, x, self.start)[:, :-1]
+                acc = KLDAccumulator()
+                for c in range(self.chunks):
+                    acc.add(logits[c], self.base[c], self.targets[c])
+                return float(acc.summary()["mean_kld"])
+        finally:
+            model.tensors.update(saved)
