@@ -4,13 +4,14 @@ them (tools/mtmd/clip.cpp).
 
 Driven by the ``mmproj:`` section of the class's registry.yaml entry (:mod:`ggufkit.converters.mmproj_registry`):
 names are first brought to one layout (``rename``), then mapped, typed and streamed one tensor at a time
-through the same writer as text conversions (:func:`ggufkit.converters.core.write_plan`).
+through the same writer as text conversions (:func:`ggufkit.converters.write.write_plan`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,17 +32,21 @@ from ggufkit.converters.metadata import (
     size_label,
 )
 from ggufkit.converters.mmproj_registry import ARCH, ProjectorSpec
-from ggufkit.converters.plan import OUTTYPES, ConvertPlan, PlanEntry, match_rules, resolve_outtype
+from ggufkit.converters.plan import match_rules, resolve_outtype
+from ggufkit.converters.plan_types import ConvertPlan, PlanEntry
 from ggufkit.converters.registry import ArchEntry, load_registry
 from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_dtype
+from ggufkit.converters.write import ConvertReport, write_plan
 from ggufkit.errors import CheckpointError, TensorMappingError, UnsupportedArchitectureError, UsageError
 from ggufkit.format.values import VT, Metadata
+from ggufkit.format.writer import Progress
 from ggufkit.outputs import refuse_overwriting_inputs
+from ggufkit.quant.llama_quantize.presets import ADAPTER_OUTTYPES
 
 Q = GGMLQuantizationType
 G = Keys.General
 #: --outtype choices for projectors (llama.cpp's converter: f32, f16, bf16, q8_0; auto follows the checkpoint).
-MMPROJ_OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+MMPROJ_OUTTYPES: tuple[str, ...] = ("auto", *ADAPTER_OUTTYPES)
 _TARGETS = {"f32": (Q.F32, LlamaFileType.ALL_F32), "f16": (Q.F16, LlamaFileType.MOSTLY_F16),
             "bf16": (Q.BF16, LlamaFileType.MOSTLY_BF16), "q8_0": (Q.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
 _VT = {"u32": VT.UINT32, "f32": VT.FLOAT32, "bool": VT.BOOL, "str": VT.STRING}
@@ -55,20 +60,48 @@ def supported_projectors() -> list[str]:
     return sorted(name for name, e in load_registry().entries.items() if e.mmproj is not None)
 
 
+def _raw_config(model_dir: Path, config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """config.json as written (``config`` has text_config merged onto its root, and with it text_config's
+    ``architectures``); ``config`` itself where there is no file to read (a plan built from a config alone)."""
+    path = model_dir / "config.json"
+    if not path.is_file():
+        return config
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"config.json is unreadable: {exc}", path=path) from None
+    return raw if isinstance(raw, dict) else config
+
+
+def _first_class(config: Mapping[str, Any]) -> str | None:
+    archs = config.get("architectures")
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
+
 def projector_entry(config: Mapping[str, Any], model_dir: Path) -> tuple[ArchEntry, ProjectorSpec]:
     """The registry entry of the checkpoint's class and its projector section.
+
+    The class is the checkpoint's own (config.json's top-level ``architectures``), not the text model's that
+    released configs name inside text_config (SmolVLM's ``VLlama3ForCausalLM``), which the merged ``config``
+    carries at its root; then vision_config's, which llama.cpp's converter prefers when present
+    (conversion/base.py ``get_model_architecture`` for ModelType.MMPROJ).
 
     Raises:
         UsageError: a text-only checkpoint (no vision_config).
         UnsupportedArchitectureError: a vision class without a projector entry (the supported ones named).
     """
-    archs = config.get("architectures")
-    hf_class = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    raw = _raw_config(model_dir, config)
+    vision = raw.get("vision_config")
+    candidates = [_first_class(raw), _first_class(vision) if isinstance(vision, dict) else None,
+                  _first_class(config)]
+    hf_class = next((c for c in candidates if c is not None), None)
     if hf_class is None:
         raise CheckpointError("config.json has no 'architectures' list naming the model class", path=model_dir)
-    entry = load_registry().entries.get(hf_class)
-    if entry is not None and entry.mmproj is not None:
-        return entry, entry.mmproj
+    entries = load_registry().entries
+    for name in candidates:
+        entry = entries.get(name) if name is not None else None
+        if entry is not None and entry.mmproj is not None:
+            return entry, entry.mmproj
     if not isinstance(config.get("vision_config"), dict):
         raise UsageError(f"--mmproj: {hf_class} is a text-only checkpoint (config.json has no vision_config); "
                          "there is no projector to write")
@@ -139,6 +172,14 @@ def _rename(spec: ProjectorSpec, name: str) -> str:
     return name
 
 
+_BLOCK = re.compile(r"^(v\.blk\.)(\d+)(\..*)$")
+
+
+def _vision_block(gguf: str) -> int | None:
+    m = _BLOCK.match(gguf)
+    return int(m.group(2)) if m else None
+
+
 def map_projector(spec: ProjectorSpec, hf_class: str, names: list[str],
                   n_block: int) -> tuple[list[tuple[str, str, str, str | None]], list[str]]:
     """Map checkpoint names to projector tensors.
@@ -147,11 +188,21 @@ def map_projector(spec: ProjectorSpec, hf_class: str, names: list[str],
         ([(hf name, gguf name, MODEL_TENSOR kind, transform)], [ignored hf names]), in source order.
 
     Raises:
-        TensorMappingError: names no rule consumes, a block index beyond the config's block count, a GGUF name
+        TensorMappingError: names no rule consumes, a vision block (v.blk.N) beyond the config's block count, a GGUF name
             produced twice (two layouts mixed), or blocks with missing tensors.
     """
+    # Unbounded here: only v.blk.{bid} numbers vision blocks. The merger's layers (mm.0, mm.2), Pixtral's
+    # linear_1/linear_2 and the deepstack mergers are numbered otherwise, so a 2-block tower's mm.2 is no block
+    # beyond the tower (llama.cpp's converter maps them by name, conversion/qwen3vl.py Qwen3VLVisionModel).
     matches, ignored, leftovers = match_rules(spec.tensors, spec.ignore, names, lambda n: _rename(spec, n),
-                                              n_block, "clip.vision.block_count")
+                                              sys.maxsize, "clip.vision.block_count")
+    beyond = {name: bid for name, gguf, _ in matches
+              if (bid := _vision_block(gguf)) is not None and bid >= n_block}
+    if beyond:
+        matches = [m for m in matches if m[0] not in beyond]
+        described = {name: f"{name} (block {bid} >= clip.vision.block_count {n_block})" for name, bid in beyond.items()}
+        unmatched = set(leftovers)
+        leftovers = [described.get(n, n) for n in names if n in described or n in unmatched]
     seen: dict[str, str] = {}
     for name, gguf, _ in matches:
         if gguf in seen:
@@ -166,7 +217,7 @@ def map_projector(spec: ProjectorSpec, hf_class: str, names: list[str],
         raise TensorMappingError(f"{hf_class}: the checkpoint holds no vision tower tensors")
     per_block: dict[str, set[int]] = {}
     for _, gguf, _, _ in mapped:
-        m = re.match(r"^(v\.blk\.)(\d+)(\..*)$", gguf)
+        m = _BLOCK.match(gguf)
         if m:
             per_block.setdefault(m.group(1) + "{}" + m.group(3), set()).add(int(m.group(2)))
     missing = [t.format(b) for t, got in per_block.items() for b in range(n_block) if b not in got]
@@ -279,6 +330,8 @@ def build_mmproj_plan(model_dir: Path, repo: str | None, config: dict[str, Any],
         raise UsageError(f"--mmproj: outtype {outtype!r} is not one llama.cpp writes projectors in "
                          f"(choose from {', '.join(MMPROJ_OUTTYPES)})")
     entry, spec = projector_entry(config, model_dir)
+    # the hooks tell families apart by the class (Qwen2.5-VL from Qwen3-VL), not by text_config's
+    config = {**config, "architectures": [entry.hf_class]}
     vision = config.get("vision_config")
     if not isinstance(vision, dict):
         raise CheckpointError("config.json has no vision_config", path=model_dir)
@@ -357,7 +410,7 @@ def _loader(ckpt: Checkpoint, source: str, transform: str | None, heads: Heads) 
 
 
 def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",
-                   dry_run: bool = False, progress: Any = None) -> Any:
+                   dry_run: bool = False, progress: Progress | None = None) -> ConvertReport:
     """Write the projector file (vision tower + projector) of a vision-language checkpoint.
 
     Args:
@@ -370,7 +423,7 @@ def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outty
         progress: receives bytes written.
 
     Returns:
-        A :class:`ggufkit.converters.core.ConvertReport`.
+        A :class:`ggufkit.converters.write.ConvertReport`.
 
     Raises:
         UsageError: a text-only checkpoint, or an outtype projectors are not written in.
@@ -378,8 +431,6 @@ def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outty
             supported ones).
         TensorMappingError: vision tensors that do not match the config or the registry.
     """
-    from ggufkit.converters.core import ConvertReport, write_plan
-
     start = time.perf_counter()
     model_dir, repo, _ = resolve_model(model)
     config = read_config(model_dir)
@@ -396,4 +447,4 @@ def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outty
         ckpt.close()
 
 
-__all__ = ["MMPROJ_OUTTYPES", "OUTTYPES", "build_mmproj_plan", "convert_mmproj", "supported_projectors"]
+__all__ = ["MMPROJ_OUTTYPES", "build_mmproj_plan", "convert_mmproj", "supported_projectors"]

@@ -13,7 +13,9 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import fixtures_models
 import numpy as np
@@ -36,6 +38,12 @@ fixtures_models._BASE.setdefault("Idefics3ForConditionalGeneration", dict(
 fixtures_models._CLASSES.setdefault("Idefics3ForConditionalGeneration",
                                     ("Idefics3Config", "Idefics3ForConditionalGeneration"))
 fixtures_models._VOCAB.setdefault("Idefics3ForConditionalGeneration", "spm")
+# SmolVLM2: Idefics3's model under another class (transformers' SmolVLM*, the same tensor names)
+fixtures_models._BASE.setdefault("SmolVLMForConditionalGeneration",
+                                 fixtures_models._BASE["Idefics3ForConditionalGeneration"])
+fixtures_models._CLASSES.setdefault("SmolVLMForConditionalGeneration",
+                                    ("SmolVLMConfig", "SmolVLMForConditionalGeneration"))
+fixtures_models._VOCAB.setdefault("SmolVLMForConditionalGeneration", "spm")
 _PIXTRAL = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
                 head_dim=16, image_size=32, patch_size=8)
 # Pixtral 12B's settings: the last layer's features, all of them
@@ -128,6 +136,7 @@ LAYOUTS: dict[str, dict[str, Callable[[str], str] | None]] = {
     # The hub's SmolVLM / Idefics3 files and transformers 5 name tensors alike (model.vision_model.*,
     # model.connector.*, model.text_model.*).
     "Idefics3ForConditionalGeneration": {"released": None},
+    "SmolVLMForConditionalGeneration": {"released": None},
     # transformers 5 saves what the hub's Pixtral / Mistral 3 files hold (language_model.model.*, vision_tower.*).
     "LlavaForConditionalGeneration": {"released": None, "prefixed": _llava_prefixed, "flat": _llava_flat},
     "Mistral3ForConditionalGeneration": {"released": None, "prefixed": _llava_prefixed, "flat": _llava_flat},
@@ -139,6 +148,7 @@ LAYOUTS: dict[str, dict[str, Callable[[str], str] | None]] = {
 SAVED_LAYOUT = {cls: next(k for k, v in layouts.items() if v is None) for cls, layouts in LAYOUTS.items()}
 #: The layout llama.cpp's converter (0.3.36) handles, per class.
 ORACLE_LAYOUT = {"Gemma3ForConditionalGeneration": "released", "Idefics3ForConditionalGeneration": "released",
+                 "SmolVLMForConditionalGeneration": "released",
                  "LlavaForConditionalGeneration": "flat", "Mistral3ForConditionalGeneration": "flat",
                  "Qwen2_5_VLForConditionalGeneration": "released", "Qwen3VLForConditionalGeneration": "released"}
 
@@ -152,9 +162,11 @@ def _preprocessor(dir: Path, hf_class: str) -> None:
                 "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2,
                 "rescale_factor": 1 / 255, "size": {"height": size, "width": size},
                 "image_seq_length": config["mm_tokens_per_image"]}
-    elif hf_class == "Idefics3ForConditionalGeneration":
-        # Idefics3ImageProcessor's fields; the longest edge at the tile size: one tile per image
-        data = {"image_processor_type": "Idefics3ImageProcessor", "do_convert_rgb": True, "do_image_splitting": True,
+    elif hf_class in ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"):
+        # Idefics3ImageProcessor's fields (SmolVLMImageProcessor's are the same); the longest edge at the tile
+        # size: one tile per image
+        kind = "Idefics3" if hf_class.startswith("Idefics3") else "SmolVLM"
+        data = {"image_processor_type": f"{kind}ImageProcessor", "do_convert_rgb": True, "do_image_splitting": True,
                 "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 1,
                 "rescale_factor": 1 / 255, "size": {"longest_edge": size}, "max_image_size": {"longest_edge": size}}
@@ -208,6 +220,114 @@ def copy_layout(src: Path, dst: Path, hf_class: str, layout: str) -> Path:
         save_file({rename(k): v for k, v in tensors.items()}, str(dst / "model.safetensors"),
                   metadata={"format": "pt"})
     return dst
+
+
+# -- config.json as the released checkpoints write it ------------------------------------------------------------
+@dataclass(frozen=True)
+class Release:
+    """A released checkpoint's config.json form, at the smallest vision tower llama.cpp's converter accepts."""
+
+    hf_class: str
+    #: the tower (vision_config overrides of the class's tiny one)
+    tower: dict[str, Any]
+    #: the keys the release's vision_config writes (the rest are transformers' defaults)
+    vision_keys: tuple[str, ...]
+    transformers_version: str
+    #: text_config's (or the root's) "architectures": the text model's class, as SmolVLM's releases name it
+    text_class: str | None = None
+    #: vision_config fields the release writes that this transformers does not save (or saves otherwise)
+    vision_extra: dict[str, Any] = field(default_factory=dict)
+    #: the text model's fields at the root, no text_config (Qwen2.5-VL's releases)
+    flat: bool = False
+
+
+_SIGLIP_SIZES = ("hidden_size", "image_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                 "patch_size")
+_QWEN3_VISION = ("deepstack_visual_indexes", "depth", "hidden_act", "hidden_size", "in_channels",
+                 "initializer_range", "intermediate_size", "num_heads", "num_position_embeddings", "out_hidden_size",
+                 "patch_size", "spatial_merge_size", "temporal_patch_size")
+#: Smallest towers: llama.cpp's converter maps Pixtral's multi_modal_projector.linear_{1,2} and Qwen2.5-VL's
+#: visual.merger.mlp.{0,2} through its block-numbered tensor map (gguf-py get_tensor_name_map(MMPROJ,
+#: block_count)), so it needs 3 blocks there; 1 elsewhere.
+RELEASES: dict[str, Release] = {
+    # google/gemma-3-4b-it
+    "gemma-3": Release("Gemma3ForConditionalGeneration", {"num_hidden_layers": 1},
+                       (*_SIGLIP_SIZES, "model_type", "vision_use_head"), "4.50.0.dev0"),
+    # HuggingFaceTB/SmolVLM-Instruct: the text model's class in text_config, a "smolvlm_vision" tower
+    "smolvlm": Release("Idefics3ForConditionalGeneration", {"num_hidden_layers": 1},
+                       (*_SIGLIP_SIZES, "max_image_size", "model_type", "size", "tie_word_embeddings",
+                        "use_base_siglip"), "4.46.0", "VLlama3ForCausalLM",
+                       {"model_type": "smolvlm_vision", "use_base_siglip": False, "tie_word_embeddings": False}),
+    # HuggingFaceTB/SmolVLM2-500M-Video-Instruct: no num_hidden_layers, intermediate_size or layer_norm_eps in
+    # vision_config (transformers' 12, 3072 and 1e-6)
+    "smolvlm2": Release("SmolVLMForConditionalGeneration", {"num_hidden_layers": 12, "intermediate_size": 3072},
+                        ("hidden_size", "image_size", "max_image_size", "model_type", "num_attention_heads",
+                         "patch_size", "size", "tie_word_embeddings", "use_base_siglip"), "4.47.1",
+                        "VLlama3ForCausalLM", {"use_base_siglip": False, "tie_word_embeddings": False}),
+    # mistral-community/pixtral-12b
+    "pixtral": Release("LlavaForConditionalGeneration", {"num_hidden_layers": 3},
+                       (*_SIGLIP_SIZES, "head_dim", "hidden_act", "is_composition", "model_type", "rope_theta",
+                        "tie_word_embeddings"), "4.45.0.dev0", None,
+                       {"is_composition": True, "rope_theta": 10000.0, "tie_word_embeddings": False}),
+    # mistralai/Mistral-Small-3.1-24B-Instruct-2503
+    "mistral-3.1": Release("Mistral3ForConditionalGeneration", {"num_hidden_layers": 3},
+                           (*_SIGLIP_SIZES, "attention_dropout", "head_dim", "hidden_act", "initializer_range",
+                            "model_type", "num_channels", "rope_theta"), "4.50.0.dev0", None,
+                           {"rope_theta": 10000.0}),
+    # Qwen/Qwen2.5-VL-3B-Instruct: flat, no model_type in vision_config
+    "qwen2.5-vl": Release("Qwen2_5_VLForConditionalGeneration", {"depth": 3, "fullatt_block_indexes": [2]},
+                          ("depth", "hidden_act", "hidden_size", "intermediate_size", "num_heads", "in_chans",
+                           "out_hidden_size", "patch_size", "spatial_merge_size", "spatial_patch_size",
+                           "window_size", "fullatt_block_indexes", "tokens_per_second", "temporal_patch_size"),
+                          "4.49.0.dev0", None, {"in_chans": 3, "spatial_patch_size": 14, "tokens_per_second": 2},
+                          flat=True),
+    # Qwen/Qwen3-VL-2B-Instruct, with a 1-block tower and with the issue's 2 blocks: merger.linear_fc2 is mm.2
+    "qwen3-vl": Release("Qwen3VLForConditionalGeneration", {"depth": 1, "deepstack_visual_indexes": [0]},
+                        (*_QWEN3_VISION, "model_type"), "4.57.0.dev0", None, {"model_type": "qwen3_vl"}),
+    "qwen3-vl-2-blocks": Release("Qwen3VLForConditionalGeneration", {"depth": 2, "deepstack_visual_indexes": [0, 1]},
+                                 (*_QWEN3_VISION, "model_type"), "4.57.0.dev0", None, {"model_type": "qwen3_vl"}),
+}
+
+
+def _v4_text(text: dict[str, Any]) -> dict[str, Any]:
+    """transformers 4's spelling of a text config: torch_dtype, rope_theta with rope_scaling beside it."""
+    out = {("torch_dtype" if k == "dtype" else k): v for k, v in text.items()}
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:  # (Gemma 3's per-layer-type rope stays as saved)
+        out.pop("rope_parameters")
+        out["rope_theta"] = rope["rope_theta"]
+        rest = {k: v for k, v in rope.items() if k != "rope_theta"}
+        if set(rest) - {"rope_type"}:
+            out["rope_scaling"] = rest
+    return out
+
+
+def released_config(model: Path, name: str) -> Path:
+    """Rewrite ``model``'s config.json (as this transformers saved it) in the form of release ``name``."""
+    rel = RELEASES[name]
+    config = json.loads((model / "config.json").read_text())
+    vision = config["vision_config"]
+    config["vision_config"] = {**{k: vision[k] for k in rel.vision_keys if k in vision}, **rel.vision_extra}
+    config = {("torch_dtype" if k == "dtype" else k): v for k, v in config.items()}
+    config["transformers_version"] = rel.transformers_version
+    text = _v4_text(config.pop("text_config"))
+    if rel.text_class is not None:
+        text["architectures"] = [rel.text_class]
+    if rel.flat:
+        config = {**config, **text, "model_type": config["model_type"]}
+    else:
+        config["text_config"] = text
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    return model
+
+
+def make_released(dir: Path, name: str, **tower: Any) -> Path:
+    """A tiny checkpoint of release ``name``: its tensor layout (the one llama.cpp's converter handles), its
+    config.json's form, the smallest tower llama.cpp's converter accepts (``tower``: other vision_config sizes)."""
+    rel = RELEASES[name]
+    vision = {**fixtures_models._BASE[rel.hf_class]["vision_config"], **rel.tower, **tower}
+    base = make_vlm(dir.parent / f"{dir.name}-saved", rel.hf_class, vision_config=vision)
+    return released_config(copy_layout(base, dir, rel.hf_class, ORACLE_LAYOUT[rel.hf_class]), name)
 
 
 def llama_cpp_mmproj(model: Path, out: Path, outtype: str) -> subprocess.CompletedProcess[str]:

@@ -37,19 +37,24 @@ from ggufkit.converters import convert, convert_mmproj
 from ggufkit.errors import TensorMappingError, UnsupportedArchitectureError, UsageError
 from ggufkit.format import open_gguf
 
-CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration", "LlavaForConditionalGeneration",
-           "Mistral3ForConditionalGeneration"]
+#: Projector classes, each built as transformers 5's save_pretrained writes it (SmolVLM2 as SmolVLM's).
+PROJECTOR_CLASSES = ["Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration",
+                     "SmolVLMForConditionalGeneration", "LlavaForConditionalGeneration",
+                     "Mistral3ForConditionalGeneration"]
+#: The registry entries this file and test_convert_mmproj_released.py cover (test_convert_models reads it): the
+#: projector classes, and VLlama3ForCausalLM, the text model's class released SmolVLM configs name.
+CLASSES = [*PROJECTOR_CLASSES, "VLlama3ForCausalLM"]
 PIXTRAL = {"LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration"}
 
 
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
     """Per class: each layout's checkpoint directory (same weights)."""
-    return layout_checkpoints(tmp_path_factory, CLASSES)
+    return layout_checkpoints(tmp_path_factory, PROJECTOR_CLASSES)
 
 
 @pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
-@pytest.mark.parametrize("hf_class", CLASSES)
+@pytest.mark.parametrize("hf_class", PROJECTOR_CLASSES)
 def test_projector_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], hf_class: str, outtype: str,
                                               tmp_path: Path) -> None:
     model = vlm[hf_class][ORACLE_LAYOUT[hf_class]]
@@ -68,7 +73,7 @@ def test_projector_equals_llama_cpp_converter(vlm: dict[str, dict[str, Path]], h
 def vlm_bf16(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Per class: a bf16 checkpoint (as publishers ship them) in the layout llama.cpp's converter handles."""
     out = {}
-    for hf_class in CLASSES:
+    for hf_class in PROJECTOR_CLASSES:
         root = tmp_path_factory.mktemp(f"{hf_class}-bf16")
         base = make_vlm(root / "base", hf_class, dtype="bfloat16")
         out[hf_class] = copy_layout(base, root / "oracle", hf_class, ORACLE_LAYOUT[hf_class])
@@ -76,7 +81,7 @@ def vlm_bf16(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("outtype", ["auto", "q8_0"])
-@pytest.mark.parametrize("hf_class", CLASSES)
+@pytest.mark.parametrize("hf_class", PROJECTOR_CLASSES)
 def test_bf16_checkpoint_projector_equals_llama_cpp_converter(vlm_bf16: dict[str, Path], hf_class: str,
                                                               outtype: str, tmp_path: Path) -> None:
     # bf16 sources are widened to f32 before llama.cpp's modify_tensors: Gemma 3's soft_emb_norm + 1 is in f32.
@@ -88,7 +93,7 @@ def test_bf16_checkpoint_projector_equals_llama_cpp_converter(vlm_bf16: dict[str
     assert projector_keys(tmp_path / "theirs.gguf") == projector_keys(ours)
 
 
-@pytest.mark.parametrize("hf_class", CLASSES)
+@pytest.mark.parametrize("hf_class", PROJECTOR_CLASSES)
 def test_every_layout_gives_the_same_projector(vlm: dict[str, dict[str, Path]], hf_class: str,
                                                tmp_path: Path) -> None:
     projectors = layout_projectors(vlm[hf_class], tmp_path)
@@ -117,7 +122,7 @@ def _transformers_image_features(model_dir: Path, rgb: np.ndarray) -> np.ndarray
     mean, std = np.array(prep["image_mean"], np.float32), np.array(prep["image_std"], np.float32)
     pixels = ((rgb.astype(np.float32) / 255 - mean) / std).transpose(2, 0, 1)[None]
     config = json.loads((model_dir / "config.json").read_text())
-    if config["architectures"][0] == "Idefics3ForConditionalGeneration":
+    if config["architectures"][0] in ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"):
         pixels = pixels[None]  # [batch, images, channels, height, width]
     model = getattr(transformers, config["architectures"][0]).from_pretrained(model_dir).eval()
     extra = {}
@@ -131,7 +136,7 @@ def _transformers_image_features(model_dir: Path, rgb: np.ndarray) -> np.ndarray
     return np.asarray(out.reshape(-1, out.shape[-1]).float().numpy())
 
 
-@pytest.mark.parametrize("hf_class", CLASSES)
+@pytest.mark.parametrize("hf_class", PROJECTOR_CLASSES)
 def test_libmtmd_embeddings(vlm: dict[str, dict[str, Path]], hf_class: str, tmp_path: Path) -> None:
     model = vlm[hf_class][ORACLE_LAYOUT[hf_class]]
     text = convert(model, tmp_path / "text.gguf", outtype="f32").outputs[0]
@@ -338,6 +343,7 @@ def test_list_names_the_projector_of_each_vision_class() -> None:
     data = json.loads(invoke("convert", "--list", "--json").stdout)
     projectors = {a["hf_class"]: a["mmproj"] for a in data["architectures"] if a["mmproj"]}
     assert projectors == {"Gemma3ForConditionalGeneration": "gemma3", "Idefics3ForConditionalGeneration": "idefics3",
+                          "SmolVLMForConditionalGeneration": "idefics3",
                           "LlavaForConditionalGeneration": "pixtral", "Mistral3ForConditionalGeneration": "pixtral",
                           "Qwen2_5_VLForConditionalGeneration": "qwen2.5vl_merger",
                           "Qwen3VLForConditionalGeneration": "qwen3vl_merger"}

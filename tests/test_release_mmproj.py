@@ -220,3 +220,33 @@ def test_dry_run_sizes_of_projector_master_and_quant_are_the_files_sizes(release
     sized = {s["files"][0]: s["estimated_bytes"] for s in json.loads(result.stdout)["steps"] if s["estimated_bytes"]}
     assert MMPROJ in sized and QUANT in sized and len(sized) == 3
     assert sized == {name: (out / name).stat().st_size for name in sized}
+
+
+# -- issue 34: checkpoints whose config.json is as released (fixtures_mmproj.RELEASES) ---------------------------
+def _release_names() -> list[str]:
+    from fixtures_mmproj import RELEASES
+
+    return list(RELEASES)
+
+
+@pytest.mark.parametrize("name", _release_names())
+def test_release_of_a_checkpoint_configured_as_released(name: str, tmp_path: Path) -> None:
+    # SmolVLM's config names the text model's class (VLlama3ForCausalLM) in text_config; Qwen3-VL with a 2-block
+    # tower: both were refused before any work. The projector is convert --mmproj's and loads beside the quant.
+    from fixtures_mmproj import make_released
+    from test_convert_mmproj import _encode  # retried while libmtmd gives NaN (Pixtral's [IMG_BREAK] row)
+
+    model = make_released(tmp_path / "src" / "released", name)
+    out = tmp_path / "out"
+    result = invoke("release", str(model), "-o", str(out), *ARGS, "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    mmproj = report["projector"]["file"]
+    assert mmproj == "mmproj-released-F16.gguf" and mmproj in report["files"]
+    assert _sha(out / mmproj) == _sha(convert_mmproj(model, tmp_path / "alone.gguf", outtype="f16").outputs[0])
+    quant = next(p for p in out.glob("*-Q8_0.gguf") if not p.name.startswith("mmproj-"))
+    config = json.loads((model / "config.json").read_text())
+    side = 112 if "Qwen" in config["architectures"][0] else int(config["vision_config"]["image_size"])
+    rgb = (np.arange(side * side * 3) % 251).astype(np.uint8).reshape(side, side, 3)
+    chunks = _encode(quant, out / mmproj, rgb)
+    assert chunks and all(float(np.ptp(c)) > 0 for c in chunks)
