@@ -2,7 +2,7 @@
 
 :func:`q3k_chunk` quantizes a run of super-blocks with the same bytes as ggml's ``quantize_row_q3_K_ref``
 (no imatrix) or ``quantize_row_q3_K_impl`` (with one; ggml-quants.c). The 16 sub-block fits of every
-block (``make_q3_quants``: :func:`_q3_lanes`; ``make_qx_quants``: :func:`_qx_lanes`) run side by side, one
+block (``make_q3_quants``: :func:`_q3_lanes`; ``make_qx_quants``: :func:`qx_lanes`) run side by side, one
 sub-block per "lane", each lane doing the C's float32 operations in the C's order, so LLVM vectorizes
 across sub-blocks without changing a rounding; the imatrix path fits the 16 scales of all blocks side by
 side the same way. The scale bytes, requantization and packing follow block by block.
@@ -267,7 +267,7 @@ def q3k_chunk(x: np.ndarray, qw: np.ndarray, out: np.ndarray, t0: int, nblk: int
     d16s = np.empty(nblk, np.int64)
     if use_qw:
         _imatrix_fits(nl, nblk, t0, nb, qw, buf, ls, d16s)
-        off = 0  # _qx_lanes' quants are L already (0 for an all-zero lane)
+        off = 0  # qx_lanes' quants are L already (0 for an all-zero lane)
     else:
         sc = ls2[16]
         _q3_lanes(nl, xt, lf, ls2, sc)
@@ -403,7 +403,7 @@ def _imatrix_fits(nl: int, nblk: int, t0: int, nb: int, qw: np.ndarray, buf: np.
             wr[j] = w
             wxr[j] = fmul(w, xi)
             sw[j] = fadd(sw[j], w)
-    _qx_lanes(nl, 4, xt, wt, wxt, st, lf)
+    qx_lanes(nl, 4, xt, wt, wxt, st, lf)
     # The second fit: 16 "weights" (the scales) per block, lanes = blocks.
     for j in range(16):
         for k in range(nblk):
@@ -412,7 +412,7 @@ def _imatrix_fits(nl: int, nblk: int, t0: int, nb: int, qw: np.ndarray, buf: np.
             xs[j * nblk + k] = v
             ws[j * nblk + k] = w
             wxs[j * nblk + k] = fmul(w, v)
-    _qx_lanes(nblk, 32, xs, ws, wxs, st2, lfs)
+    qx_lanes(nblk, 32, xs, ws, wxs, st2, lfs)
     for k in range(nblk):
         d16s[k] = fp32_to_fp16_x86(st2[0, k])
         for j in range(16):
@@ -420,7 +420,7 @@ def _imatrix_fits(nl: int, nblk: int, t0: int, nb: int, qw: np.ndarray, buf: np.
 
 
 @numba.njit(cache=True, fastmath=False, error_model="numpy")
-def _qx_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, wxt: np.ndarray, st: np.ndarray,
+def qx_lanes(nl: int, nmax: int, xt: np.ndarray, wt: np.ndarray, wxt: np.ndarray, st: np.ndarray,
               lf: np.ndarray) -> None:
     # make_qx_quants(16, nmax, x, L, 1, w) (kquants_math.make_qx_quants, ggml-quants.c) on nl lanes:
     # xt/wt/wxt hold x, w and w*x of weight i of lane j at i*nl + j; on return st[0] holds the scales (0 for

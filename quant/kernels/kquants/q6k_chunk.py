@@ -3,7 +3,7 @@
 :func:`q6k_chunk` quantizes a run of super-blocks with the same bytes as ggml's ``quantize_row_q6_K_ref``
 (no imatrix) or ``quantize_row_q6_K_impl`` (with one; ggml-quants.c): the 16 sub-block fits of every block
 (``make_qx_quants(16, 32, x, L, 1, w)``) run side by side, one sub-block per "lane", each lane doing the
-C's float32 operations in the C's order (:func:`ggufkit.quant.kernels.kquants.q3k_chunk._qx_lanes`), so LLVM vectorizes
+C's float32 operations in the C's order (:func:`ggufkit.quant.kernels.kquants.q3k_chunk.qx_lanes`), so LLVM vectorizes
 across sub-blocks without changing a rounding. The requantization with the int8 scales and the f16
 super-scale runs in the same lane layout (one division per weight, a select per lane); only the 8-bit
 scales (16 per block), the transposition of the final quants back into block order and the bit packing
@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 from ggufkit.quant.kernels.fp import fmul, fp16_to_fp32, fp32_to_fp16
-from ggufkit.quant.kernels.kquants.q3k_chunk import _qx_lanes, gather_lanes
+from ggufkit.quant.kernels.kquants.q3k_chunk import gather_lanes, qx_lanes
 from ggufkit.quant.kernels.kquants.subroutines import GROUP_MAX_EPS, nearest_int_full, round_clamp
 
 QK_K = 256
@@ -96,7 +96,7 @@ def q6k_chunk(x: np.ndarray, qw: np.ndarray, out: np.ndarray, t0: int, nblk: int
                 w = fmul(xi, xi)
                 wr[j] = w
                 wxr[j] = fmul(w, xi)
-    _qx_lanes(nl, 32, xt, wt, wxt, st, lf)  # lf: L = l + 32 (0 for an all-zero lane); st[0] the scales
+    qx_lanes(nl, 32, xt, wt, wxt, st, lf)  # lf: L = l + 32 (0 for an all-zero lane); st[0] the scales
     sc = st[0]
     # The 8-bit scales against the scale of largest |scale| (first of equals), and the f16 super-scale.
     for k in range(nblk):

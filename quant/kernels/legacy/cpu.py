@@ -40,8 +40,8 @@ from ggufkit.quant.kernels.fp import (
     roundf,
 )
 from ggufkit.quant.kernels.legacy.fit import (
-    _NL,
-    _NL3,
+    NL,
+    NL3,
     make_qkx3_quants,
     make_qkx3_quants_lanes,
     make_qx_quants,
@@ -184,7 +184,7 @@ def q4_0_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
 @_jit
 def q4_0_imat_block_cpu(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.float32, w: np.ndarray,
                         L: np.ndarray, lanes: np.ndarray, out: np.ndarray) -> None:
-    """:func:`q4_0_imat_block` with the trial scales as lanes (``lanes``: float32 [3, _NL] scratch)."""
+    """:func:`q4_0_imat_block` with the trial scales as lanes (``lanes``: float32 [3, NL] scratch)."""
     legacy_weights(x, r, b, qw, sigma2, w)
     d = make_qx_quants_lanes(x, r, b * QK, QK, 8, w, L, lanes[0], lanes[1], lanes[2])
     o = b * 18
@@ -255,7 +255,7 @@ def q4_1_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
 @_jit
 def q4_1_imat_block_cpu(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.float32, w: np.ndarray,
                         L: np.ndarray, Laux: np.ndarray, lanes: np.ndarray, out: np.ndarray) -> None:
-    """:func:`q4_1_imat_block` with the trial scales as lanes (``lanes``: float32 [7, _NL3] scratch)."""
+    """:func:`q4_1_imat_block` with the trial scales as lanes (``lanes``: float32 [7, NL3] scratch)."""
     legacy_weights(x, r, b, qw, sigma2, w)
     d, the_min = make_qkx3_quants_lanes(x, r, b * QK, QK, 15, w, L, Laux, np.float32(-0.9), np.float32(0.05), 36,
                                         lanes)
@@ -347,7 +347,7 @@ def q5_0_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
 @_jit
 def q5_0_imat_block_cpu(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.float32, w: np.ndarray,
                         L: np.ndarray, lanes: np.ndarray, out: np.ndarray) -> None:
-    """:func:`q5_0_imat_block` with the trial scales as lanes (``lanes``: float32 [3, _NL] scratch)."""
+    """:func:`q5_0_imat_block` with the trial scales as lanes (``lanes``: float32 [3, NL] scratch)."""
     legacy_weights(x, r, b, qw, sigma2, w)
     d = make_qx_quants_lanes(x, r, b * QK, QK, 16, w, L, lanes[0], lanes[1], lanes[2])
     o = b * 22
@@ -425,7 +425,7 @@ def q5_1_imat_block(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.fl
 @_jit
 def q5_1_imat_block_cpu(x: np.ndarray, r: int, b: int, qw: np.ndarray, sigma2: np.float32, w: np.ndarray,
                         L: np.ndarray, Laux: np.ndarray, lanes: np.ndarray, out: np.ndarray) -> None:
-    """:func:`q5_1_imat_block` with the trial scales as lanes (``lanes``: float32 [7, _NL3] scratch)."""
+    """:func:`q5_1_imat_block` with the trial scales as lanes (``lanes``: float32 [7, NL3] scratch)."""
     legacy_weights(x, r, b, qw, sigma2, w)
     d, the_min = make_qkx3_quants_lanes(x, r, b * QK, QK, 31, w, L, Laux, np.float32(-0.9), np.float32(0.05), 36,
                                         lanes)
@@ -519,7 +519,7 @@ def quantize_rows_q4_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         for r in prange(n_rows):
             w = np.empty(QK, np.float32)
             L = np.empty(QK, np.int32)
-            lanes = np.empty((3, _NL), np.float32)
+            lanes = np.empty((3, NL), np.float32)
             s2 = row_sigma2(x, r)
             for b in range(nb):
                 q4_0_imat_block_cpu(x, r, b, qw, s2, w, L, lanes, out)
@@ -542,7 +542,7 @@ def quantize_rows_q4_1(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
             w = np.empty(QK, np.float32)
             L = np.empty(QK, np.int32)
             Laux = np.empty(QK, np.int32)
-            lanes = np.empty((7, _NL3), np.float32)
+            lanes = np.empty((7, NL3), np.float32)
             s2 = row_sigma2(x, r)
             for b in range(nb):
                 q4_1_imat_block_cpu(x, r, b, qw, s2, w, L, Laux, lanes, out)
@@ -564,7 +564,7 @@ def quantize_rows_q5_0(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
         for r in prange(n_rows):
             w = np.empty(QK, np.float32)
             L = np.empty(QK, np.int32)
-            lanes = np.empty((3, _NL), np.float32)
+            lanes = np.empty((3, NL), np.float32)
             s2 = row_sigma2(x, r)
             for b in range(nb):
                 q5_0_imat_block_cpu(x, r, b, qw, s2, w, L, lanes, out)
@@ -587,7 +587,7 @@ def quantize_rows_q5_1(x: np.ndarray, qw: np.ndarray, out: np.ndarray) -> None:
             w = np.empty(QK, np.float32)
             L = np.empty(QK, np.int32)
             Laux = np.empty(QK, np.int32)
-            lanes = np.empty((7, _NL3), np.float32)
+            lanes = np.empty((7, NL3), np.float32)
             s2 = row_sigma2(x, r)
             for b in range(nb):
                 q5_1_imat_block_cpu(x, r, b, qw, s2, w, L, Laux, lanes, out)

@@ -19,8 +19,6 @@ from numba import prange
 
 from ggufkit.quant.kernels.fp import widen_f16_row
 from ggufkit.quant.kernels.legacy.cpu import (
-    _NL,
-    _NL3,
     QK,
     q4_0_imat_block_cpu,
     q4_0_ref_block,
@@ -33,6 +31,7 @@ from ggufkit.quant.kernels.legacy.cpu import (
     q8_0_ref_block,
     row_sigma2,
 )
+from ggufkit.quant.kernels.legacy.fit import NL, NL3
 from ggufkit.quant.kernels.legacy.ref import (
     q4_0_ref_row,
     q4_1_ref_row,
@@ -95,8 +94,8 @@ def _f16_rows(code: int, h: np.ndarray, qw: np.ndarray, out: np.ndarray,
         w = np.empty(QK, np.float32)
         L = np.empty(QK, np.int32)
         Laux = np.empty(QK, np.int32)
-        lanes = np.empty((3, _NL), np.float32)
-        lanes3 = np.empty((7, _NL3), np.float32)
+        lanes = np.empty((3, NL), np.float32)
+        lanes3 = np.empty((7, NL3), np.float32)
         s2 = row_sigma2(x, 0)
         for b in range(nb):
             # the _0 types pass L twice, as ggml's quantize_row_q4_0_impl has no auxiliary buffer

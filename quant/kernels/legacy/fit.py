@@ -171,7 +171,7 @@ def make_qkx3_quants(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: np.n
 # lane's float32 result is ggml's), then compare the lanes in ggml's order. The CUDA kernels keep the scalar
 # make_qx_quants above.
 
-_NL = 24  # trial lanes: step -9..9 in lanes 0..18; lanes 19..23 idle (a multiple of the vector width)
+NL = 24  # trial lanes: step -9..9 in lanes 0..18; lanes 19..23 idle (a multiple of the vector width)
 _MAGIC = np.float32(12582912.0)  # 1.5 * 2^23, ggml's nearest_int constant
 
 
@@ -180,7 +180,7 @@ def make_qx_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: 
                          isc: np.ndarray, slx: np.ndarray, sl2: np.ndarray) -> np.float32:
     """:func:`make_qx_quants` with weights ``w`` (same result, bit for bit), trials evaluated as lanes.
 
-    ``isc``, ``slx``, ``sl2``: float32 scratch of ``_NL``. For a finite block with ``amax >= GROUP_MAX_EPS``
+    ``isc``, ``slx``, ``sl2``: float32 scratch of ``NL``. For a finite block with ``amax >= GROUP_MAX_EPS``
     every ``|iscale * x|`` is below nmax + 1, where ggml's ``nearest_int`` is ``(v + 1.5*2^23) - 1.5*2^23``
     in float32 (exact); other blocks take the scalar routine.
     """
@@ -196,7 +196,7 @@ def make_qx_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: 
     fnmax = np.float32(nmax)
     lo = np.float32(-nmax)
     hi = np.float32(nmax - 1)
-    for k in range(_NL):
+    for k in range(NL):
         step = k - 9 if k < 19 else 0
         isc[k] = np.float32(-fadd(fnmax, fmul(np.float32(0.1), np.float32(step))) / mx)
         slx[k] = np.float32(0.0)
@@ -216,7 +216,7 @@ def make_qx_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: 
         wx1 = np.float32(w1 * x1)
         wx2 = np.float32(w2 * x2)
         wx3 = np.float32(w3 * x3)
-        for k in range(_NL):
+        for k in range(NL):
             s = isc[k]
             f0 = min(max(fsub(fadd(fmul(s, x0), _MAGIC), _MAGIC), lo), hi)
             f1 = min(max(fsub(fadd(fmul(s, x1), _MAGIC), _MAGIC), lo), hi)
@@ -258,7 +258,7 @@ def make_qx_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: 
 # order, and when an accepted trial changes min re-evaluate the trials after it: the same sequence of
 # decisions, so the same float32 results.
 
-_NL3 = 16  # lanes per pass: trials start .. start+15
+NL3 = 16  # lanes per pass: trials start .. start+15
 _NEAREST_LIMIT = np.float32(2097152.0)  # 2^21: below 2^22 nearest_int is the float32 magic-number round
 
 
@@ -266,7 +266,7 @@ _NEAREST_LIMIT = np.float32(2097152.0)  # 2^21: below 2^22 nearest_int is the fl
 def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w: np.ndarray, L: np.ndarray,
                            Laux: np.ndarray, rmin: np.float32, rdelta: np.float32, nstep: int,
                            lanes: np.ndarray) -> tuple:
-    """:func:`make_qkx3_quants` (same result, bit for bit), trials as lanes; ``lanes``: float32 [7, _NL3]."""
+    """:func:`make_qkx3_quants` (same result, bit for bit), trials as lanes; ``lanes``: float32 [7, NL3]."""
     mn = x[r, off]
     mx = x[r, off]
     sum_w = w[0]
@@ -311,10 +311,10 @@ def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w
         # |iscale * (x - min)| of every element is at most top * reach (monotone roundings), so below 2^22
         # the float32 magic-number round is ggml's nearest_int exactly; otherwise the scalar routine runs
         reach = max(abs(fsub(mx, mn)), abs(fsub(xlo, mn)))
-        top = np.float32(fadd(fadd(rmin, fmul(rdelta, np.float32(start + _NL3))), fnmax) / span)
+        top = np.float32(fadd(fadd(rmin, fmul(rdelta, np.float32(start + NL3))), fnmax) / span)
         if not (abs(top) * reach < _NEAREST_LIMIT):
             return make_qkx3_quants(x, r, off, n, nmax, w, L, Laux, rmin, rdelta, nstep)
-        for j in range(_NL3):
+        for j in range(NL3):
             isc[j] = np.float32(fadd(fadd(rmin, fmul(rdelta, np.float32(start + j))), fnmax) / span)
             s_l[j] = zero
             s_l2[j] = zero
@@ -333,7 +333,7 @@ def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w
             d1 = fsub(x1, mn)
             d2 = fsub(x2, mn)
             d3 = fsub(x3, mn)
-            for j in range(_NL3):
+            for j in range(NL3):
                 s = isc[j]
                 f0 = min(max(fsub(fadd(fmul(s, d0), _MAGIC), _MAGIC), zero), hi)
                 f1 = min(max(fsub(fadd(fmul(s, d1), _MAGIC), _MAGIC), zero), hi)
@@ -352,7 +352,7 @@ def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w
                 b = fadd(b, fmul(wl1, x1))
                 b = fadd(b, fmul(wl2, x2))
                 s_xl[j] = fadd(b, fmul(wl3, x3))
-        for j in range(_NL3):
+        for j in range(NL3):
             den = fsub(fmul(sum_w, s_l2[j]), fmul(s_l[j], s_l[j]))
             this_scale = np.float32(fsub(fmul(sum_w, s_xl[j]), fmul(sum_x, s_l[j])) / den)
             this_min = np.float32(fsub(fmul(s_l2[j], sum_x), fmul(s_l[j], s_xl[j])) / den)
@@ -374,7 +374,7 @@ def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w
             d1 = fsub(x1, mn)
             d2 = fsub(x2, mn)
             d3 = fsub(x3, mn)
-            for j in range(_NL3):
+            for j in range(NL3):
                 s = isc[j]
                 sc = t_sc[j]
                 m = t_mn[j]
@@ -386,8 +386,8 @@ def make_qkx3_quants_lanes(x: np.ndarray, r: int, off: int, n: int, nmax: int, w
                 a = fadd(a, fmul(w1, np.float32(e1 * e1)))
                 a = fadd(a, fmul(w2, np.float32(e2 * e2)))
                 mad[j] = fadd(a, fmul(w3, np.float32(e3 * e3)))
-        nxt = start + _NL3
-        for j in range(min(_NL3, nstep + 1 - start)):
+        nxt = start + NL3
+        for j in range(min(NL3, nstep + 1 - start)):
             if t_mn[j] != t_mn[j]:  # D <= 0 (or a NaN fit, which cannot win either)
                 continue
             if mad[j] < best_mad:
