@@ -559,12 +559,7 @@ def _plan_one(t: TensorSource, name: str, preset: Preset, model: Model, c: Count
     if src != dst and src not in FLOAT_TYPES:
         if GGML_QUANT_SIZES[src][0] == 1:  # I8..I64, F64: llama_tensor_dequantize_impl refuses them too
             raise QuantizationError(f"cannot convert a {src.name} tensor to {dst.name}", tensor=name)
-        if not opts.allow_requantize:
-            raise QuantizationError(f"already quantized as {src.name}; pass --allow-requantize to dequantize it "
-                                    f"and quantize it again as {dst.name}", tensor=name)
-        if src not in TYPES:
-            raise QuantizationError(f"cannot requantize from {src.name}: ggufkit has no dequantizer for it",
-                                    tensor=name)
+        refuse_requantize(src, dst, name, opts)
     # tensor_requires_imatrix: never the token embeddings or output.
     requires = keep is None and name not in _TOKEN_EMBD_NAMES and name != "output.weight" and (
         preset.requires_imatrix(dst))
@@ -572,6 +567,21 @@ def _plan_one(t: TensorSource, name: str, preset: Preset, model: Model, c: Count
     return PlanEntry(name, shape, src, dst, reason, tensor_nbytes(dst, shape), tensor_nbytes(src, shape),
                      fallback, imatrix, src_name=t.name, shard=int(getattr(t, "shard", 0)),
                      requires_imatrix=requires)
+
+
+def refuse_requantize(src: GGMLQuantizationType, dst: GGMLQuantizationType, name: str, opts: QuantOptions) -> None:
+    """A quantized input tensor becomes ``dst`` only with ``allow_requantize`` (llama-quant.cpp
+    ``llama_model_quantize_impl``: "requantizing from type ... is disabled") and a dequantizer for ``src``.
+
+    Raises:
+        QuantizationError: naming the tensor.
+    """
+    if not opts.allow_requantize:
+        raise QuantizationError(f"already quantized as {src.name}; pass --allow-requantize to dequantize it "
+                                f"and quantize it again as {dst.name}", tensor=name)
+    if src not in TYPES:
+        raise QuantizationError(f"cannot requantize from {src.name}: ggufkit has no dequantizer for it",
+                                tensor=name)
 
 
 def _match_override(name: str, opts: QuantOptions) -> tuple[str, GGMLQuantizationType] | None:

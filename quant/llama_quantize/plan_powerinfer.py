@@ -26,8 +26,15 @@ from typing import Any
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
 from ggufkit.errors import QuantizationError, UsageError
-from ggufkit.quant.llama_quantize.plan import PlanEntry, QuantOptions, QuantPlan, TensorSource, tensor_nbytes
-from ggufkit.quant.registry import FLOAT_TYPES, SUPPORTED_TYPES, TYPES
+from ggufkit.quant.llama_quantize.plan import (
+    PlanEntry,
+    QuantOptions,
+    QuantPlan,
+    TensorSource,
+    refuse_requantize,
+    tensor_nbytes,
+)
+from ggufkit.quant.registry import FLOAT_TYPES, SUPPORTED_TYPES
 
 QT = GGMLQuantizationType
 _LFT = LlamaFileType
@@ -249,12 +256,7 @@ def _entry(name: str, shape: tuple[int, ...], src: GGMLQuantizationType, dst: GG
             raise QuantizationError(f"row length {shape[-1]} is not a multiple of {block}, the block of "
                                     f"{dst.name}", tensor=name)
         if src not in FLOAT_TYPES:
-            if not opts.allow_requantize:
-                raise QuantizationError(f"already quantized as {src.name}; pass --allow-requantize to dequantize "
-                                        f"it and quantize it again as {dst.name}", tensor=name)
-            if src not in TYPES:
-                raise QuantizationError(f"cannot requantize from {src.name}: ggufkit has no dequantizer for it",
-                                        tensor=name)
+            refuse_requantize(src, dst, name, opts)
     return PlanEntry(name, shape, src, dst, reason, tensor_nbytes(dst, shape), tensor_nbytes(src, shape), fallback)
 
 
