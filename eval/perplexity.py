@@ -26,7 +26,7 @@ import numpy as np
 
 from ggufkit.errors import EvaluationError, TokenizerError, UsageError
 from ggufkit.eval.kld_store import DEFAULT_TOP_K
-from ggufkit.format.reader import open_gguf
+from ggufkit.format.shards import open_gguf
 from ggufkit.format.writer import NullProgress, Progress
 
 #: llama-perplexity's default context (it sets ``params.n_ctx = 512`` before parsing arguments).

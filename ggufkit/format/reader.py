@@ -38,7 +38,7 @@ from ggufkit.constants import (
     POWERINFER_MAGIC,
     SUPPORTED_VERSIONS,
 )
-from ggufkit.errors import GGUFFormatError
+from ggufkit.errors import GGUFFormatError, TensorNotFoundError
 from ggufkit.format.tensor_shape import n_elements
 from ggufkit.format.values import SCALAR_DTYPES, VT, type_label
 
@@ -532,8 +532,6 @@ class GGUFFile:
         return default if field is None else field.value
 
     def tensor(self, name: str) -> TensorInfo:
-        from ggufkit.errors import TensorNotFoundError
-
         try:
             return self._by_name[name]
         except KeyError:
@@ -638,8 +636,6 @@ class GGUFModel(Mapping[str, TensorInfo]):
         return sum(f.file_size for f in self.files)
 
     def __getitem__(self, name: str) -> TensorInfo:
-        from ggufkit.errors import TensorNotFoundError
-
         try:
             return self._by_name[name]
         except KeyError:
@@ -668,14 +664,3 @@ class GGUFModel(Mapping[str, TensorInfo]):
 
 def _with_shard(t: TensorInfo, shard: int) -> TensorInfo:
     return TensorInfo(t.name, t.ggml_type, t.ne, t.offset, t.nbytes, t.info_offset, shard)
-
-
-def open_gguf(path: str | os.PathLike[str]) -> GGUFModel:
-    """Open a GGUF model: one file, or a whole gguf-split set when ``path`` is one of its shards.
-
-    Raises:
-        GGUFFormatError: a file is malformed, or the shard set is incomplete or inconsistent.
-    """
-    from ggufkit.format.shards import open_shard_set
-
-    return open_shard_set(Path(path))

@@ -1,4 +1,5 @@
-"""gguf-split shard sets: names, keys and opening a set as one model.
+"""gguf-split shard sets: names and keys, and opening a model (one file, or a whole set) as one object
+above the single-file reader.
 
 llama.cpp's layout (src/llama.cpp: llama_split_path, tools/gguf-split): ``NAME-00001-of-0000N.gguf`` ... ; shard 1 holds all
 metadata plus ``split.no`` (u16, 0-based), ``split.count`` (u16) and ``split.tensors.count`` (i32, the
@@ -7,6 +8,7 @@ total); the other shards hold only those three keys and their tensors.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -49,8 +51,17 @@ def _split_value(f: GGUFFile, key: str) -> int:
     return int(field.value)
 
 
-def open_shard_set(path: Path) -> GGUFModel:
-    """Open ``path``; if it belongs to a shard set, open and validate the whole set."""
+def open_gguf(path: str | os.PathLike[str]) -> GGUFModel:
+    """Open a GGUF model: one file, or a whole gguf-split set when ``path`` is one of its shards (every shard
+    opened, its split keys checked against the set).
+
+    Raises:
+        GGUFFormatError: a file is malformed, or the shard set is incomplete or inconsistent.
+    """
+    return _open_set(Path(path))
+
+
+def _open_set(path: Path) -> GGUFModel:
     first = GGUFFile(path)
     if SPLIT_COUNT not in first.kv:
         return GGUFModel([first])
