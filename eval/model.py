@@ -11,11 +11,7 @@ Architectures and how they run (each matches transformers' model class and llama
 
 * ``llama`` (Q/K rows permuted for NORM RoPE by the converter), ``qwen2`` (NEOX RoPE, q/k/v biases),
   ``qwen3`` (per-head RMS q/k norms), ``qwen`` (Qwen 1: fused [Q;K;V] with bias): RMSNorm, SiLU-gated FFN.
-* ``olmo2``: post-norm blocks (RMSNorm of the attention's and the FFN's outputs, none before them), RMS q/k
-  norms over the whole projections, NEOX RoPE, SiLU-gated FFN.
 * ``gptneox``: LayerNorm, fused [Q|K|V], partial NEOX RoPE, parallel or sequential residual, GELU FFN.
-* ``cohere2``: one LayerNorm without bias before attention and FFN in parallel, NORM RoPE on the
-  sliding-window layers only, logits times the file's logit scale, LM head tied to ``token_embd``.
 * ``opt`` (PowerInfer layout): learned positions read at ``pos + 2``, LayerNorm with biases, ReLU FFN with
   ``ffn_down_t`` (the down projection stored transposed), LM head tied to ``token_embd``.
 * PowerInfer files (magic ``PWRI``, ``llama``/``bamboo``): the ReLU FFN PowerInfer's sparse graph computes
@@ -308,21 +304,16 @@ class GGUFCausalLM:
             q = self.linear(h, self.weight(p + "attn_q.weight"), self.optional_weight(p + "attn_q.bias"))
             k = self.linear(h, self.weight(p + "attn_k.weight"), self.optional_weight(p + "attn_k.bias"))
             v = self.linear(h, self.weight(p + "attn_v.weight"), self.optional_weight(p + "attn_v.bias"))
-        q_norm = self.optional_weight(p + "attn_q_norm.weight")
-        if q_norm is not None and hp.qk_norm_whole:  # olmo2: RMSNorm of the whole q and k, before the heads
-            q = _rms_norm(q, q_norm, hp.eps)
-            k = _rms_norm(k, self.weight(p + "attn_k_norm.weight"), hp.eps)
         q = q.reshape(bsz, t, hp.n_head, hd)
         k = k.reshape(bsz, t, hp.n_head_kv, hd)
         v = v.reshape(bsz, t, hp.n_head_kv, hd)
-        if q_norm is not None and not hp.qk_norm_whole:  # qwen3: RMSNorm of each head before RoPE
+        q_norm = self.optional_weight(p + "attn_q_norm.weight")
+        if q_norm is not None:  # qwen3: RMSNorm of each head before RoPE
             q = _rms_norm(q, q_norm, hp.eps)
             k = _rms_norm(k, self.weight(p + "attn_k_norm.weight"), hp.eps)
-        il = int(p.split(".")[1])
-        swa = hp.is_swa(il)
+        swa = hp.is_swa(int(p.split(".")[1]))
         base, rscale = (hp.rope_base_swa, hp.rope_scale_swa) if swa else (hp.rope_base, hp.rope_scale)
-        if hp.uses_rope(il):
-            q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
+        q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
         if self.kv_f16:  # llama.cpp's F16 K/V cache, read by its flash attention in float32
             k, v = round_f16(k), round_f16(v)
         q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, H, T, hd]
@@ -433,17 +424,12 @@ class GGUFCausalLM:
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         if hp.final_softcap:
             out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
-        if hp.logit_scale:  # Cohere: ggml_scale(logits, f_logit_scale)
-            out = out * hp.logit_scale
         return out
 
     def block(self, x: torch.Tensor, p: str) -> torch.Tensor:
         """Block ``p`` (``blk.{i}.``) on the residual stream ``x`` ``[B, T, n_embd]``: attention, then the
         dense or MoE feed-forward, with the architecture's norms and residual layout."""
         hp = self.hparams
-        if hp.post_norm:  # OLMo 2 (src/models/olmo2.cpp): no pre-norms; each output normed, then added
-            x = x + self.norm(self._attention(x, p), self.weight(p + "post_attention_norm.weight"), None)
-            return x + self.norm(self._feed_forward(x, p), self.weight(p + "post_ffw_norm.weight"), None)
         h = self.norm(x, self.weight(p + "attn_norm.weight"), self.optional_weight(p + "attn_norm.bias"))
         attn = self._attention(h, p)
         post = self.optional_weight(p + "post_attention_norm.weight")
@@ -453,8 +439,6 @@ class GGUFCausalLM:
             y = self._feed_forward(self.norm(x, self.weight(p + "ffn_norm.weight"), None), p)
             return x + self.norm(y, self.weight(p + "post_ffw_norm.weight"), None)
         if hp.parallel_residual:
-            if hp.shared_norm:  # Cohere 2 (src/models/cohere2.cpp): the FFN reads the attention's input norm
-                return x + self._feed_forward(h, p) + attn
             h2 = self.norm(x, self.weight(p + "ffn_norm.weight"), self.optional_weight(p + "ffn_norm.bias"))
             return x + attn + self._feed_forward(h2, p)
         x = x + attn
