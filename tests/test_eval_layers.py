@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import ast
 
-from test_layout import MODULES, ROOT, import_cycles, runtime_imports
+from test_format_layers import subpackage_graph
+from test_layout import ROOT, import_cycles, runtime_imports
 
 EVAL = ROOT / "eval"
 
 
-def _graph(prefix: str) -> dict[str, set[str]]:
-    known = {module for module, _ in MODULES}
-    return {m: {n for n in runtime_imports(p) if n in known and n != m and n.startswith(prefix)}
-            for m, p in MODULES if m.startswith(prefix)}
-
-
 def test_eval_has_no_import_circle_function_level_imports_included() -> None:
-    assert import_cycles(_graph("ggufkit.eval")) == []
+    assert import_cycles(subpackage_graph("ggufkit.eval")) == []
 
 
 def test_the_moe_ffn_uses_only_the_models_public_layer_interface() -> None:

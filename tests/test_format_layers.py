@@ -11,14 +11,15 @@ from test_layout import MODULES, ROOT, import_cycles, runtime_imports
 FORMAT = ROOT / "ggufkit" / "format"
 
 
-def _graph(prefix: str) -> dict[str, set[str]]:
+def subpackage_graph(prefix: str) -> dict[str, set[str]]:
+    """The runtime import graph (function-level imports included) among the modules under ``prefix``."""
     known = {module for module, _ in MODULES}
     return {m: {n for n in runtime_imports(p) if n in known and n != m and n.startswith(prefix)}
             for m, p in MODULES if m.startswith(prefix)}
 
 
 def test_format_has_no_import_circle_function_level_imports_included() -> None:
-    assert import_cycles(_graph("ggufkit.format")) == []
+    assert import_cycles(subpackage_graph("ggufkit.format")) == []
 
 
 def test_the_single_file_reader_knows_nothing_of_shard_sets() -> None:
