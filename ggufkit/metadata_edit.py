@@ -59,8 +59,7 @@ from ggufkit.errors import (
 from ggufkit.format.atomic import atomic_write, remove_stale_temporaries
 from ggufkit.format.known_keys import expected_types
 from ggufkit.format.reader import GGUFFile, KVField, align_up
-from ggufkit.format.shards import open_gguf
-from ggufkit.format.shards import SPLIT_KEYS
+from ggufkit.format.shards import SPLIT_KEYS, open_gguf
 from ggufkit.format.values import (
     FLOAT_TYPES,
     INTEGER_TYPES,

@@ -20,8 +20,7 @@ from ggufkit.constants import POWERINFER_ARCH_BAMBOO, POWERINFER_ARCH_OPT
 from ggufkit.errors import GGUFFormatError
 from ggufkit.format.known_keys import expected_types, types_label
 from ggufkit.format.reader import GGUFFile, GGUFModel, align_up
-from ggufkit.format.shards import open_gguf
-from ggufkit.format.shards import SPLIT_COUNT, SPLIT_TENSORS_COUNT
+from ggufkit.format.shards import SPLIT_COUNT, SPLIT_TENSORS_COUNT, open_gguf
 from ggufkit.format.values import VT
 from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.summary import adapter_summary, projector_summary
