@@ -29,9 +29,9 @@ MAX_MODULE_LINES = 800
 QUANT_LAYERS = ["kernels", "core", "imatrix", "llama_quantize", "target"]
 
 #: Kernel families (sub-packages of quant/kernels/), lowest first; "" is the shared pieces at the top of
-#: kernels/ (fp, worksharing, numba_loading). A family imports the shared pieces, itself and lower-ranked
-#: families (the k-quant subroutines serve the grid and low-bit types; the CUDA modules build on
-#: legacy/cuda.py's retargeting), never a family of its own rank.
+#: kernels/ (fp, worksharing, numba_loading, cuda_base: the retargeting every CUDA module builds on). A family
+#: imports the shared pieces, itself and lower-ranked families (the k-quant subroutines serve the grid and
+#: low-bit types), never a family of its own rank.
 KERNEL_FAMILIES = {"": 0, "legacy": 1, "kquants": 2, "iq": 3, "lowbit": 3}
 
 
@@ -107,6 +107,96 @@ def imported_package_modules(path: Path) -> list[str]:
             if subs and len(subs) < len(node.names):
                 found.append(node.module)
     return found
+
+
+def _is_type_checking_block(node: ast.AST) -> bool:
+    test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """Every ggufkit module the file imports when it runs, at any depth (inside functions too), as
+    :func:`imported_package_modules` resolves them; imports under ``if TYPE_CHECKING:`` are left out."""
+    known = {module for module, _ in MODULES}
+    found: set[str] = set()
+    stack: list[ast.AST] = [ast.parse(path.read_text(), filename=str(path))]
+    while stack:
+        node = stack.pop()
+        if _is_type_checking_block(node):
+            stack.extend(getattr(node, "orelse", []))
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("ggufkit"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith("ggufkit"):
+            subs = {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known}
+            found.update(subs)
+            if len(subs) < len(node.names):
+                found.add(node.module)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_cycle_finder_finds_a_circle_through_a_function_level_import(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("from ggufkit.format import writer\n")
+    (tmp_path / "b.py").write_text("def f():\n    from ggufkit.format.reader import GGUFFile\n"
+                                   "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from ggufkit.cli import cli\n")
+    assert runtime_imports(tmp_path / "a.py") == {"ggufkit.format.writer"}
+    assert runtime_imports(tmp_path / "b.py") == {"ggufkit.format.reader"}
+    assert import_cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
+    assert import_cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_no_import_circles_between_modules_function_level_imports_included() -> None:
+    known = {module for module, _ in MODULES}
+    graph = {module: {m for m in runtime_imports(path) if m in known and m != module} for module, path in MODULES}
+    cycles = import_cycles(graph)
+    assert not cycles, "import circles (imports inside functions count; move the shared code lower): " + \
+        "; ".join(" <-> ".join(c) for c in cycles)
 
 
 QUANT_MODULES = [(m, p) for m, p in MODULES if layer_of(m) == "quant"]
