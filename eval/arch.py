@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ggufkit.converters import gemma
+from ggufkit.converters import gemma, smollm3
 from ggufkit.errors import EvaluationError, MetadataKeyNotFoundError, MetadataValueError
 from ggufkit.format.reader import GGUFModel
 
@@ -49,6 +49,8 @@ class ArchTraits:
         swa_rope_unscaled: the sliding-window layers ignore the file's rope scaling (gemma3's loader leaves
             ``rope_freq_scale_train_swa`` at 1; gemma2's copies the global scale).
         softcap_keys: read ``{arch}.attn_logit_softcapping`` / ``final_logit_softcapping``.
+        no_rope_step: layer ``il`` skips RoPE when ``(il + 1) % no_rope_step == 0`` (llama.cpp's
+            ``n_no_rope_layer_step``, which its loader fixes per architecture; 0: every layer ropes).
     """
 
     norm: str = "rms"
@@ -67,6 +69,7 @@ class ArchTraits:
     swa_rope_base: float | None = None
     swa_rope_unscaled: bool = False
     softcap_keys: bool = False
+    no_rope_step: int = 0
 
 
 #: src/models/gemma2.cpp / gemma3.cpp (load_arch_hparams and the graph): GELU-tanh gated FFN, sandwich norms,
@@ -94,6 +97,9 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
                          swa_pattern=gemma.SWA_PATTERN["gemma2"], swa_default=4096),
     "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=gemma.LAYERS_27B["gemma3"],  # type: ignore[arg-type]
                          swa_pattern=gemma.SWA_PATTERN["gemma3"], swa_rope_base=10000.0, swa_rope_unscaled=True),
+    # src/models/smollm3.cpp: llama's graph (NORM rope, the converter permuted Q/K), but no RoPE on every 4th
+    # layer, a step its loader fixes (converters/smollm3.py NO_ROPE_STEP, which the converter enforces).
+    "smollm3": ArchTraits(rope="norm", no_rope_step=smollm3.NO_ROPE_STEP),
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -131,10 +137,15 @@ class HParams:
     swa_layers: tuple[bool, ...] = ()
     rope_base_swa: float = 10000.0
     rope_scale_swa: float = 1.0
+    no_rope_step: int = 0
 
     def is_swa(self, il: int) -> bool:
         """Layer ``il`` attends through the sliding window (llama_hparams::is_swa)."""
         return self.n_swa > 0 and il < len(self.swa_layers) and self.swa_layers[il]
+
+    def uses_rope(self, il: int) -> bool:
+        """Layer ``il`` rotates Q and K (``use_rope`` of llama.cpp's smollm3 / llama4 graphs)."""
+        return self.no_rope_step == 0 or (il + 1) % self.no_rope_step != 0
 
 
 def traits_for(arch: str, path: Any = None) -> ArchTraits:
@@ -233,7 +244,7 @@ def read_hparams(model: GGUFModel) -> HParams:
                    n_expert_used=n_expert_used, moe_norm_topk=tr.moe_norm_topk, embd_scale=tr.embd_scale,
                    attn_scale=attn_scale, attn_softcap=softcap[0], final_softcap=softcap[1], n_swa=n_swa,
                    swa_layers=swa_layers, rope_base_swa=rope_base_swa,
-                   rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale)
+                   rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale, no_rope_step=tr.no_rope_step)
 
 
 def _swa_layers(model: GGUFModel, a: str, n_layer: int, default_pattern: int) -> tuple[bool, ...]:

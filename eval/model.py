@@ -311,9 +311,11 @@ class GGUFCausalLM:
         if q_norm is not None:  # qwen3: RMSNorm of each head before RoPE
             q = _rms_norm(q, q_norm, hp.eps)
             k = _rms_norm(k, self.weight(p + "attn_k_norm.weight"), hp.eps)
-        swa = hp.is_swa(int(p.split(".")[1]))
+        il = int(p.split(".")[1])
+        swa = hp.is_swa(il)
         base, rscale = (hp.rope_base_swa, hp.rope_scale_swa) if swa else (hp.rope_base, hp.rope_scale)
-        q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
+        if hp.uses_rope(il):
+            q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
         if self.kv_f16:  # llama.cpp's F16 K/V cache, read by its flash attention in float32
             k, v = round_f16(k), round_f16(v)
         q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, H, T, hd]

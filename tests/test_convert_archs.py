@@ -41,6 +41,8 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("phi3", "Phi3ForCausalLM", {"extra_vocab": 8}),
     # tokenizer.json only (byte-fallback BPE): llama.cpp's LlamaHfVocab path.
     ("llama-hf-vocab", "LlamaForCausalLM", {"vocab": "llama-hf"}),
+    # as transformers 5 saves it (rope_parameters); layer 3 a NoPE layer (tests/test_family_smollm3.py)
+    ("smollm3", "SmolLM3ForCausalLM", {}),
 ]
 CTX = 32
 #: Keys ggufkit writes and llama.cpp's converter leaves out, each equal to what llama.cpp's loader assumes

@@ -91,6 +91,8 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     "gemma2": [("gemma2", _checkpoint("Gemma2ForCausalLM"))],
     # five sliding-window layers and one global one, no attention soft-capping
     "gemma3": [("gemma3", _checkpoint("Gemma3ForCausalLM"))],
+    # layer 3 without RoPE (llama.cpp's fixed NoPE step)
+    "smollm3": [("smollm3", _checkpoint("SmolLM3ForCausalLM"))],
 }
 #: PowerInfer architectures (no llama-imatrix): eval_models builder name.
 POWERINFER = {"opt": "opt", "bamboo": "bamboo"}
