@@ -155,6 +155,26 @@ def test_smolvlm2_tower_sizes_default_as_transformers(released: dict[str, Path],
     assert keys["clip.vision.attention.layer_norm_epsilon"][1] == pytest.approx(1e-6)
 
 
+#: The text model's class a config could name in text_config (llama.cpp's converter converts the text model by it)
+TEXT_CLASSES = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM", "LlavaForConditionalGeneration": "MistralForCausalLM",
+                "Mistral3ForConditionalGeneration": "MistralForCausalLM", "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM"}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if RELEASES[n].hf_class in TEXT_CLASSES])
+def test_nested_architectures_do_not_change_the_projector(released: dict[str, Path], name: str,
+                                                          tmp_path: Path) -> None:
+    # SmolVLM's text_config class, for every class; vision_config's "architectures": null (as full config dumps
+    # write it). The projector is the checkpoint's class's, byte for byte the release config's.
+    model = shutil.copytree(released[name], tmp_path / "nested" / "released")
+    config = json.loads((model / "config.json").read_text())
+    config["text_config"]["architectures"] = [TEXT_CLASSES[RELEASES[name].hf_class]]
+    config["vision_config"]["architectures"] = None
+    (model / "config.json").write_text(json.dumps(config))
+    want = convert_mmproj(released[name], tmp_path / "want.gguf", outtype="f16").outputs[0]
+    got = convert_mmproj(model, tmp_path / "got.gguf", outtype="f16").outputs[0]
+    assert projector_tensors(got) == projector_tensors(want) and projector_keys(got) == projector_keys(want)
+
+
 # -- towers smaller than llama.cpp's converter maps the projector's numbered layers for ----------------------------
 @pytest.mark.parametrize(("name", "blocks", "tower"), [
     ("pixtral", 1, {"num_hidden_layers": 1}),
