@@ -217,22 +217,17 @@ def known_pre_tokenizer(name: str) -> str:
 
 
 def _fragments(text: str, user_defined: Sequence[str]) -> list[tuple[str, bool]]:
-    """Cut user-defined tokens out of raw text, longest first: (fragment, is_token) pairs."""
-    fragments: list[tuple[str, bool]] = [(text, False)]
-    for special in sorted(user_defined, key=len, reverse=True):
-        out: list[tuple[str, bool]] = []
-        for frag, is_tok in fragments:
-            if is_tok or special not in frag:
-                out.append((frag, is_tok))
-                continue
-            pieces = frag.split(special)
-            for k, piece in enumerate(pieces):
-                if piece:
-                    out.append((piece, False))
-                if k < len(pieces) - 1:
-                    out.append((special, True))
-        fragments = out
-    return fragments
+    """Cut user-defined tokens out of raw text, longest first: (fragment, is_token) pairs.
+
+    llama.cpp's partition (:func:`ggufkit.tokenizer.gguf_tokenizer.partition`); this check has always ranked
+    the tokens by length in characters (llama.cpp: in UTF-8 bytes), which can differ only for tokens with
+    non-ASCII text that overlap in the text.
+    """
+    from ggufkit.tokenizer.gguf_tokenizer import partition
+
+    order = sorted(user_defined, key=len, reverse=True)
+    return [(order[p], True) if isinstance(p, int) else (p, False)
+            for p in partition(text, ((k, t, 0) for k, t in enumerate(order)))]
 
 
 def _session(name: str, token_to_id: dict[str, int], ranks: dict[tuple[str, str], int]) -> BpeSession:

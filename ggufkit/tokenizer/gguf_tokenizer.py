@@ -358,38 +358,9 @@ class GGUFTokenizer:
     # -- special-token partition (tokenizer_st_partition) --------------------------------------------------
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         v = self._vocab
-        fragments: list[str | int] = [text]
-        for tid in self._special_tokens:
-            attr = v.attrs[tid]
-            if not parse_special and attr & (ATTR_CONTROL | ATTR_UNKNOWN):
-                continue
-            word = v.tokens[tid]
-            if not any(isinstance(f, str) and word in f for f in fragments):
-                continue
-            new: list[str | int] = []
-            for frag in fragments:
-                if isinstance(frag, int) or word not in frag:
-                    new.append(frag)
-                    continue
-                rest = frag
-                while True:
-                    pos = rest.find(word)
-                    if pos < 0:
-                        new.append(rest)
-                        break
-                    left = rest[:pos]
-                    if attr & ATTR_LSTRIP:
-                        left = left.rstrip(_C_SPACE)
-                    if left:
-                        new.append(left)
-                    new.append(tid)
-                    rest = rest[pos + len(word):]
-                    if attr & ATTR_RSTRIP:
-                        rest = rest.lstrip(_C_SPACE)
-                    if not rest:
-                        break
-            fragments = new
-        return fragments
+        skip = 0 if parse_special else ATTR_CONTROL | ATTR_UNKNOWN
+        return partition(text, ((tid, v.tokens[tid], v.attrs[tid]) for tid in self._special_tokens
+                                if not v.attrs[tid] & skip))
 
     # -- SPM (llm_tokenizer_spm_session) -------------------------------------------------------------------
     def _spm(self, text: str) -> list[int]:
@@ -438,6 +409,53 @@ class GGUFTokenizer:
         if tid is None:
             raise TokenizerError(f"the vocabulary has no byte token <0x{b:02X}> for a character it cannot spell")
         return tid
+
+
+def partition(text: str, specials: Iterable[tuple[int, str, int]]) -> list[str | int]:
+    """Cut special tokens out of raw text, as llama.cpp's tokenizer_st_partition does (src/llama-vocab.cpp).
+
+    Shared by the evaluator's tokenizer and the converter's pre-tokenizer check.
+
+    Args:
+        text: raw text.
+        specials: ``(id, text, attributes)`` of each token to cut out, in the order to try them (llama.cpp's:
+            longest first); ``ATTR_LSTRIP``/``ATTR_RSTRIP`` trim C whitespace before/after the token.
+
+    Returns:
+        The fragments in order: texts (empty only when ``text`` is) and token ids.
+
+    Example:
+        >>> partition("a<s>b<s>", [(1, "<s>", 0)])
+        ['a', 1, 'b', 1]
+    """
+    fragments: list[str | int] = [text]
+    for tid, word, attr in specials:
+        if not word or not any(isinstance(f, str) and word in f for f in fragments):
+            continue  # an empty token never matches (llama.cpp renames it [EMPTY_i])
+        new: list[str | int] = []
+        for frag in fragments:
+            if isinstance(frag, int) or word not in frag:
+                new.append(frag)
+                continue
+            rest = frag
+            while True:
+                pos = rest.find(word)
+                if pos < 0:
+                    new.append(rest)
+                    break
+                left = rest[:pos]
+                if attr & ATTR_LSTRIP:
+                    left = left.rstrip(_C_SPACE)
+                if left:
+                    new.append(left)
+                new.append(tid)
+                rest = rest[pos + len(word):]
+                if attr & ATTR_RSTRIP:
+                    rest = rest.lstrip(_C_SPACE)
+                if not rest:
+                    break
+        fragments = new
+    return fragments
 
 
 #: ``tokenizer.ggml.pre`` names llama.cpp loads with clean_spaces = false (every other BPE name: true).
