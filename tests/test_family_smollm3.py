@@ -16,6 +16,7 @@ llama.cpp would not compute (refused), whole quantized files vs llama-quantize, 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,30 @@ def test_release_end_to_end(tmp_path: Path) -> None:
     text.write_text(TextInput.bundled("evaluation").text, encoding="utf-8")
     theirs, _ = llama_perplexity(master, text, 64, 2, *F32_PATH)
     assert result.master is not None and abs(result.master["ppl"] / theirs - 1) < 1e-3, (result.master, theirs)
+
+
+def _config(**fields: Any) -> dict[str, Any]:
+    return {"num_hidden_layers": 8, "no_rope_layer_interval": 4, **fields}
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    (_config(no_rope_layers=[1, 1, 1, 0, 1, 1, 1, 0]), None),
+    (_config(), None),  # interval only: transformers builds [1, 1, 1, 0, ...] from it
+    (_config(no_rope_layers=[1, 1, 1, 0, 1, 1, 1, 0, 1, 1]), None),  # longer than the layers, as allowed
+    (_config(no_rope_layer_interval=2), "NoPE layers [1, 3, 5, 7]"),
+    (_config(no_rope_layers=[1, 1, 1, 1, 1, 1, 1, 1]), "NoPE layers []"),
+    (_config(no_rope_layers=[1, 1, 1, 0]), "NoPE layers [3]"),  # too short for 8 layers
+    (_config(use_sliding_window=True, sliding_window=8), "sliding-window layers [3, 7]"),
+    (_config(use_sliding_window=True, sliding_window=None), None),
+    (_config(layer_types=["full_attention"] * 7 + ["sliding_attention"]), "sliding-window layers [7]"),
+    (_config(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}), "llama3 rope scaling"),
+])
+def test_check_config_reads_every_schedule_spelling(config: dict[str, Any], message: str | None) -> None:
+    from ggufkit.converters import smollm3
+    from ggufkit.errors import UnsupportedArchitectureError
+
+    if message is None:
+        smollm3.check_config(config)
+    else:
+        with pytest.raises(UnsupportedArchitectureError, match=re.escape(message)):
+            smollm3.check_config(config)
