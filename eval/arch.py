@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ggufkit.converters import gemma, smollm3
+from ggufkit.converters import gemma
 from ggufkit.errors import EvaluationError, MetadataKeyNotFoundError, MetadataValueError
 from ggufkit.format.reader import GGUFModel
 
@@ -30,6 +30,11 @@ class ArchTraits:
             (GELU-tanh-gated), ``gelu`` (exact erf GELU, ungated), ``relu`` (``relu(gate)*up``, or
             ``relu(up)`` when ungated), ``relu_sym`` (``relu(gate)*relu(up)``).
         powerinfer_ffn: the FFN PowerInfer's sparse graph computes for a PWRI file of this arch (None: same).
+        post_norm: no norm before attention and the FFN: an RMSNorm of each one's output
+            (``post_attention_norm``, ``post_ffw_norm``) before it joins the residual (OLMo 2).
+        qk_norm_whole: ``attn_q_norm`` / ``attn_k_norm`` normalise the whole q and k projections
+            (``[n_head * head_dim]``, ``[n_head_kv * head_dim]``) before they are split into heads (OLMo 2),
+            not each head (Qwen 3).
         parallel_residual: default of ``{arch}.use_parallel_residual`` (None: never parallel, key ignored).
         eps_default: RMS epsilon when the file has no key (None: the key is required).
         eps_fallback_key: another epsilon key older converters wrote instead (Qwen 1's LayerNorm key).
@@ -49,14 +54,14 @@ class ArchTraits:
         swa_rope_unscaled: the sliding-window layers ignore the file's rope scaling (gemma3's loader leaves
             ``rope_freq_scale_train_swa`` at 1; gemma2's copies the global scale).
         softcap_keys: read ``{arch}.attn_logit_softcapping`` / ``final_logit_softcapping``.
-        no_rope_step: layer ``il`` skips RoPE when ``(il + 1) % no_rope_step == 0`` (llama.cpp's
-            ``n_no_rope_layer_step``, which its loader fixes per architecture; 0: every layer ropes).
     """
 
     norm: str = "rms"
     rope: str = "neox"
     ffn: str = "silu"
     powerinfer_ffn: str | None = None
+    post_norm: bool = False
+    qk_norm_whole: bool = False
     parallel_residual: bool | None = None
     eps_default: float | None = None
     eps_fallback_key: str | None = None
@@ -69,7 +74,6 @@ class ArchTraits:
     swa_rope_base: float | None = None
     swa_rope_unscaled: bool = False
     softcap_keys: bool = False
-    no_rope_step: int = 0
 
 
 #: src/models/gemma2.cpp / gemma3.cpp (load_arch_hparams and the graph): GELU-tanh gated FFN, sandwich norms,
@@ -93,13 +97,13 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen3moe": ArchTraits(moe_norm_topk=True),
     # src/models/phi3.cpp: fused attn_qkv, ffn_up = [gate; up] (LLM_FFN_SWIGLU), NEOX rope.
     "phi3": ArchTraits(ffn="silu_fused"),
+    # src/models/olmo2.cpp: post-norm blocks, RMS q/k norms over the whole projections, NEOX rope, SiLU-gated
+    # FFN (llama_model_rope_type: LLM_ARCH_OLMO2 is NEOX; its sliding-window form is Olmo 3's).
+    "olmo2": ArchTraits(post_norm=True, qk_norm_whole=True),
     "gemma2": ArchTraits(**_GEMMA, gemma_27b_layers=gemma.LAYERS_27B["gemma2"],  # type: ignore[arg-type]
                          swa_pattern=gemma.SWA_PATTERN["gemma2"], swa_default=4096),
     "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=gemma.LAYERS_27B["gemma3"],  # type: ignore[arg-type]
                          swa_pattern=gemma.SWA_PATTERN["gemma3"], swa_rope_base=10000.0, swa_rope_unscaled=True),
-    # src/models/smollm3.cpp: llama's graph (NORM rope, the converter permuted Q/K), but no RoPE on every 4th
-    # layer, a step its loader fixes (converters/smollm3.py NO_ROPE_STEP, which the converter enforces).
-    "smollm3": ArchTraits(rope="norm", no_rope_step=smollm3.NO_ROPE_STEP),
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -126,6 +130,8 @@ class HParams:
     ffn: str  # "silu", "gelu", "relu" (relu(gate)*up or relu(up) when ungated), "relu_sym"
     powerinfer: bool
     learned_positions: bool = False
+    post_norm: bool = False
+    qk_norm_whole: bool = False
     n_expert: int = 0
     n_expert_used: int = 0
     moe_norm_topk: bool = False
@@ -137,15 +143,10 @@ class HParams:
     swa_layers: tuple[bool, ...] = ()
     rope_base_swa: float = 10000.0
     rope_scale_swa: float = 1.0
-    no_rope_step: int = 0
 
     def is_swa(self, il: int) -> bool:
         """Layer ``il`` attends through the sliding window (llama_hparams::is_swa)."""
         return self.n_swa > 0 and il < len(self.swa_layers) and self.swa_layers[il]
-
-    def uses_rope(self, il: int) -> bool:
-        """Layer ``il`` rotates Q and K (``use_rope`` of llama.cpp's smollm3 / llama4 graphs)."""
-        return self.no_rope_step == 0 or (il + 1) % self.no_rope_step != 0
 
 
 def traits_for(arch: str, path: Any = None) -> ArchTraits:
@@ -240,11 +241,12 @@ def read_hparams(model: GGUFModel) -> HParams:
                    n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
                    rope_base=rope_base, rope_scale=rope_scale,
                    rope_mode=tr.rope, norm=tr.norm, eps=eps, parallel_residual=parallel, ffn=ffn,
-                   powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions, n_expert=n_expert,
+                   powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions,
+                   post_norm=tr.post_norm, qk_norm_whole=tr.qk_norm_whole, n_expert=n_expert,
                    n_expert_used=n_expert_used, moe_norm_topk=tr.moe_norm_topk, embd_scale=tr.embd_scale,
                    attn_scale=attn_scale, attn_softcap=softcap[0], final_softcap=softcap[1], n_swa=n_swa,
                    swa_layers=swa_layers, rope_base_swa=rope_base_swa,
-                   rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale, no_rope_step=tr.no_rope_step)
+                   rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale)
 
 
 def _swa_layers(model: GGUFModel, a: str, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
@@ -277,8 +279,9 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
         out["rope_freqs.weight"] = (hp.n_rot // 2,)
     for i in range(hp.n_layer):
         b = f"blk.{i}."
-        out[b + "attn_norm.weight"] = (e,)
-        out[b + "ffn_norm.weight"] = (e,)
+        if not hp.post_norm:
+            out[b + "attn_norm.weight"] = (e,)
+            out[b + "ffn_norm.weight"] = (e,)
         if hp.norm == "layer":
             out[b + "attn_norm.bias"] = (e,)
             out[b + "ffn_norm.bias"] = (e,)
@@ -291,11 +294,11 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
                 out[b + f"attn_{part}.weight"] = (rows, e)
                 if b + f"attn_{part}.bias" in names:
                     out[b + f"attn_{part}.bias"] = (rows,)
-        if b + "attn_q_norm.weight" in names:
-            out[b + "attn_q_norm.weight"] = (hd,)
-            out[b + "attn_k_norm.weight"] = (hd,)
+        if b + "attn_q_norm.weight" in names or hp.qk_norm_whole:
+            out[b + "attn_q_norm.weight"] = (q,) if hp.qk_norm_whole else (hd,)
+            out[b + "attn_k_norm.weight"] = (kv,) if hp.qk_norm_whole else (hd,)
         out[b + "attn_output.weight"] = (e, q)
-        if b + "post_attention_norm.weight" in names:
+        if b + "post_attention_norm.weight" in names or hp.post_norm:
             out[b + "post_attention_norm.weight"] = (e,)
             out[b + "post_ffw_norm.weight"] = (e,)
         if b + "attn_output.bias" in names:

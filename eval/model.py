@@ -11,6 +11,8 @@ Architectures and how they run (each matches transformers' model class and llama
 
 * ``llama`` (Q/K rows permuted for NORM RoPE by the converter), ``qwen2`` (NEOX RoPE, q/k/v biases),
   ``qwen3`` (per-head RMS q/k norms), ``qwen`` (Qwen 1: fused [Q;K;V] with bias): RMSNorm, SiLU-gated FFN.
+* ``olmo2``: post-norm blocks (RMSNorm of the attention's and the FFN's outputs, none before them), RMS q/k
+  norms over the whole projections, NEOX RoPE, SiLU-gated FFN.
 * ``gptneox``: LayerNorm, fused [Q|K|V], partial NEOX RoPE, parallel or sequential residual, GELU FFN.
 * ``opt`` (PowerInfer layout): learned positions read at ``pos + 2``, LayerNorm with biases, ReLU FFN with
   ``ffn_down_t`` (the down projection stored transposed), LM head tied to ``token_embd``.
@@ -304,18 +306,19 @@ class GGUFCausalLM:
             q = self.linear(h, self.weight(p + "attn_q.weight"), self.optional_weight(p + "attn_q.bias"))
             k = self.linear(h, self.weight(p + "attn_k.weight"), self.optional_weight(p + "attn_k.bias"))
             v = self.linear(h, self.weight(p + "attn_v.weight"), self.optional_weight(p + "attn_v.bias"))
+        q_norm = self.optional_weight(p + "attn_q_norm.weight")
+        if q_norm is not None and hp.qk_norm_whole:  # olmo2: RMSNorm of the whole q and k, before the heads
+            q = _rms_norm(q, q_norm, hp.eps)
+            k = _rms_norm(k, self.weight(p + "attn_k_norm.weight"), hp.eps)
         q = q.reshape(bsz, t, hp.n_head, hd)
         k = k.reshape(bsz, t, hp.n_head_kv, hd)
         v = v.reshape(bsz, t, hp.n_head_kv, hd)
-        q_norm = self.optional_weight(p + "attn_q_norm.weight")
-        if q_norm is not None:  # qwen3: RMSNorm of each head before RoPE
+        if q_norm is not None and not hp.qk_norm_whole:  # qwen3: RMSNorm of each head before RoPE
             q = _rms_norm(q, q_norm, hp.eps)
             k = _rms_norm(k, self.weight(p + "attn_k_norm.weight"), hp.eps)
-        il = int(p.split(".")[1])
-        swa = hp.is_swa(il)
+        swa = hp.is_swa(int(p.split(".")[1]))
         base, rscale = (hp.rope_base_swa, hp.rope_scale_swa) if swa else (hp.rope_base, hp.rope_scale)
-        if hp.uses_rope(il):
-            q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
+        q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
         if self.kv_f16:  # llama.cpp's F16 K/V cache, read by its flash attention in float32
             k, v = round_f16(k), round_f16(v)
         q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, H, T, hd]
@@ -432,6 +435,9 @@ class GGUFCausalLM:
         """Block ``p`` (``blk.{i}.``) on the residual stream ``x`` ``[B, T, n_embd]``: attention, then the
         dense or MoE feed-forward, with the architecture's norms and residual layout."""
         hp = self.hparams
+        if hp.post_norm:  # OLMo 2 (src/models/olmo2.cpp): no pre-norms; each output normed, then added
+            x = x + self.norm(self._attention(x, p), self.weight(p + "post_attention_norm.weight"), None)
+            return x + self.norm(self._feed_forward(x, p), self.weight(p + "post_ffw_norm.weight"), None)
         h = self.norm(x, self.weight(p + "attn_norm.weight"), self.optional_weight(p + "attn_norm.bias"))
         attn = self._attention(h, p)
         post = self.optional_weight(p + "post_attention_norm.weight")

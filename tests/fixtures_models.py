@@ -71,10 +71,10 @@ _BASE: dict[str, dict[str, Any]] = {
                            image_size=32, patch_size=8),
         mm_tokens_per_image=4, boi_token_index=3, eoi_token_index=4, image_token_index=5,
         tie_word_embeddings=True),
-    # SmolLM3 (release config layout: tied head, rope_theta 5e6): 4 layers, so that layer 3 is a NoPE layer.
-    "SmolLM3ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
-                               rope_theta=5000000.0, tie_word_embeddings=True),
+    # OLMo 2: GQA (as the 32B), an untied head as every released OLMo 2 (test_family_olmo2.py).
+    "Olmo2ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                             tie_word_embeddings=False, pad_token_id=None, eos_token_id=50256),
     "OPTForCausalLM": dict(hidden_size=64, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4,
                            max_position_embeddings=2048, word_embed_proj_dim=64, do_layer_norm_before=True,
                            activation_function="relu", enable_bias=True, tie_word_embeddings=True),
@@ -93,7 +93,7 @@ _CLASSES = {
     "Gemma3ForCausalLM": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "Phi3ForCausalLM": ("Phi3Config", "Phi3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("Gemma3Config", "Gemma3ForConditionalGeneration"),
-    "SmolLM3ForCausalLM": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+    "Olmo2ForCausalLM": ("Olmo2Config", "Olmo2ForCausalLM"),
 }
 #: Tokenizer per class (Llama defaults to SPM; vocab="bpe" picks a Llama-3 style BPE).
 _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen2",
@@ -102,9 +102,7 @@ _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausa
           # llama.cpp's converter accepts only BPE tokenizers whose check hash it knows
           "Qwen2MoeForCausalLM": "real:gpt-2", "Qwen3MoeForCausalLM": "real:gpt-2",
           "Gemma2ForCausalLM": "spm-no-prefix", "Gemma3ForCausalLM": "spm-no-prefix", "Phi3ForCausalLM": "spm",
-          "Gemma3ForConditionalGeneration": "spm-no-prefix",
-          # SmolLM3 ships Llama 3's BPE (llama.cpp's check hash "llama-bpe")
-          "SmolLM3ForCausalLM": "real:llama-bpe"}
+          "Gemma3ForConditionalGeneration": "spm-no-prefix", "Olmo2ForCausalLM": "real:gpt-2"}
 SUPPORTED = (*_CLASSES, "QWenLMHeadModel")
 
 

@@ -37,12 +37,12 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("gemma2", "Gemma2ForCausalLM", {}),
     ("gemma3", "Gemma3ForCausalLM", {}),
     ("gemma3-multimodal", "Gemma3ForConditionalGeneration", {}),
+    # OLMo 2: post-norm blocks, whole-projection q/k norms (tests/test_family_olmo2.py: both config layouts).
+    ("olmo2", "Olmo2ForCausalLM", {}),
     # Phi-3's specials after the sentencepiece pieces, the embedding padded beyond them ([PAD{i}] rows).
     ("phi3", "Phi3ForCausalLM", {"extra_vocab": 8}),
     # tokenizer.json only (byte-fallback BPE): llama.cpp's LlamaHfVocab path.
     ("llama-hf-vocab", "LlamaForCausalLM", {"vocab": "llama-hf"}),
-    # as transformers 5 saves it (rope_parameters); layer 3 a NoPE layer (tests/test_family_smollm3.py)
-    ("smollm3", "SmolLM3ForCausalLM", {}),
 ]
 CTX = 32
 #: Keys ggufkit writes and llama.cpp's converter leaves out, each equal to what llama.cpp's loader assumes

@@ -81,6 +81,8 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     "llama": [("llama", _checkpoint("LlamaForCausalLM")), ("mixtral", _checkpoint("MixtralForCausalLM"))],
     "qwen2": [("qwen2", _checkpoint("Qwen2ForCausalLM"))],
     "qwen3": [("qwen3", _checkpoint("Qwen3ForCausalLM"))],
+    # post-norm blocks (q/k/v read the residual stream itself), whole-projection q/k norms
+    "olmo2": [("olmo2", _checkpoint("Olmo2ForCausalLM"))],
     "qwen": [("qwen", _written("qwen"))],
     "gptneox": [("gptneox-parallel", _checkpoint("GPTNeoXForCausalLM")),
                 ("gptneox-sequential", _checkpoint("GPTNeoXForCausalLM", use_parallel_residual=False))],
@@ -91,8 +93,6 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     "gemma2": [("gemma2", _checkpoint("Gemma2ForCausalLM"))],
     # five sliding-window layers and one global one, no attention soft-capping
     "gemma3": [("gemma3", _checkpoint("Gemma3ForCausalLM"))],
-    # layer 3 without RoPE (llama.cpp's fixed NoPE step)
-    "smollm3": [("smollm3", _checkpoint("SmolLM3ForCausalLM"))],
 }
 #: PowerInfer architectures (no llama-imatrix): eval_models builder name.
 POWERINFER = {"opt": "opt", "bamboo": "bamboo"}
