@@ -40,7 +40,10 @@ def to_release_config(path: Path) -> None:
     config = json.loads(path.read_text())
     rope = config.pop("rope_parameters", None) or {}
     config.pop("dtype", None)
-    config.update(rope_theta=int(rope.get("rope_theta", 10000)), rope_scaling=None, torch_dtype="float32",
+    scaling = None
+    if rope.get("rope_type", "default") != "default":  # transformers 4's spelling: "type"
+        scaling = {"type": rope["rope_type"], "factor": rope["factor"]}
+    config.update(rope_theta=int(rope.get("rope_theta", 10000)), rope_scaling=scaling, torch_dtype="float32",
                   transformers_version="4.47.0.dev0")
     path.write_text(json.dumps(dict(sorted(config.items())), indent=2))
 
@@ -48,7 +51,8 @@ def to_release_config(path: Path) -> None:
 def make_olmo2(dir: Path, layout: str, **overrides: Any) -> Path:
     """A tiny OLMo 2 checkpoint in ``layout`` (``release`` or ``tf5``)."""
     if layout == "release":
-        overrides = {"extra_vocab": EXTRA_VOCAB, "rope_theta": 500000.0, **overrides}
+        theta = {} if "rope_parameters" in overrides else {"rope_theta": 500000.0}
+        overrides = {"extra_vocab": EXTRA_VOCAB, **theta, **overrides}
     d = make_checkpoint(dir, HF_CLASS, **overrides)
     if layout == "release":
         to_release_config(d / "config.json")
@@ -203,6 +207,29 @@ def test_kld_equals_llama_perplexitys(case: dict[str, Any], tmp_path: Path) -> N
     assert rounded is not None and plain is not None
     assert abs(rounded["mean_kld"] / theirs - 1) < 3e-2, (rounded["mean_kld"], theirs)
     assert abs(plain["mean_kld"] / theirs - 1) > 3e-2, (plain["mean_kld"], theirs)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_linear_rope_scaling_in_either_spelling(layout: str, tmp_path: Path) -> None:
+    """Linear RoPE scaling as transformers 4 spells it (``rope_scaling: {"type": "linear"}``, the release
+    layout) and as transformers 5 does (``rope_parameters: {"rope_type": "linear"}``): llama.cpp's keys
+    (rope.scaling.type, rope.scaling.factor), its logits equal transformers', and ``--check`` passes."""
+    from ggufkit.eval.convert_check import check_conversion
+
+    rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    d = make_olmo2(tmp_path / "m", layout, rope_parameters=rope)
+    config = json.loads((d / "config.json").read_text())
+    assert ("rope_scaling" in config) == (layout == "release") and ("rope_parameters" in config) == (layout == "tf5")
+    report = convert(d, tmp_path / "ours.gguf", outtype="f32")
+    ours = report.outputs[0]
+    assert_same_file(llama_cpp_convert(d, tmp_path / "theirs.gguf"), ours)
+    with open_gguf(ours) as f:
+        assert (f.get("olmo2.rope.scaling.type"), f.get("olmo2.rope.scaling.factor")) == ("linear", 2.0)
+    want = transformers_logits(d)
+    got = llama_cpp_logits(ours)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < 1e-3 * (want.max() - want.min())
+    assert check_conversion(d, ours, report.plan, device="cpu").status == "passed"
 
 
 def test_tied_head_is_written_as_output_weight_which_the_olmo2_loader_needs(tmp_path: Path) -> None:
