@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ggufkit.converters import gemma
+from ggufkit.converters import cohere2, gemma, smollm3
 from ggufkit.errors import EvaluationError, MetadataKeyNotFoundError, MetadataValueError
 from ggufkit.format.reader import GGUFModel
 
@@ -25,6 +25,11 @@ class ArchTraits:
 
     Attributes:
         norm: ``rms`` (RMSNorm) or ``layer`` (LayerNorm with bias).
+        norm_bias: a ``layer`` norm has a bias (False: Cohere's LayerNorm without one).
+        shared_norm: with ``parallel_residual``, the FFN reads the attention's input norm (no ``ffn_norm``;
+            Cohere 2).
+        rope_swa_only: only the sliding-window layers apply RoPE, the global ones none (Cohere 2).
+        logit_scale: the logits are multiplied by the file's ``{arch}.logit_scale`` (a required key).
         rope: ``norm`` (adjacent pairs; the converter permuted Q/K rows), ``neox`` (split halves), ``none``.
         ffn: ``silu`` (SiLU-gated), ``silu_fused`` (``ffn_up`` holds [gate; up], Phi-3), ``gelu_tanh``
             (GELU-tanh-gated), ``gelu`` (exact erf GELU, ungated), ``relu`` (``relu(gate)*up``, or
@@ -54,9 +59,15 @@ class ArchTraits:
         swa_rope_unscaled: the sliding-window layers ignore the file's rope scaling (gemma3's loader leaves
             ``rope_freq_scale_train_swa`` at 1; gemma2's copies the global scale).
         softcap_keys: read ``{arch}.attn_logit_softcapping`` / ``final_logit_softcapping``.
+        no_rope_step: layer ``il`` skips RoPE when ``(il + 1) % no_rope_step == 0`` (llama.cpp's
+            ``n_no_rope_layer_step``, which its loader fixes per architecture; 0: every layer ropes).
     """
 
     norm: str = "rms"
+    norm_bias: bool = True
+    shared_norm: bool = False
+    rope_swa_only: bool = False
+    logit_scale: bool = False
     rope: str = "neox"
     ffn: str = "silu"
     powerinfer_ffn: str | None = None
@@ -74,6 +85,7 @@ class ArchTraits:
     swa_rope_base: float | None = None
     swa_rope_unscaled: bool = False
     softcap_keys: bool = False
+    no_rope_step: int = 0
 
 
 #: src/models/gemma2.cpp / gemma3.cpp (load_arch_hparams and the graph): GELU-tanh gated FFN, sandwich norms,
@@ -104,6 +116,14 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
                          swa_pattern=gemma.SWA_PATTERN["gemma2"], swa_default=4096),
     "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=gemma.LAYERS_27B["gemma3"],  # type: ignore[arg-type]
                          swa_pattern=gemma.SWA_PATTERN["gemma3"], swa_rope_base=10000.0, swa_rope_unscaled=True),
+    # src/models/smollm3.cpp: llama's graph (NORM rope, the converter permuted Q/K), but no RoPE on every 4th
+    # layer, a step its loader fixes (converters/smollm3.py NO_ROPE_STEP, which the converter enforces).
+    "smollm3": ArchTraits(rope="norm", no_rope_step=smollm3.NO_ROPE_STEP),
+    # src/models/cohere2.cpp: one LayerNorm without bias feeds attention and the SiLU-gated FFN in parallel,
+    # NORM rope on the sliding-window layers only (every 4th layer global, converters/cohere2.py), the
+    # sliding layers' rope base the global one's (load_arch_hparams), logits times f_logit_scale.
+    "cohere2": ArchTraits(norm="layer", norm_bias=False, shared_norm=True, rope_swa_only=True, logit_scale=True,
+                          rope="norm", parallel_residual=True, swa_pattern=cohere2.SWA_PATTERN),
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -143,10 +163,21 @@ class HParams:
     swa_layers: tuple[bool, ...] = ()
     rope_base_swa: float = 10000.0
     rope_scale_swa: float = 1.0
+    no_rope_step: int = 0
+    norm_bias: bool = True
+    shared_norm: bool = False
+    rope_swa_only: bool = False
+    logit_scale: float = 0.0
 
     def is_swa(self, il: int) -> bool:
         """Layer ``il`` attends through the sliding window (llama_hparams::is_swa)."""
         return self.n_swa > 0 and il < len(self.swa_layers) and self.swa_layers[il]
+
+    def uses_rope(self, il: int) -> bool:
+        """Layer ``il`` rotates Q and K (``use_rope`` of llama.cpp's smollm3 / llama4 graphs)."""
+        if self.rope_swa_only and not self.is_swa(il):  # cohere2: the global layers have no RoPE
+            return False
+        return self.no_rope_step == 0 or (il + 1) % self.no_rope_step != 0
 
 
 def traits_for(arch: str, path: Any = None) -> ArchTraits:
@@ -246,7 +277,9 @@ def read_hparams(model: GGUFModel) -> HParams:
                    n_expert_used=n_expert_used, moe_norm_topk=tr.moe_norm_topk, embd_scale=tr.embd_scale,
                    attn_scale=attn_scale, attn_softcap=softcap[0], final_softcap=softcap[1], n_swa=n_swa,
                    swa_layers=swa_layers, rope_base_swa=rope_base_swa,
-                   rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale)
+                   rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale, no_rope_step=tr.no_rope_step,
+                   norm_bias=tr.norm_bias, shared_norm=tr.shared_norm, rope_swa_only=tr.rope_swa_only,
+                   logit_scale=key(model, f"{a}.logit_scale", float) if tr.logit_scale else 0.0)
 
 
 def _swa_layers(model: GGUFModel, a: str, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
@@ -269,7 +302,7 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
     e, hd = hp.n_embd, hp.head_dim
     q, kv = hp.n_head * hd, hp.n_head_kv * hd
     out: dict[str, tuple[int, ...]] = {"token_embd.weight": (hp.n_vocab, e), "output_norm.weight": (e,)}
-    if hp.norm == "layer":
+    if hp.norm == "layer" and hp.norm_bias:
         out["output_norm.bias"] = (e,)
     if "output.weight" in names and not hp.learned_positions:
         out["output.weight"] = (hp.n_vocab, e)
@@ -281,8 +314,9 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
         b = f"blk.{i}."
         if not hp.post_norm:
             out[b + "attn_norm.weight"] = (e,)
-            out[b + "ffn_norm.weight"] = (e,)
-        if hp.norm == "layer":
+            if not hp.shared_norm:
+                out[b + "ffn_norm.weight"] = (e,)
+        if hp.norm == "layer" and hp.norm_bias:
             out[b + "attn_norm.bias"] = (e,)
             out[b + "ffn_norm.bias"] = (e,)
         if b + "attn_qkv.weight" in names:

@@ -14,6 +14,8 @@ Architectures and how they run (each matches transformers' model class and llama
 * ``olmo2``: post-norm blocks (RMSNorm of the attention's and the FFN's outputs, none before them), RMS q/k
   norms over the whole projections, NEOX RoPE, SiLU-gated FFN.
 * ``gptneox``: LayerNorm, fused [Q|K|V], partial NEOX RoPE, parallel or sequential residual, GELU FFN.
+* ``cohere2``: one LayerNorm without bias before attention and FFN in parallel, NORM RoPE on the
+  sliding-window layers only, logits times the file's logit scale, LM head tied to ``token_embd``.
 * ``opt`` (PowerInfer layout): learned positions read at ``pos + 2``, LayerNorm with biases, ReLU FFN with
   ``ffn_down_t`` (the down projection stored transposed), LM head tied to ``token_embd``.
 * PowerInfer files (magic ``PWRI``, ``llama``/``bamboo``): the ReLU FFN PowerInfer's sparse graph computes
@@ -316,9 +318,11 @@ class GGUFCausalLM:
         if q_norm is not None and not hp.qk_norm_whole:  # qwen3: RMSNorm of each head before RoPE
             q = _rms_norm(q, q_norm, hp.eps)
             k = _rms_norm(k, self.weight(p + "attn_k_norm.weight"), hp.eps)
-        swa = hp.is_swa(int(p.split(".")[1]))
+        il = int(p.split(".")[1])
+        swa = hp.is_swa(il)
         base, rscale = (hp.rope_base_swa, hp.rope_scale_swa) if swa else (hp.rope_base, hp.rope_scale)
-        q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
+        if hp.uses_rope(il):
+            q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
         if self.kv_f16:  # llama.cpp's F16 K/V cache, read by its flash attention in float32
             k, v = round_f16(k), round_f16(v)
         q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, H, T, hd]
@@ -429,6 +433,8 @@ class GGUFCausalLM:
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         if hp.final_softcap:
             out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
+        if hp.logit_scale:  # Cohere: ggml_scale(logits, f_logit_scale)
+            out = out * hp.logit_scale
         return out
 
     def block(self, x: torch.Tensor, p: str) -> torch.Tensor:
@@ -447,6 +453,8 @@ class GGUFCausalLM:
             y = self._feed_forward(self.norm(x, self.weight(p + "ffn_norm.weight"), None), p)
             return x + self.norm(y, self.weight(p + "post_ffw_norm.weight"), None)
         if hp.parallel_residual:
+            if hp.shared_norm:  # Cohere 2 (src/models/cohere2.cpp): the FFN reads the attention's input norm
+                return x + self._feed_forward(h, p) + attn
             h2 = self.norm(x, self.weight(p + "ffn_norm.weight"), self.optional_weight(p + "ffn_norm.bias"))
             return x + attn + self._feed_forward(h2, p)
         x = x + attn

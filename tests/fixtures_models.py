@@ -8,6 +8,7 @@ Tokenizer files come from :mod:`fixtures_tokenizers` (trained locally). Nothing 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,17 @@ _BASE: dict[str, dict[str, Any]] = {
     "Olmo2ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
                              tie_word_embeddings=False, pad_token_id=None, eos_token_id=50256),
+    # SmolLM3 (release config layout: tied head, rope_theta 5e6): 4 layers, so that layer 3 is a NoPE layer.
+    "SmolLM3ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                               rope_theta=5000000.0, tie_word_embeddings=True),
+    # Cohere 2 (Command R7B's shape, scaled down): 4 layers, so that layer 3 is global (no RoPE) and 0-2 slide
+    # through a window (8) shorter than the test contexts; a logit scale other than transformers' default.
+    "Cohere2ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=128, layer_norm_eps=1e-5,
+                               logit_scale=0.25, sliding_window=8,
+                               rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+                               tie_word_embeddings=True, bos_token_id=5, eos_token_id=255001, pad_token_id=0),
     "OPTForCausalLM": dict(hidden_size=64, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4,
                            max_position_embeddings=2048, word_embed_proj_dim=64, do_layer_norm_before=True,
                            activation_function="relu", enable_bias=True, tie_word_embeddings=True),
@@ -94,6 +106,8 @@ _CLASSES = {
     "Phi3ForCausalLM": ("Phi3Config", "Phi3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("Gemma3Config", "Gemma3ForConditionalGeneration"),
     "Olmo2ForCausalLM": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "SmolLM3ForCausalLM": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+    "Cohere2ForCausalLM": ("Cohere2Config", "Cohere2ForCausalLM"),
 }
 #: Tokenizer per class (Llama defaults to SPM; vocab="bpe" picks a Llama-3 style BPE).
 _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen2",
@@ -102,7 +116,11 @@ _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausa
           # llama.cpp's converter accepts only BPE tokenizers whose check hash it knows
           "Qwen2MoeForCausalLM": "real:gpt-2", "Qwen3MoeForCausalLM": "real:gpt-2",
           "Gemma2ForCausalLM": "spm-no-prefix", "Gemma3ForCausalLM": "spm-no-prefix", "Phi3ForCausalLM": "spm",
-          "Gemma3ForConditionalGeneration": "spm-no-prefix", "Olmo2ForCausalLM": "real:gpt-2"}
+          "Gemma3ForConditionalGeneration": "spm-no-prefix", "Olmo2ForCausalLM": "real:gpt-2",
+          # SmolLM3 ships Llama 3's BPE (llama.cpp's check hash "llama-bpe")
+          "SmolLM3ForCausalLM": "real:llama-bpe",
+          # Cohere's 256k BPE (llama.cpp's check hash "command-r")
+          "Cohere2ForCausalLM": "command-r"}
 SUPPORTED = (*_CLASSES, "QWenLMHeadModel")
 
 
@@ -120,6 +138,10 @@ def _write_tokenizer(dir: Path, kind: str) -> int:
     if kind in ("spm", "spm-no-prefix"):
         ft.make_spm_tokenizer(dir, 320, dummy_prefix=kind == "spm")
         return 320
+    if kind == "command-r":
+        for name, data in _command_r_tokenizer_files().items():
+            (dir / name).write_bytes(data)
+        return 256000
     if kind.startswith("real:"):
         # a real model's tokenizer rebuilt from llama.cpp's vocab file (a check hash llama.cpp knows)
         from llama_cpp_sources import llama_cpp_dir
@@ -203,6 +225,8 @@ def make_checkpoint(dir: Path, hf_class: str, **overrides: Any) -> Path:
             p.unlink()
     if config_style == "v4":
         _to_v4_config(dir / "config.json")
+    elif config_style == "release":
+        _to_release_config(dir / "config.json")
     return dir
 
 
@@ -216,6 +240,56 @@ def _to_v4_config(path: Path) -> None:
         config["rotary_emb_base"] = params.get("rope_theta", 10000)
     elif "rope_theta" in params:
         config["rope_theta"] = params["rope_theta"]
+    path.write_text(json.dumps(config, indent=2))
+
+
+# -- Cohere 2 ----------------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _command_r_tokenizer_files() -> dict[str, bytes]:
+    """Cohere's tokenizer (Command R / R7B / A: 256000 tokens) rebuilt from llama.cpp's
+    ``models/ggml-vocab-command-r.gguf`` as the hub's tokenizer.json has it: NFC, single digits, GPT-2's
+    byte-level regex, ``<BOS_TOKEN>`` added by a TemplateProcessing post-processor (so its check hash is the
+    one llama.cpp's table lists for "command-r"). Built once per process (about 20 s)."""
+    import tempfile
+
+    from llama_cpp_sources import llama_cpp_dir
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        ft.rebuild_bpe_tokenizer(llama_cpp_dir() / "models" / "ggml-vocab-command-r.gguf", d, "gpt-2")
+        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+        bos = "<BOS_TOKEN>"
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, tok.token_to_id(bos))])
+        tok.save(str(d / "tokenizer.json"))
+        config = {"tokenizer_class": "CohereTokenizer", "add_bos_token": True, "add_eos_token": False,
+                  "bos_token": bos, "eos_token": "<|END_OF_TURN_TOKEN|>", "pad_token": "<PAD>",
+                  "clean_up_tokenization_spaces": False, "model_max_length": 2048}
+        return {"tokenizer.json": (d / "tokenizer.json").read_bytes(),
+                "tokenizer_config.json": json.dumps(config, indent=2).encode()}
+
+
+def _to_release_config(path: Path) -> None:
+    """The released config.json's spelling of a transformers-5 save (Cohere 2: CohereLabs/c4ai-command-r7b-12-2024
+    and command-a-03-2025 write rope_theta, rotary_pct and sliding_window_pattern, plus keys transformers does not
+    read; no layer_types, no rope_parameters)."""
+    config = json.loads(path.read_text())
+    if config.get("model_type") != "cohere2":
+        raise ValueError(f"no release layout for {config.get('model_type')!r}")
+    params = config.pop("rope_parameters", None) or {}
+    types = config.pop("layer_types")
+    dtype = config.pop("dtype", "bfloat16")
+    period = types.index("full_attention") + 1 if "full_attention" in types else len(types) + 1
+    config.update(rope_theta=params.get("rope_theta", 10000.0), rope_scaling=None, rotary_pct=1.0,
+                  sliding_window_pattern=period, layer_switch=period, order_of_interleaved_layers="local_attn_first",
+                  position_embedding_type="rope_gptj", use_embedding_sharing=config.get("tie_word_embeddings", True),
+                  use_gated_activation=True, cache_implementation="hybrid", torch_dtype=dtype,
+                  transformers_version="4.48.0.dev0")
     path.write_text(json.dumps(config, indent=2))
 
 

@@ -115,8 +115,8 @@ def make_gguf(path: Path, arch: str, hparams: Mapping[str, bool | int | float], 
 
 def arch_case(arch: str, n_layer: int = 8, d: int = 256, ff: int = 256, n_exp: int = 8
               ) -> tuple[str, dict[str, bool | int | float], list[tuple[str, tuple[int, ...]]]]:
-    """(GGUF arch, hparams, tensors) of a tiny ``gptneox``, ``qwen2``, ``smollm3`` or ``mixtral`` (llama with
-    experts) model, with the tensor names convert_hf_to_gguf writes for it."""
+    """(GGUF arch, hparams, tensors) of a tiny ``gptneox``, ``qwen2``, ``smollm3``, ``cohere2`` or ``mixtral``
+    (llama with experts) model, with the tensor names convert_hf_to_gguf writes for it."""
     base = {"context_length": 256, "embedding_length": d, "block_count": n_layer, "feed_forward_length": ff,
             "attention.head_count": 4}
     vec, mat = (d,), (d, d)
@@ -143,6 +143,14 @@ def arch_case(arch: str, n_layer: int = 8, d: int = 256, ff: int = 256, n_exp: i
         per = [("attn_norm.weight", vec), ("attn_q.weight", mat), ("attn_k.weight", (d // 2, d)),
                ("attn_v.weight", (d // 2, d)), ("attn_output.weight", mat), ("ffn_norm.weight", vec),
                ("ffn_gate.weight", (ff, d)), ("ffn_up.weight", (ff, d)), ("ffn_down.weight", (d, ff))]
+    elif arch == "cohere2":  # one bias-free LayerNorm per block (no ffn_norm), tied embeddings; the keys its
+        # loader requires (src/models/cohere2.cpp load_arch_hparams)
+        hp = {**base, "attention.head_count_kv": 2, "attention.layer_norm_epsilon": 1e-5,
+              "rope.dimension_count": 64, "attention.sliding_window": 8, "logit_scale": 0.25}
+        top = top[:2]
+        per = [("attn_norm.weight", vec), ("attn_q.weight", mat), ("attn_k.weight", (d // 2, d)),
+               ("attn_v.weight", (d // 2, d)), ("attn_output.weight", mat), ("ffn_gate.weight", (ff, d)),
+               ("ffn_up.weight", (ff, d)), ("ffn_down.weight", (d, ff))]
     else:  # llama with 8 experts (Mixtral layout): 3-D expert tensors, an unquantized router
         hp = {**base, "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon": 1e-5,
               "rope.dimension_count": 64, "expert_count": n_exp, "expert_used_count": 2}

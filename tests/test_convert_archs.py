@@ -43,6 +43,11 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("phi3", "Phi3ForCausalLM", {"extra_vocab": 8}),
     # tokenizer.json only (byte-fallback BPE): llama.cpp's LlamaHfVocab path.
     ("llama-hf-vocab", "LlamaForCausalLM", {"vocab": "llama-hf"}),
+    # as transformers 5 saves it (rope_parameters); layer 3 a NoPE layer (tests/test_family_smollm3.py)
+    ("smollm3", "SmolLM3ForCausalLM", {}),
+    # the released config's spelling (rotary_pct, which llama.cpp's converter needs, sliding_window_pattern):
+    # three sliding-window layers with RoPE and a global one without (tests/test_family_cohere2.py)
+    ("cohere2", "Cohere2ForCausalLM", {"config_style": "release"}),
 ]
 CTX = 32
 #: Keys ggufkit writes and llama.cpp's converter leaves out, each equal to what llama.cpp's loader assumes

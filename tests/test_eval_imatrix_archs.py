@@ -93,6 +93,10 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     "gemma2": [("gemma2", _checkpoint("Gemma2ForCausalLM"))],
     # five sliding-window layers and one global one, no attention soft-capping
     "gemma3": [("gemma3", _checkpoint("Gemma3ForCausalLM"))],
+    # layer 3 without RoPE (llama.cpp's fixed NoPE step)
+    "smollm3": [("smollm3", _checkpoint("SmolLM3ForCausalLM"))],
+    # parallel block on one norm, three sliding-window layers (window 8 < ctx) and a global one without RoPE
+    "cohere2": [("cohere2", _checkpoint("Cohere2ForCausalLM"))],
 }
 #: PowerInfer architectures (no llama-imatrix): eval_models builder name.
 POWERINFER = {"opt": "opt", "bamboo": "bamboo"}

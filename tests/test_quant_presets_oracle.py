@@ -67,7 +67,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gqa2_16": make_llama_gguf(d / "l16.gguf", n_embd=256, n_ff=256, n_layer=16, n_head=4, n_head_kv=2,
                                    n_vocab=256, seed=3),
     }
-    for arch_name in ("mixtral", "gptneox", "qwen2", "smollm3"):
+    for arch_name in ("mixtral", "gptneox", "qwen2", "smollm3", "cohere2"):
         arch, hp, tensors = arch_case(arch_name, n_layer=8)
         out[arch_name] = make_gguf(d / f"{arch_name}.gguf", arch, hp, tensors, seed=4)
     return out
@@ -79,7 +79,7 @@ def imatrices(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
     return {k: write_imatrix_gguf(d / f"{k}.imatrix.gguf", imatrix_values(p)) for k, p in models.items()}
 
 
-MODELS = ["gqa4", "mha_tied_odd", "gqa2_16", "mixtral", "gptneox", "qwen2", "smollm3"]
+MODELS = ["gqa4", "mha_tied_odd", "gqa2_16", "mixtral", "gptneox", "qwen2", "smollm3", "cohere2"]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -94,7 +94,7 @@ def test_every_preset_plans_as_llama_quantize(models, model):
     assert not mismatches
 
 
-@pytest.mark.parametrize("model", ["gqa4", "mha_tied_odd", "mixtral", "smollm3"])
+@pytest.mark.parametrize("model", ["gqa4", "mha_tied_odd", "mixtral", "smollm3", "cohere2"])
 def test_every_preset_with_imatrix_plans_as_llama_quantize(models, imatrices, model):
     with open_gguf(imatrices[model]) as m:
         sizes = {t.name[:-len(".in_sum2")]: t.n_elements for t in m.tensors if t.name.endswith(".in_sum2")}
