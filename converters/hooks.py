@@ -22,7 +22,7 @@ from typing import Any
 
 HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata", "mmproj_rewrite")
 #: Families with a hooks module (registry.yaml ``hooks:`` values).
-HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3", "llava", "qwen_vl"})
+HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3", "llava", "qwen_vl", "smollm3", "cohere2"})
 
 
 def hooks_module(family: str) -> Any:

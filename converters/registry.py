@@ -256,8 +256,8 @@ class _EntryParser:
             if derive is not None and derive not in DERIVE_NAMES:
                 raise self.fail("hparams", f"{key}: unknown derive rule {derive!r}")
             sources = self.str_list("hparams", spec.get("from", []))
-            if not sources and derive is None:
-                raise self.fail("hparams", f"{key}: needs 'from' or 'derive'")
+            if not sources and derive is None and spec.get("default") is None:
+                raise self.fail("hparams", f"{key}: needs 'from', 'derive' or 'default' (a constant)")
             out.append(HParam(key, sources, spec.get("default"),
                               self.typed("hparams", spec.get("required", False), bool, "true or false"),
                               vtype, derive))

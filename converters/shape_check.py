@@ -28,6 +28,9 @@ _FFN_SCALE: dict[str, dict[str, tuple[int, int]]] = {
     "qwen": {"FFN_UP": (1, 2), "FFN_GATE": (1, 2), "FFN_DOWN": (1, 2)},
     "phi3": {"FFN_UP": (2, 1)},
 }
+#: Loaders whose q/k norms span the whole q/k projection instead of one head (src/models/olmo2.cpp:
+#: attn_q_norm ``{n_embd}``, attn_k_norm ``{n_head_kv * n_embd_head}``).
+_WHOLE_QK_NORM = frozenset({"olmo2"})
 #: Weights stored transposed (input dimension first), whose bias follows their last dimension.
 _TRANSPOSED = frozenset({"FFN_DOWN_T"})
 
@@ -71,11 +74,12 @@ def _rules(arch: str, hp: Mapping[str, tuple[Any, Any]], n_vocab: int | None) ->
     qkv: _Dim = (qkv_rows, f"q+k+v={q[0]}+{k[0]}+{v[0]}")
     head: _Dim = (head_k, f"head_dim={head_k}")
     any_rows: _Dim = (None, "")
+    qk_norms = ((q,), (k,)) if arch in _WHOLE_QK_NORM else ((head,), (head,))
     return {
         "TOKEN_EMBD": (vocab, embd), "OUTPUT": (vocab, embd), "POS_EMBD": (any_rows, embd),
         "OUTPUT_NORM": (embd,), "ATTN_NORM": (embd,), "ATTN_NORM_2": (embd,), "FFN_NORM": (embd,),
         "ATTN_Q": (q, embd), "ATTN_K": (k, embd), "ATTN_V": (v, embd), "ATTN_QKV": (qkv, embd),
-        "ATTN_OUT": (embd, o), "ATTN_Q_NORM": (head,), "ATTN_K_NORM": (head,),
+        "ATTN_OUT": (embd, o), "ATTN_Q_NORM": qk_norms[0], "ATTN_K_NORM": qk_norms[1],
         "FFN_UP": (ff("FFN_UP"), embd), "FFN_GATE": (ff("FFN_GATE"), embd), "FFN_DOWN": (embd, ff("FFN_DOWN")),
         "FFN_DOWN_T": (ff("FFN_DOWN"), embd),  # PowerInfer: ffn_down transposed, one FFN neuron per row
         "ROPE_FREQS": ((None if n_rot is None else n_rot // 2, f"rope.dimension_count/2={n_rot}/2"),),
