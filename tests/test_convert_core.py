@@ -53,7 +53,7 @@ def test_shipped_registry_loads_and_every_entry_names_a_known_arch() -> None:
     reg = parse_registry(REGISTRY_TEXT)
     assert {e.arch for e in reg.entries.values()} == {"llama", "qwen2", "qwen3", "qwen", "gptneox", "opt", "qwen2moe",
                                                      "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3", "qwen2vl",
-                                                     "qwen3vl"}
+                                                     "qwen3vl", "smollm3", "olmo2", "cohere2"}
 
 
 @pytest.mark.parametrize(("old", "new", "message"), [
