@@ -210,3 +210,33 @@ def test_check_config_reads_every_schedule_spelling(config: dict[str, Any], mess
     else:
         with pytest.raises(UnsupportedArchitectureError, match=re.escape(message)):
             smollm3.check_config(config)
+
+
+@pytest.mark.parametrize(("overrides", "drop", "message"), [
+    ({"no_rope_layers": [1, 0, 1, 1]}, (), "NoPE layers [1]"),
+    # the interval alone (no list): transformers builds [1, 0, 1, 0] from it
+    ({"no_rope_layer_interval": 2}, ("no_rope_layers", "layer_types"), "NoPE layers [1, 3]"),
+    # transformers 5 writes the sliding NoPE layer into layer_types; without layer_types it derives it
+    ({"use_sliding_window": True, "sliding_window": 8}, (), "sliding-window layers [3]"),
+    ({"use_sliding_window": True, "sliding_window": 8}, ("layer_types",), "sliding-window layers [3]"),
+])
+def test_schedules_llama_cpp_would_compute_differently_are_refused(
+        overrides: dict[str, Any], drop: tuple[str, ...], message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp's converter writes these checkpoints as the fixed schedule's model (another model): refused,
+    exit 2, one line, nothing written."""
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    # a small BPE (the refusal comes before the vocabulary): no special ids beyond it
+    d = make_checkpoint(tmp_path / "m", "SmolLM3ForCausalLM", vocab="llama-bpe", pad_token_id=None,
+                        bos_token_id=None, eos_token_id=None, **overrides)
+    config = json.loads((d / "config.json").read_text())
+    for key in drop:
+        del config[key]
+    (d / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"smollm3: llama.cpp would compute another model: {message}" in err
+    assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
