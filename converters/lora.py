@@ -43,11 +43,10 @@ from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
 from ggufkit.format.values import VT, Metadata
 from ggufkit.format.writer import NullProgress, Progress, TensorSpec, write_gguf
 from ggufkit.outputs import refuse_overwriting_inputs, resolve_output
+from ggufkit.quant.llama_quantize.presets import PRESETS
 
 Q = GGMLQuantizationType
 G = Keys.General
-_TARGETS = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
-_FTYPE_LABEL = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}
 __all__ = ["LoraReport", "convert_lora", "merge_lora"]
 
 
@@ -255,9 +254,10 @@ def convert_lora(adapter: str | Path, output: str | Path | None = None, *, base:
                              "the merged model instead")
         first = ckpt.tensors[next(iter(tensors.modules.values())).a or ""].dtype
         resolved = _resolve_outtype(outtype, first)
-        planned, ranks, targets, folded = _plan_tensors(ckpt, tensors, lora_base, settings, _TARGETS[resolved])
-        file_type = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[resolved]
-        out = _output_path(output, adapter_dir, adapter_dir.name, _FTYPE_LABEL[resolved])
+        planned, ranks, targets, folded = _plan_tensors(ckpt, tensors, lora_base, settings,
+                                                        PRESETS[resolved].default_type)
+        file_type = int(PRESETS[resolved].file_type)
+        out = _output_path(output, adapter_dir, adapter_dir.name, resolved.upper())
         refuse_overwriting_inputs([out], checkpoint_inputs(adapter_dir, ckpt.files) + _base_inputs(lora_base))
         specs = [TensorSpec(t.name, t.ggml_type, t.shape) for t in planned]
         report = LoraReport(out, lora_base.entry.arch, lora_base.name, settings.alpha, ranks, targets, planned,

@@ -38,12 +38,10 @@ from ggufkit.errors import CheckpointError, TensorMappingError, UsageError
 from ggufkit.format.tensor_shape import n_elements
 from ggufkit.format.values import VT
 from ggufkit.format.writer import TensorSpec
+from ggufkit.quant.llama_quantize.presets import PRESETS
 
 Q = GGMLQuantizationType
 G = Keys.General
-FLOAT_OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16}
-FLOAT_FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
-                    "bf16": LlamaFileType.MOSTLY_BF16}
 #: GGUF tensors llama.cpp's converter always keeps in F32 whatever the outtype (conversion/base.py:
 #: ModelBase.prepare_tensors).
 _F32_KINDS = frozenset({"POS_EMBD", "TOKEN_TYPES", "FFN_GATE_INP", "FFN_GATE_INP_SHEXP"})
@@ -254,12 +252,13 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
                 loaders[gguf_name] = _loader(ckpt, source, transform, heads)
 
     resolved = resolve_outtype(outtype, [r[4] for r in raw if len(r[3]) >= 2 and r[1] != "generated"])
-    if resolved in FLOAT_OUTTYPES:
-        target = FLOAT_OUTTYPES[resolved]
+    preset = PRESETS[resolved]
+    if not preset.is_quantized:
+        target = preset.default_type
         for gguf_name, source, kind, shape, dtype, transform in raw:
             ggml_type, reason = float_type(gguf_name, kind, shape, target, powerinfer)
             entries.append(PlanEntry(gguf_name, source, shape, dtype, ggml_type, transform, reason, kind))
-        file_type = int(FLOAT_FILE_TYPES[resolved])
+        file_type = int(preset.file_type)
     else:
         entries, file_type, resolved = _quant_entries(raw, resolved, arch, powerinfer, hp)
 
