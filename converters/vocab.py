@@ -34,7 +34,7 @@ from gguf import Keys, TokenType
 from ggufkit.converters.pretokenizer import PreTokenizerMatch
 from ggufkit.errors import TokenizerError
 from ggufkit.format.values import Metadata
-from ggufkit.tokenizer.bpe import bytes_to_unicode, merge_symbols
+from ggufkit.tokenizer.bpe import SPM_SPACE, bytes_to_unicode, merge_symbols
 
 K = Keys.Tokenizer
 
@@ -51,7 +51,6 @@ _ADD_KEYS = {"bos": K.ADD_BOS, "eos": K.ADD_EOS, "sep": K.ADD_SEP}
 #: Score llama.cpp gives filler and added tokens in an SPM vocabulary.
 _PAD_SCORE = -10000.0
 _ADDED_SCORE = -1000.0
-_SPM_SPACE = "\u2581"
 
 #: Qwen 1's special tokens (tokenization_qwen.py): they follow the mergeable ranks in this order.
 QWEN1_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", *(f"<|extra_{i}|>" for i in range(205)))
@@ -286,7 +285,7 @@ def _spm_vocab(model_dir: Path, vocab_size: int, special_by_flag: bool = False) 
             types[tid] = TokenType.CONTROL
         else:
             # a user-defined token is matched in raw text, where spaces are still spaces
-            text = text.replace(_SPM_SPACE, " ")
+            text = text.replace(SPM_SPACE, " ")
             types[tid] = TokenType.USER_DEFINED
         tokens[tid], scores[tid] = text, _ADDED_SCORE
 
@@ -295,7 +294,7 @@ def _spm_vocab(model_dir: Path, vocab_size: int, special_by_flag: bool = False) 
     add_space_prefix: bool | None = None
     if isinstance(config.get("add_prefix_space"), bool):
         add_space_prefix = config["add_prefix_space"]
-    elif n and not sp.EncodeAsPieces("a")[0].startswith(_SPM_SPACE):
+    elif n and not sp.EncodeAsPieces("a")[0].startswith(SPM_SPACE):
         add_space_prefix = False
     # sentencepiece's own bos/eos/unk/pad ids, so that the ids are always explicit in the file
     fallback = {"bos": sp.bos_id(), "eos": sp.eos_id(), "unk": sp.unk_id(), "pad": sp.pad_id()}
@@ -378,7 +377,7 @@ def _bpe_vocab(model_dir: Path, vocab_size: int, pre_tokenizer: str | None) -> t
             if (info is not None and info.special) or looks_special(text):
                 types.append(TokenType.CONTROL)
             else:
-                text = text.replace(_SPM_SPACE, " ")
+                text = text.replace(SPM_SPACE, " ")
                 types.append(TokenType.USER_DEFINED)
         else:
             types.append(TokenType.NORMAL)

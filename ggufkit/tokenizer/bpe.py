@@ -11,6 +11,9 @@ from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import TypeVar
 
+#: SentencePiece's escaped space (U+2581), which SPM vocabularies and llama.cpp's SPM/BPE sessions spell " " as.
+SPM_SPACE = "\u2581"
+
 #: A symbol: text (BPE, SPM) or raw bytes (tiktoken ranks).
 Sym = TypeVar("Sym", str, bytes)
 

@@ -23,12 +23,11 @@ import re
 from typing import Any
 
 from ggufkit.errors import TokenizerError
-from ggufkit.tokenizer.bpe import byte_level, bytes_to_unicode, merge_symbols
+from ggufkit.tokenizer.bpe import SPM_SPACE, byte_level, bytes_to_unicode, merge_symbols
 from ggufkit.tokenizer.pretokenizers import PreTokenizer, split_spans
 
 __all__ = ["BpeSession"]
 
-_SPACE = "\u2581"  # SentencePiece's escaped space
 
 
 class BpeSession:
@@ -91,7 +90,7 @@ class BpeSession:
         return out
 
     def _escape(self, text: str) -> str:
-        return text if self.rule.byte_level else text.replace(" ", _SPACE)
+        return text if self.rule.byte_level else text.replace(" ", SPM_SPACE)
 
     def _spell(self, word: str) -> str:
         return byte_level(word) if self.rule.byte_level else word

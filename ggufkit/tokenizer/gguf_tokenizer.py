@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ggufkit.errors import TokenizerError, UsageError
-from ggufkit.tokenizer.bpe import merge_ranks, merge_symbols, unicode_to_bytes
+from ggufkit.tokenizer.bpe import SPM_SPACE, merge_ranks, merge_symbols, unicode_to_bytes
 from ggufkit.tokenizer.bpe_session import BpeSession
 from ggufkit.tokenizer.pretokenizers import PreTokenizer, get_pre_tokenizer
 
@@ -46,7 +46,6 @@ ATTR_RSTRIP = 1 << 8
 _TYPE_TO_ATTR = {1: ATTR_NORMAL, 2: ATTR_UNKNOWN, 3: ATTR_CONTROL, 4: ATTR_USER_DEFINED, 5: ATTR_UNUSED,
                  6: ATTR_BYTE}
 
-_SPACE = "\u2581"  # SentencePiece's escaped space
 #: C isspace() in the C locale: what LSTRIP/RSTRIP trim next to a special token.
 _C_SPACE = " \t\n\v\f\r"
 
@@ -181,7 +180,7 @@ class GGUFTokenizer:
         # SPM has no merges; every other model is BPE, run by the driver the converter shares
         self._bpe = None if rule is None else BpeSession(token_to_id, ranks, rule, engine=engine)
         self._spm_splittable = model == "llama" and not any(
-            _SPACE in w.lstrip(_SPACE) for w in words)
+            SPM_SPACE in w.lstrip(SPM_SPACE) for w in words)
 
     # -- loading ---------------------------------------------------------------------------------------
     def _load_special_ids(self, metadata: _MetadataSource) -> None:
@@ -316,7 +315,7 @@ class GGUFTokenizer:
                     continue
                 if self.add_space_prefix and prev_special:
                     frag = " " + frag
-                out.extend(self._spm(frag.replace(" ", _SPACE)))
+                out.extend(self._spm(frag.replace(" ", SPM_SPACE)))
                 prev_special = False
         if add_special and self.add_eos:
             out.append(self.eos_id)  # type: ignore[arg-type]
@@ -343,7 +342,7 @@ class GGUFTokenizer:
             elif attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
                 piece = text.encode("utf-8")
             elif attr & ATTR_NORMAL:
-                piece = (text.replace(_SPACE, " ").encode("utf-8") if self.model == "llama" or self.escape_whitespaces
+                piece = (text.replace(SPM_SPACE, " ").encode("utf-8") if self.model == "llama" or self.escape_whitespaces
                          else _byte_decode(text))
             elif attr & ATTR_BYTE:
                 piece = bytes([int(text[3:5], 16)])
@@ -371,7 +370,7 @@ class GGUFTokenizer:
         out: list[int] = []
         start = 0
         for i in range(1, len(text)):
-            if text[i] == _SPACE and text[i - 1] != _SPACE:
+            if text[i] == SPM_SPACE and text[i - 1] != SPM_SPACE:
                 out.extend(self._spm_cached(text[start:i]))
                 start = i
         out.extend(self._spm_cached(text[start:]))
