@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -50,21 +51,23 @@ def models(d: Path) -> dict[str, Path]:
 
 def main(result_path: str) -> None:
     hashes: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        for name, model in models(d).items():
-            imatrix = write_imatrix_gguf(d / f"{name}.imatrix.gguf", imatrix_values(model))
-            for preset in PRESETS:
-                for im in (None, imatrix):
-                    key = f"{name}/{preset}/{'imatrix' if im else 'plain'}"
-                    out = d / "out.gguf"
-                    try:
-                        quantize_file(model, out, preset, imatrix=im, threads=2)
-                        hashes[key] = hashlib.sha256(out.read_bytes()).hexdigest()
-                        out.unlink()
-                    except GGUFKitError as e:
-                        hashes[key] = f"error: {e}"
-                    print(key, hashes[key][:16], flush=True)
+    # A fixed folder: the imatrix's path is written into the file (quantize.imatrix.file).
+    d = Path(tempfile.gettempdir()) / "ggufkit-hash-every-preset"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir()
+    for name, model in models(d).items():
+        imatrix = write_imatrix_gguf(d / f"{name}.imatrix.gguf", imatrix_values(model))
+        for preset in PRESETS:
+            for im in (None, imatrix):
+                key = f"{name}/{preset}/{'imatrix' if im else 'plain'}"
+                out = d / "out.gguf"
+                try:
+                    quantize_file(model, out, preset, imatrix=im, threads=2)
+                    hashes[key] = hashlib.sha256(out.read_bytes()).hexdigest()
+                    out.unlink()
+                except GGUFKitError as e:
+                    hashes[key] = f"error: {e}"
+                print(key, hashes[key][:16], flush=True)
     Path(result_path).write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
 
 
