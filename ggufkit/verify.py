@@ -214,7 +214,7 @@ def _check_tokenizer(f: GGUFFile, report: VerifyReport) -> None:
 
 
 def _check_split(model: GGUFModel, report: VerifyReport) -> None:
-    # A complete set was checked when it was opened (shards.open_shard_set); this covers one-file "sets".
+    # A complete set was checked when it was opened (shards.open_gguf); this covers one-file "sets".
     first = model.files[0]
     declared = first.kv.get(SPLIT_TENSORS_COUNT)
     if declared is None or len(model.files) > 1 or declared.type != VT.INT32:
