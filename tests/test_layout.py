@@ -346,3 +346,12 @@ def test_package_code_cites_upstream_sources_not_notes_outside_the_repository(fo
     found = [f"{path.relative_to(ROOT)}:{i}: {line.strip()}" for path in paths
              for i, line in enumerate(path.read_text().splitlines(), 1) if NOTES_CITATION.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_architecture_md_names_every_package() -> None:
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    packages = {path.parent.relative_to(ROOT).as_posix() for module, path in MODULES if path.name == "__init__.py"}
+    for folder in sorted(packages):
+        leaf = folder.rsplit("/", 1)[-1]
+        assert f"`{folder}/`" in text or f"`{leaf}/`" in text or f"`{leaf}`" in text, \
+            f"ARCHITECTURE.md does not say where {folder}/ sits"
