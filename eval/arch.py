@@ -9,13 +9,16 @@ agrees with; a file's keys fill in the numbers. An architecture without a row is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ggufkit.converters import cohere2, gemma, smollm3
 from ggufkit.errors import EvaluationError, MetadataKeyNotFoundError, MetadataValueError
+from ggufkit.eval import shapes
+from ggufkit.eval.families import FORWARDS
 from ggufkit.format.reader import GGUFModel
 
 
@@ -168,6 +171,8 @@ class HParams:
     shared_norm: bool = False
     rope_swa_only: bool = False
     logit_scale: float = 0.0
+    #: A recurrent or hybrid family's own hyperparameters (its FamilyForward's ``read``; empty otherwise).
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def is_swa(self, il: int) -> bool:
         """Layer ``il`` attends through the sliding window (llama_hparams::is_swa)."""
@@ -279,7 +284,8 @@ def read_hparams(model: GGUFModel) -> HParams:
                    swa_layers=swa_layers, rope_base_swa=rope_base_swa,
                    rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale, no_rope_step=tr.no_rope_step,
                    norm_bias=tr.norm_bias, shared_norm=tr.shared_norm, rope_swa_only=tr.rope_swa_only,
-                   logit_scale=key(model, f"{a}.logit_scale", float) if tr.logit_scale else 0.0)
+                   logit_scale=key(model, f"{a}.logit_scale", float) if tr.logit_scale else 0.0,
+                   extra=FORWARDS[a].read(model, a, n_layer) if a in FORWARDS else {})
 
 
 def _swa_layers(model: GGUFModel, a: str, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
@@ -298,73 +304,10 @@ def _swa_layers(model: GGUFModel, a: str, n_layer: int, default_pattern: int) ->
 
 
 def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
-    """numpy-order shape of every tensor the forward pass reads (optional ones only when present)."""
-    e, hd = hp.n_embd, hp.head_dim
-    q, kv = hp.n_head * hd, hp.n_head_kv * hd
-    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (hp.n_vocab, e), "output_norm.weight": (e,)}
-    if hp.norm == "layer" and hp.norm_bias:
-        out["output_norm.bias"] = (e,)
-    if "output.weight" in names and not hp.learned_positions:
-        out["output.weight"] = (hp.n_vocab, e)
-    if hp.learned_positions:
-        out["position_embd.weight"] = (-1, e)
-    if "rope_freqs.weight" in names:
-        out["rope_freqs.weight"] = (hp.n_rot // 2,)
-    for i in range(hp.n_layer):
-        b = f"blk.{i}."
-        if not hp.post_norm:
-            out[b + "attn_norm.weight"] = (e,)
-            if not hp.shared_norm:
-                out[b + "ffn_norm.weight"] = (e,)
-        if hp.norm == "layer" and hp.norm_bias:
-            out[b + "attn_norm.bias"] = (e,)
-            out[b + "ffn_norm.bias"] = (e,)
-        if b + "attn_qkv.weight" in names:
-            out[b + "attn_qkv.weight"] = (q + 2 * kv, e)
-            if b + "attn_qkv.bias" in names:
-                out[b + "attn_qkv.bias"] = (q + 2 * kv,)
-        else:
-            for part, rows in (("q", q), ("k", kv), ("v", kv)):
-                out[b + f"attn_{part}.weight"] = (rows, e)
-                if b + f"attn_{part}.bias" in names:
-                    out[b + f"attn_{part}.bias"] = (rows,)
-        if b + "attn_q_norm.weight" in names or hp.qk_norm_whole:
-            out[b + "attn_q_norm.weight"] = (q,) if hp.qk_norm_whole else (hd,)
-            out[b + "attn_k_norm.weight"] = (kv,) if hp.qk_norm_whole else (hd,)
-        out[b + "attn_output.weight"] = (e, q)
-        if b + "post_attention_norm.weight" in names or hp.post_norm:
-            out[b + "post_attention_norm.weight"] = (e,)
-            out[b + "post_ffw_norm.weight"] = (e,)
-        if b + "attn_output.bias" in names:
-            out[b + "attn_output.bias"] = (e,)
-        if hp.n_expert:
-            _moe_shapes(out, hp, b, names)
-            continue
-        out[b + "ffn_up.weight"] = (-1, e)
-        if b + "ffn_up.bias" in names:
-            out[b + "ffn_up.bias"] = (-1,)
-        if hp.ffn in ("silu", "relu_sym") or b + "ffn_gate.weight" in names:
-            out[b + "ffn_gate.weight"] = (-1, e)
-        if b + "ffn_down_t.weight" in names:
-            out[b + "ffn_down_t.weight"] = (-1, e)
-            bias = b + "ffn_down_t.bias" if b + "ffn_down_t.bias" in names else b + "ffn_down.bias"
-        else:
-            out[b + "ffn_down.weight"] = (e, -1)
-            bias = b + "ffn_down.bias"
-        if bias in names:
-            out[bias] = (e,)
-    return out
-
-
-def _moe_shapes(out: dict[str, tuple[int, ...]], hp: HParams, b: str, names: set[str]) -> None:
-    """Router, stacked experts and the optional shared expert of one MoE block."""
-    e, n = hp.n_embd, hp.n_expert
-    out[b + "ffn_gate_inp.weight"] = (n, e)
-    out[b + "ffn_gate_exps.weight"] = (n, -1, e)
-    out[b + "ffn_up_exps.weight"] = (n, -1, e)
-    out[b + "ffn_down_exps.weight"] = (n, e, -1)
-    if b + "ffn_up_shexp.weight" in names:
-        out[b + "ffn_up_shexp.weight"] = (-1, e)
-        out[b + "ffn_gate_shexp.weight"] = (-1, e)
-        out[b + "ffn_down_shexp.weight"] = (e, -1)
-        out[b + "ffn_gate_inp_shexp.weight"] = (1, e)
+    """numpy-order shape of every tensor the forward pass reads (optional ones only when present): the
+    family's own table when it has a :class:`ggufkit.eval.family_forward.FamilyForward`, else the
+    transformer's (:mod:`ggufkit.eval.shapes`)."""
+    family = FORWARDS.get(hp.arch)
+    if family is not None:
+        return family.shapes(hp, names)
+    return shapes.transformer_shapes(hp, names)

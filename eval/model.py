@@ -38,6 +38,7 @@ from gguf import GGMLQuantizationType
 from ggufkit.errors import DeviceUnavailableError, EvaluationError
 from ggufkit.eval.arch import SUPPORTED_ARCHS, HParams, expected_shapes, read_hparams
 from ggufkit.eval.dequant import can_dequantize
+from ggufkit.eval.families import FORWARDS
 from ggufkit.eval.ggml_cpu import VEC_DOT_TYPE, q8_1_sum_correction, round_activations, round_f16
 from ggufkit.eval.moe import moe_ffn
 from ggufkit.eval.qtensor import QTensor
@@ -106,7 +107,13 @@ class GGUFCausalLM:
       :attr:`ggml_rounding` is on; :meth:`tag_src1` tags a matrix made outside :meth:`weight` (an expert's rows);
     * :meth:`norm`: the architecture's RMSNorm or LayerNorm;
     * :meth:`observe` / :meth:`observe_routed`: report a matmul's input to :attr:`observer`, if any;
+    * :meth:`attention` / :meth:`feed_forward`: a block's self-attention and its dense or MoE FFN;
     * :meth:`block`: one transformer block on the residual stream ``[B, T, n_embd]``.
+
+    An architecture whose blocks are not this transformer's (recurrent and hybrid families) has a
+    :class:`ggufkit.eval.family_forward.FamilyForward` in :data:`ggufkit.eval.families.FORWARDS`: its ``block``
+    replaces :meth:`block`, and its optional ``embed``/``finish`` hooks shape the stream between the embeddings
+    and the output norm.
     """
 
     def __init__(self, path: Path, hparams: HParams, tensors: dict[str, QTensor], device: torch.device,
@@ -292,7 +299,8 @@ class GGUFCausalLM:
         rot = (rot * cos).add_(half.mul_(sin))  # rot * cos + rotate_half(rot) * sin
         return torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot
 
-    def _attention(self, h: torch.Tensor, p: str) -> torch.Tensor:
+    def attention(self, h: torch.Tensor, p: str) -> torch.Tensor:
+        """Block ``p``'s self-attention on the normed stream ``h`` ``[B, T, n_embd]``, output projection included."""
         hp = self.hparams
         bsz, t, _ = h.shape
         hd = hp.head_dim
@@ -411,8 +419,15 @@ class GGUFCausalLM:
             if t + _EMB_OPT_POS_OFFSET > pos.shape[0]:
                 raise EvaluationError(f"context {t} is longer than the model's {pos.shape[0] - 2} positions")
             x = x + pos.rows(torch.arange(t, device=self.device) + _EMB_OPT_POS_OFFSET)[None]
-        for i in range(hp.n_layer):
-            x = self.block(x, f"blk.{i}.")
+        family = FORWARDS.get(hp.arch)
+        if family is None:
+            for i in range(hp.n_layer):
+                x = self.block(x, f"blk.{i}.")
+        else:
+            state = family.embed(self, tokens, x) if family.embed else x
+            for i in range(hp.n_layer):
+                state = family.block(self, state, f"blk.{i}.")
+            x = family.finish(self, state) if family.finish else state
         x = x[:, start:]
         x = self.norm(x, self.weight("output_norm.weight"), self.optional_weight("output_norm.bias"))
         head = self.tensors.get("output.weight") if not hp.learned_positions else None
@@ -442,26 +457,26 @@ class GGUFCausalLM:
         dense or MoE feed-forward, with the architecture's norms and residual layout."""
         hp = self.hparams
         if hp.post_norm:  # OLMo 2 (src/models/olmo2.cpp): no pre-norms; each output normed, then added
-            x = x + self.norm(self._attention(x, p), self.weight(p + "post_attention_norm.weight"), None)
-            return x + self.norm(self._feed_forward(x, p), self.weight(p + "post_ffw_norm.weight"), None)
+            x = x + self.norm(self.attention(x, p), self.weight(p + "post_attention_norm.weight"), None)
+            return x + self.norm(self.feed_forward(x, p), self.weight(p + "post_ffw_norm.weight"), None)
         h = self.norm(x, self.weight(p + "attn_norm.weight"), self.optional_weight(p + "attn_norm.bias"))
-        attn = self._attention(h, p)
+        attn = self.attention(h, p)
         post = self.optional_weight(p + "post_attention_norm.weight")
         if post is not None:  # Gemma 2/3: sandwich norms around attention and FFN
             attn = self.norm(attn, post, None)
             x = x + attn
-            y = self._feed_forward(self.norm(x, self.weight(p + "ffn_norm.weight"), None), p)
+            y = self.feed_forward(self.norm(x, self.weight(p + "ffn_norm.weight"), None), p)
             return x + self.norm(y, self.weight(p + "post_ffw_norm.weight"), None)
         if hp.parallel_residual:
             if hp.shared_norm:  # Cohere 2 (src/models/cohere2.cpp): the FFN reads the attention's input norm
-                return x + self._feed_forward(h, p) + attn
+                return x + self.feed_forward(h, p) + attn
             h2 = self.norm(x, self.weight(p + "ffn_norm.weight"), self.optional_weight(p + "ffn_norm.bias"))
-            return x + attn + self._feed_forward(h2, p)
+            return x + attn + self.feed_forward(h2, p)
         x = x + attn
         h2 = self.norm(x, self.weight(p + "ffn_norm.weight"), self.optional_weight(p + "ffn_norm.bias"))
-        return x + self._feed_forward(h2, p)
+        return x + self.feed_forward(h2, p)
 
-    def _feed_forward(self, h: torch.Tensor, p: str) -> torch.Tensor:
+    def feed_forward(self, h: torch.Tensor, p: str) -> torch.Tensor:
         """The block's FFN: dense, or mixture-of-experts when the file has experts."""
         if self.hparams.n_expert:
             return moe_ffn(self, h, p)
