@@ -8,6 +8,7 @@ each selected expert's SiLU-gated FFN weighted by its probability and summed. A 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,50 +22,79 @@ if TYPE_CHECKING:
 
 def moe_ffn(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
     """The MoE FFN of block prefix ``p`` on ``h`` ``[B, T, n_embd]`` (float32), through the model's layer
-    interface (:class:`ggufkit.eval.model.GGUFCausalLM`'s docstring)."""
+    interface (:class:`ggufkit.eval.model.GGUFCausalLM`'s docstring): softmax router, top-k experts, the
+    optional sigmoid-gated shared expert."""
     hp = model.hparams
-    shape = h.shape
-    x = h.reshape(-1, shape[-1])
+    x = h.reshape(-1, h.shape[-1])
     model.observe(h, p + "ffn_gate_inp.weight")
     router = model.linear(x, model.weight(p + "ffn_gate_inp.weight"))
     probs = torch.softmax(router, dim=-1)
     weights, selected = torch.topk(probs, hp.n_expert_used, dim=-1)
     if hp.moe_norm_topk:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = routed_experts(model, h, p, weights, selected)
+    if model.optional_weight(p + "ffn_up_shexp.weight") is not None:
+        out = out + shared_expert(model, h, p)
+    return out.reshape(h.shape)
+
+
+def routed_experts(model: GGUFCausalLM, h: torch.Tensor, p: str, weights: torch.Tensor, selected: torch.Tensor,
+                   act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> torch.Tensor:
+    """The selected experts of block ``p`` on ``h`` ``[B, T, n_embd]``, each weighted and summed, as
+    build_moe_ffn's expert part: ``down(act(gate x) * up x)`` (``act`` SiLU unless given).
+
+    Args:
+        weights: ``float32[B*T, k]`` each slot's weight (what the family's router computed).
+        selected: ``int64[B*T, k]`` each slot's expert.
+
+    Returns:
+        ``float32[B*T, n_embd]``. The observer sees the inputs of ``ffn_{gate,up,down}_exps`` per expert.
+    """
+    shape = h.shape
+    x = h.reshape(-1, shape[-1])
+    k = selected.shape[-1]
     gate = model.tensors[p + "ffn_gate_exps.weight"]
     up = model.tensors[p + "ffn_up_exps.weight"]
     down = model.tensors[p + "ffn_down_exps.weight"]
     out = torch.zeros_like(x)
-    ids = selected.reshape(*shape[:-1], hp.n_expert_used)
+    ids = selected.reshape(*shape[:-1], k)
     model.observe_routed(p + "ffn_gate_exps.weight", h.unsqueeze(2), ids)
     model.observe_routed(p + "ffn_up_exps.weight", h.unsqueeze(2), ids)
     # ffn_down_exps' input differs per (token, slot): collected only when an observer wants it.
-    acts = x.new_zeros((x.shape[0], hp.n_expert_used, down.shape[2])) if model.observer is not None else None
+    acts = x.new_zeros((x.shape[0], k, down.shape[2])) if model.observer is not None else None
     for e in torch.unique(selected).tolist():
         rows, slot = torch.nonzero(selected == e, as_tuple=True)
         xe = x[rows]
         g = model.linear(xe, _expert(model, gate, e))
         u = model.linear(xe, _expert(model, up, e))
-        a = F.silu(g) * u
+        a = act(g) * u
         if acts is not None:
             acts[rows, slot] = a
         y = model.linear(a, _expert(model, down, e))
         out.index_add_(0, rows, y * weights[rows, slot, None])
     if acts is not None:
-        model.observe_routed(p + "ffn_down_exps.weight", acts.reshape(*shape[:-1], hp.n_expert_used, -1), ids)
-    shared_up = model.optional_weight(p + "ffn_up_shexp.weight")
-    if shared_up is not None:
-        # ffn_gate_inp_shexp is a vector, but llama.cpp multiplies it as a matrix (ggml_mul_mat in
-        # src/models/qwen2moe.cpp), so llama-imatrix collects it too.
-        model.observe(h, p + "ffn_up_shexp.weight", p + "ffn_gate_shexp.weight", p + "ffn_gate_inp_shexp.weight")
-        su = model.linear(x, shared_up)
-        sg = model.linear(x, model.weight(p + "ffn_gate_shexp.weight"))
-        a = F.silu(sg) * su
-        model.observe(a.reshape(*shape[:-1], -1), p + "ffn_down_shexp.weight")
-        y = model.linear(a, model.weight(p + "ffn_down_shexp.weight"))
-        gate_inp = model.weight(p + "ffn_gate_inp_shexp.weight").reshape(1, -1)
-        out = out + y * torch.sigmoid(model.linear(x, gate_inp))
-    return out.reshape(shape)
+        model.observe_routed(p + "ffn_down_exps.weight", acts.reshape(*shape[:-1], k, -1), ids)
+    return out
+
+
+def shared_expert(model: GGUFCausalLM, h: torch.Tensor, p: str, gated: bool = True) -> torch.Tensor:
+    """Block ``p``'s shared expert (``ffn_*_shexp``) on ``h`` ``[B, T, n_embd]``, SiLU-gated, times
+    ``sigmoid(ffn_gate_inp_shexp · x)`` when ``gated`` (qwen2moe); ``float32[B*T, n_embd]``."""
+    shape = h.shape
+    x = h.reshape(-1, shape[-1])
+    names = (p + "ffn_up_shexp.weight", p + "ffn_gate_shexp.weight")
+    # ffn_gate_inp_shexp is a vector, but llama.cpp multiplies it as a matrix (ggml_mul_mat in
+    # src/models/qwen2moe.cpp), so llama-imatrix collects it too.
+    model.observe(h, *names, *((p + "ffn_gate_inp_shexp.weight",) if gated else ()))
+    su = model.linear(x, model.weight(names[0]))
+    sg = model.linear(x, model.weight(names[1]))
+    a = F.silu(sg) * su
+    model.observe(a.reshape(*shape[:-1], -1), p + "ffn_down_shexp.weight")
+    y = model.linear(a, model.weight(p + "ffn_down_shexp.weight"))
+    if not gated:
+        return y
+    gate_inp = model.weight(p + "ffn_gate_inp_shexp.weight").reshape(1, -1)
+    return y * torch.sigmoid(model.linear(x, gate_inp))
 
 
 def _expert(model: GGUFCausalLM, t: QTensor, e: int) -> torch.Tensor:
