@@ -6,8 +6,9 @@ A hooks module ``ggufkit.converters.<family>`` defines any of these module-level
     ``extra_tensors(config) -> list[(gguf_name, float32 array)]``: tensors computed from the config, written
     before the checkpoint's tensors (as llama.cpp's ``generate_extra_tensors``).
     ``rewrite_tensors(raw, loaders, config) -> raw``: merge, split or rewrite planned tensors (``Raw`` tuples
-    of :mod:`ggufkit.converters.rewrite`; new ones get a loader in ``loaders``) after the registry's mapping
-    and expert stacking, before output types are chosen.
+    of :mod:`ggufkit.converters.rewrite`; ``loaders`` holds every planned tensor's loader: wrap or replace
+    them, and new tensors get one there) after the registry's mapping and expert stacking, before output types
+    are chosen.
     ``mmproj_metadata(config, preprocessor) -> {key: (type, value, item type)}``: projector keys YAML cannot
     say (written after clip.projector_type; see :mod:`ggufkit.converters.mmproj`).
     ``mmproj_rewrite(raw, loaders, config) -> raw``: as ``rewrite_tensors``, for a projector's planned tensors
@@ -22,7 +23,8 @@ from typing import Any
 
 HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata", "mmproj_rewrite")
 #: Families with a hooks module (registry.yaml ``hooks:`` values).
-HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3", "llava", "qwen_vl", "smollm3", "cohere2"})
+HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3", "llava", "qwen_vl", "smollm3", "cohere2",
+                           "falcon_h1", "gemma3n", "lfm2", "qwen3next"})
 
 
 def hooks_module(family: str) -> Any:
