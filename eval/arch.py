@@ -127,6 +127,9 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     # sliding layers' rope base the global one's (load_arch_hparams), logits times f_logit_scale.
     "cohere2": ArchTraits(norm="layer", norm_bias=False, shared_norm=True, rope_swa_only=True, logit_scale=True,
                           rope="norm", parallel_residual=True, swa_pattern=cohere2.SWA_PATTERN),
+    # src/models/falcon-h1.cpp: attention (NEOX rope) and a Mamba2 mixer side by side in every block, then a
+    # SiLU-gated FFN (eval/family_falcon_h1.py); the muP multipliers are folded into the weights by the converter.
+    "falcon-h1": ArchTraits(),
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
