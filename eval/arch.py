@@ -97,6 +97,9 @@ _GEMMA = {"ffn": "gelu_tanh", "embd_scale": True, "softcap_keys": True}
 
 #: GGUF architecture -> traits. A new LLaMA-like architecture is a row here (and none if it writes ``llama``).
 ARCH_TRAITS: dict[str, ArchTraits] = {
+    # src/models/qwen35.cpp: gated delta-net and gated full-attention layers (eval/family_qwen35.py), RMSNorm,
+    # NEOX-style (interleaved M-RoPE) rope, dense SiLU-gated FFN.
+    "qwen35": ArchTraits(),
     # src/models/llama.cpp: RMSNorm, NORM rope, SiLU-gated FFN; Mixtral's experts renormalised.
     "llama": ArchTraits(rope="norm", powerinfer_ffn="relu", moe_norm_topk=True),
     # PowerInfer's bamboo graph: relu(gate) * relu(up); no eps key in its files.

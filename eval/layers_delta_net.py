@@ -27,11 +27,18 @@ Device-agnostic torch (CPU or CUDA).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ggufkit.errors import MetadataValueError
 from ggufkit.eval.layers_conv import causal_conv1d
+from ggufkit.eval.layers_mamba2 import positive_int
+
+if TYPE_CHECKING:
+    from ggufkit.format.reader import GGUFModel
 
 #: Tokens per chunk of the chunked form (delta-net-base.cpp ``CS`` for a scalar per-head gate).
 CHUNK = 64
@@ -61,6 +68,35 @@ class DeltaNetDims:
     def conv_dim(self) -> int:
         """Channels of the conv1d (and rows of the ``[q | k | v]`` projection): ``2 * key_dim + value_dim``."""
         return 2 * self.key_dim + self.value_dim
+
+
+def read_dims(file: GGUFModel, arch: str, eps: float) -> DeltaNetDims:
+    """A file's delta-net sizes from its ``{arch}.ssm.*`` keys (src/models/qwen35.cpp load_arch_hparams)."""
+    n_v = positive_int(file, f"{arch}.ssm.time_step_rank")
+    inner = positive_int(file, f"{arch}.ssm.inner_size")
+    dims = DeltaNetDims(positive_int(file, f"{arch}.ssm.group_count"), n_v,
+                        positive_int(file, f"{arch}.ssm.state_size"), inner // n_v, eps)
+    if inner % n_v or dims.n_v_heads % dims.n_k_heads or dims.head_k_dim != dims.head_v_dim:
+        raise MetadataValueError(f"{dims.n_k_heads} key heads of {dims.head_k_dim} and an inner size {inner} for "
+                                 f"{n_v} value heads: not a delta-net layout llama.cpp runs",
+                                 key=f"{arch}.ssm.inner_size", path=file.path)
+    return dims
+
+
+def recurrent_layers(file: GGUFModel, arch: str, n_layer: int, n_trunk: int) -> tuple[bool, ...]:
+    """Which of the ``n_layer`` blocks are delta-net layers: ``{arch}.attention.recurrent_layers`` (a bool per
+    block), else every block below ``n_trunk`` but each ``full_attention_interval``-th (default 4;
+    qwen35.cpp / qwen3next.cpp load_arch_hparams). Blocks from ``n_trunk`` on (MTP) are never recurrent."""
+    field = file.kv.get(f"{arch}.attention.recurrent_layers")
+    if field is not None:
+        value = field.value
+        if not isinstance(value, (list, tuple, np.ndarray)) or len(value) != n_layer:
+            raise MetadataValueError(f"expected {n_layer} booleans", key=f"{arch}.attention.recurrent_layers",
+                                     path=file.path)
+        return tuple(bool(v) for v in value)
+    name = f"{arch}.full_attention_interval"
+    interval = positive_int(file, name) if name in file.kv else 4
+    return tuple(i < n_trunk and (i + 1) % interval != 0 for i in range(n_layer))
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -75,6 +75,13 @@ def _written(arch: str) -> Callable[[Path], Path]:
     return build
 
 
+def _qwen35(d: Path) -> Path:
+    """A tiny Qwen3.5 (tests/test_family_qwen35.py) as llama.cpp's converter writes it."""
+    from test_family_qwen35 import converted_by_llama_cpp
+
+    return converted_by_llama_cpp(d)
+
+
 #: GGUF architecture -> its tiny models (case id, builder), each compared with llama-imatrix. Every
 #: architecture of ARCH_TRAITS needs a row here or in POWERINFER.
 LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
@@ -97,6 +104,9 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     "smollm3": [("smollm3", _checkpoint("SmolLM3ForCausalLM"))],
     # parallel block on one norm, three sliding-window layers (window 8 < ctx) and a global one without RoPE
     "cohere2": [("cohere2", _checkpoint("Cohere2ForCausalLM"))],
+    # three gated delta-net layers (attn_qkv, attn_gate, ssm_beta, ssm_alpha, ssm_out; not the conv) and a gated
+    # full-attention layer
+    "qwen35": [("qwen35", _qwen35)],
 }
 #: PowerInfer architectures (no llama-imatrix): eval_models builder name.
 POWERINFER = {"opt": "opt", "bamboo": "bamboo"}
@@ -126,7 +136,8 @@ def _collectable(path: Path) -> set[str]:
 
     with open_gguf(path) as m:
         return {t.name for t in m.tensors if (t.name.startswith("blk.") and (
-            len([n for n in t.ne if n > 1]) >= 2 or t.name.endswith("ffn_gate_inp_shexp.weight")))
+            len([n for n in t.ne if n > 1]) >= 2 or t.name.endswith("ffn_gate_inp_shexp.weight"))
+            and not t.name.endswith("ssm_conv1d.weight"))  # ggml_ssm_conv's kernel: not a ggml_mul_mat operand
             or t.name == "output.weight"}
 
 
