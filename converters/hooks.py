@@ -1,6 +1,12 @@
 """Hooks for what registry.yaml cannot say, one module per family, named by an entry's ``hooks:`` field.
 
 A hooks module ``ggufkit.converters.<family>`` defines any of these module-level functions:
+    ``architecture(config) -> str``: the GGUF architecture for this config when one HF class has several
+    (Nemotron-H: ``nemotron_h``, or ``nemotron_h_moe`` with experts); runs before ``check_config``.
+    ``hparams(config, values, tensor_names) -> values``: keys the registry cannot say (per-layer arrays,
+    values computed from several fields or from the checkpoint's tensor names, a tuple, empty for
+    ``--vocab-only``): ``values`` maps a full key to ``(value type, value)``; an array's item type follows
+    its first item (bool, float, int), as gguf-py's ``add_array``.
     ``check_config(config) -> None``: refuse configs the target runtime cannot run (raise a GGUFKitError), or
     return warnings (a list of strings) where llama.cpp computes something harmlessly different.
     ``extra_tensors(config) -> list[(gguf_name, float32 array)]``: tensors computed from the config, written
@@ -21,10 +27,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-HOOK_KINDS = ("check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata", "mmproj_rewrite")
+HOOK_KINDS = ("architecture", "hparams", "check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata", "mmproj_rewrite")
 #: Families with a hooks module (registry.yaml ``hooks:`` values).
 HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3", "llava", "qwen_vl", "smollm3", "cohere2",
-                           "falcon_h1", "gemma3n", "lfm2", "qwen3next"})
+                           "falcon_h1", "gemma3n", "lfm2", "qwen3next", "nemotron_h",
+                           "granite_hybrid"})
 
 
 def hooks_module(family: str) -> Any:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from ggufkit.converters.registry import ArchEntry, HParam
 from ggufkit.errors import CheckpointError
 from ggufkit.format.values import VT, Metadata
@@ -167,5 +169,12 @@ def rope_scaling_keys(arch: str, config: Mapping[str, Any]) -> dict[str, tuple[V
 def hparams_metadata(values: Mapping[str, tuple[VT, Any]]) -> Metadata:
     meta = Metadata()
     for key, (vtype, value) in values.items():
-        meta.set(key, vtype, value, VT.INT32 if vtype == VT.ARRAY else None)
+        meta.set(key, vtype, value, _item_type(value) if vtype == VT.ARRAY else None)
     return meta
+
+
+def _item_type(value: Any) -> VT:
+    """An array's item type as gguf-py's add_array picks it (GGUFValueType.get_type of the first item):
+    BOOL, FLOAT32 or INT32 (a registry ``i32_list``, a hook's per-layer counts)."""
+    first = value[0] if len(value) else 0
+    return VT.BOOL if isinstance(first, (bool, np.bool_)) else VT.FLOAT32 if isinstance(first, float) else VT.INT32

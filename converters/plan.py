@@ -7,6 +7,7 @@ shapes); :attr:`ConvertPlan.loaders` read one tensor each when the stream asks f
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
 from collections.abc import Callable, Mapping
@@ -44,7 +45,8 @@ Q = GGMLQuantizationType
 G = Keys.General
 #: GGUF tensors llama.cpp's converter always keeps in F32 whatever the outtype (conversion/base.py:
 #: ModelBase.prepare_tensors).
-_F32_KINDS = frozenset({"POS_EMBD", "TOKEN_TYPES", "FFN_GATE_INP", "FFN_GATE_INP_SHEXP"})
+_F32_KINDS = frozenset({"POS_EMBD", "TOKEN_TYPES", "FFN_GATE_INP", "FFN_GATE_INP_SHEXP", "SSM_CONV1D",
+                        "SHORTCONV_CONV"})
 
 
 # -- mapping -------------------------------------------------------------------------------------------
@@ -114,12 +116,16 @@ def _check_complete(entry: ArchEntry, mapped: list[tuple[str, str, TensorRule]],
     kinds = {r.tensor for _, _, r in mapped}
     if "TOKEN_EMBD" not in kinds:
         raise TensorMappingError(f"{entry.hf_class}: the checkpoint has no token embedding")
-    # A per-block tensor present in one block must be present in all of them (a truncated shard set).
+    # A per-block tensor present in one block must be present in all of them (a truncated shard set); a
+    # hybrid model's blocks differ by kind (its hooks check the schedule).
+    if entry.hybrid:
+        return
     per_block: dict[str, set[str]] = {}
     for _, gguf, rule in mapped:
         if "{bid}" in rule.gguf_template:
-            suffix = gguf.split(".")[-1]
-            per_block.setdefault(f"{rule.gguf_template}.{suffix}", set()).add(gguf)
+            # ".weight" / ".bias", or nothing for a tensor named without one (Mamba2's A_log -> blk.N.ssm_a)
+            suffix = "." + gguf.rsplit(".", 1)[-1] if gguf.endswith((".weight", ".bias")) else ""
+            per_block.setdefault(f"{rule.gguf_template}{suffix}", set()).add(gguf)
     missing = []
     for template in per_block:
         for bid in range(n_layer):
@@ -172,6 +178,9 @@ def open_source(model: str | Path, vocab_only: bool) -> Source:
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise CheckpointError("config.json has no 'architectures' list naming the model class", path=model_dir)
     entry = load_registry().get(archs[0])
+    pick = hooks_for(entry.hooks).get("architecture")
+    if pick is not None:  # one HF class, several GGUF architectures (Nemotron-H with or without MoE)
+        entry = dataclasses.replace(entry, arch=pick(config))
     check = hooks_for(entry.hooks).get("check_config")
     if check is not None:
         check(config)
@@ -180,7 +189,8 @@ def open_source(model: str | Path, vocab_only: bool) -> Source:
 
 def _heads(hp: Mapping[str, tuple[VT, Any]], arch: str) -> Heads:
     n_head = int(hp.get(f"{arch}.attention.head_count", (VT.UINT32, 0))[1])
-    n_kv = int(hp.get(f"{arch}.attention.head_count_kv", (VT.UINT32, n_head))[1])
+    kv = hp.get(f"{arch}.attention.head_count_kv", (VT.UINT32, n_head))[1]
+    n_kv = max((int(v) for v in kv), default=0) if isinstance(kv, (list, tuple)) else int(kv)  # per layer: hybrid
     return Heads(n_head, n_kv)
 
 
@@ -191,6 +201,10 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
     if outtype not in OUTTYPES:
         raise UsageError(f"unknown outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
     hp = resolve_hparams(entry, config)
+    more_hparams = hooks_for(entry.hooks).get("hparams")
+    if more_hparams is not None:
+        names = tuple(src.checkpoint.tensors) if src.checkpoint is not None and not vocab_only else ()
+        hp = more_hparams(config, hp, names)
     arch = entry.arch
     n_layer = int(hp[f"{arch}.block_count"][1])
     heads = _heads(hp, arch)
@@ -230,6 +244,8 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
         raw, stack_loaders = stack_experts(raw, experts, None if n_expert is None else int(n_expert[1]),
                                            lambda source, transform: _loader(ckpt, source, transform, heads)())
         loaders.update(stack_loaders)
+        for r in raw:  # every planned tensor has its loader before a hook wraps or replaces it
+            loaders.setdefault(r[0], _loader(ckpt, r[1], r[5], heads))
         rewrite = hooks_for(entry.hooks).get("rewrite_tensors")
         if rewrite is not None:
             raw = rewrite(raw, loaders, config)
@@ -284,7 +300,7 @@ def _expert_of(entry: ArchEntry, rule: TensorRule, hf: str) -> tuple[int, int, s
     local = hf.removeprefix(entry.strip_prefix) if entry.strip_prefix else hf
     m = compile_rule(rule).match(local)
     assert m is not None
-    return int(m.group("bid") or 0), int(m.group("xid")), rule.hf_template.split("{xid}", 1)[1]
+    return int(m.groupdict().get("bid") or 0), int(m.group("xid")), rule.hf_template.split("{xid}", 1)[1]
 
 
 def _constant(arr: np.ndarray) -> Callable[[], np.ndarray]:

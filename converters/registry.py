@@ -52,7 +52,7 @@ OUTPUT_MODES = frozenset({"optional", "required", "drop"})
 VALUE_TYPES = frozenset({"u32", "i32", "f32", "bool", "str", "i32_list"})
 
 _ENTRY_FIELDS = {"arch", "vocab", "hparams", "rope_scaling", "tensors", "transforms", "ignore", "output",
-                 "strip_prefix", "powerinfer", "hooks", "add_space_prefix", "special_by_flag", "mmproj"}
+                 "strip_prefix", "powerinfer", "hooks", "add_space_prefix", "special_by_flag", "mmproj", "hybrid"}
 #: Fields that merge key by key with the base entry's (the others replace it).
 _MERGED_FIELDS = ("hparams", "tensors", "transforms")
 _HPARAM_FIELDS = {"from", "default", "required", "type", "derive"}
@@ -124,6 +124,9 @@ class ArchEntry:
     hooks: str | None = None
     add_space_prefix: bool | None = None
     special_by_flag: bool = False
+    #: blocks of different kinds (recurrent / attention / FFN-only): no block is required to have every
+    #: per-block tensor another block has (the family's hooks check the layer schedule)
+    hybrid: bool = False
     #: the projector file's spec (ggufkit.converters.mmproj_registry.ProjectorSpec), for vision-language classes
     mmproj: Any = None
 
@@ -216,6 +219,7 @@ class _EntryParser:
             add_space_prefix=None if raw.get("add_space_prefix") is None else
             self.typed("add_space_prefix", raw["add_space_prefix"], bool, "true or false"),
             special_by_flag=self.typed("special_by_flag", raw.get("special_by_flag", False), bool, "true or false"),
+            hybrid=self.typed("hybrid", raw.get("hybrid", False), bool, "true or false"),
             mmproj=self.mmproj(raw.get("mmproj")),
         )
 

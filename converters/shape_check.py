@@ -34,10 +34,20 @@ _WHOLE_QK_NORM = frozenset({"olmo2"})
 #: Weights stored transposed (input dimension first), whose bias follows their last dimension.
 _TRANSPOSED = frozenset({"FFN_DOWN_T"})
 
+#: Architectures whose full-attention ``attn_q`` holds the query and its sigmoid output gate (rows
+#: ``2 * head_count * head_dim``) and whose ``attn_qkv`` is the delta-net's fused q/k/v, not attention's
+#: (llama.cpp src/models/qwen3next.cpp, qwen35.cpp: load_arch_tensors create_tensor_qkv(n_embd_head_k * n_head * 2)).
+_GATED_Q = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+
 
 def _value(hp: Mapping[str, tuple[Any, Any]], key: str) -> int | None:
+    """A key's integer; a per-layer array's largest entry (hybrid models write head_count_kv and
+    feed_forward_length per layer, 0 on layers without attention or FFN)."""
     entry = hp.get(key)
-    return None if entry is None else int(entry[1])
+    if entry is None:
+        return None
+    value = entry[1]
+    return max((int(v) for v in value), default=0) if isinstance(value, (list, tuple)) else int(value)
 
 
 def _rules(arch: str, hp: Mapping[str, tuple[Any, Any]], n_vocab: int | None) -> dict[str, tuple[_Dim, ...]]:
@@ -67,11 +77,13 @@ def _rules(arch: str, hp: Mapping[str, tuple[Any, Any]], n_vocab: int | None) ->
 
     vocab: _Dim = (n_vocab, f"n_vocab={n_vocab} (token_embd rows)")
     q: _Dim = (product(n_head, head_k), f"head_count*head_dim={n_head}*{head_k}")
+    if arch in _GATED_Q:  # the query and its output gate in one projection
+        q = (None if q[0] is None else 2 * q[0], f"2*head_count*head_dim=2*{n_head}*{head_k}")
     k: _Dim = (product(n_head_kv, head_k), f"head_count_kv*head_dim={n_head_kv}*{head_k}")
     v: _Dim = (product(n_head_kv, head_v), f"head_count_kv*head_dim={n_head_kv}*{head_v}")
     o: _Dim = (product(n_head, head_v), f"head_count*head_dim={n_head}*{head_v}")
     qkv_rows = None if q[0] is None or k[0] is None or v[0] is None else q[0] + k[0] + v[0]
-    qkv: _Dim = (qkv_rows, f"q+k+v={q[0]}+{k[0]}+{v[0]}")
+    qkv: _Dim = (qkv_rows, f"q+k+v={q[0]}+{k[0]}+{v[0]}") if arch not in _GATED_Q else (None, "")
     head: _Dim = (head_k, f"head_dim={head_k}")
     any_rows: _Dim = (None, "")
     qk_norms = ((q,), (k,)) if arch in _WHOLE_QK_NORM else ((head,), (head,))
