@@ -297,3 +297,96 @@ def test_convert_check(layouts: dict[str, Path], tmp_path: Path) -> None:
                    "--check")
         assert r.exit_code == 0, r.stderr
         assert "check passed" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+#: A model wide enough for every k-quant (rows of 256): attention with 4 heads on 1 KV head (llama-quant's
+#: n_gqa() reads layer 0, a Mamba2 layer: 0, not 4), Mamba2 inner size 256.
+WIDE = dict(hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+            mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=16, n_groups=2, moe_intermediate_size=256,
+            moe_shared_expert_intermediate_size=256,
+            layers_block_type=["linear_attention", "mlp", "full_attention", "mlp"] * 2)
+WIDE_MOE = ["linear_attention", "moe", "full_attention", "moe"] * 2
+
+
+@pytest.fixture(scope="module")
+def quant_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Dense and MoE F16 files (ggufkit's conversion; a locally trained 400-token BPE) and an importance matrix
+    file for each."""
+    from fixtures_quantize import imatrix_values, write_imatrix_gguf
+
+    d = tmp_path_factory.mktemp("nemotron_h-quant")
+    out = {}
+    for name, schedule in (("dense", WIDE["layers_block_type"]), ("moe", WIDE_MOE)):
+        ckpt = make_checkpoint(d / name, HF_CLASS, vocab="gpt-2", **{**WIDE, "layers_block_type": schedule})
+        src = convert(ckpt, d / f"{name}.gguf", outtype="f16", pre_tokenizer="gpt-2").outputs[0]
+        out[name] = (src, write_imatrix_gguf(d / f"{name}.imatrix.gguf", imatrix_values(src)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["dense", "moe"])
+def test_every_preset_plans_as_llama_quantize(quant_models: dict[str, tuple[Path, Path]], name: str) -> None:
+    """Every preset's type for every tensor, with and without an importance matrix, as ``llama-quantize
+    --dry-run`` chooses them (ssm_conv1d kept, ssm_a/ssm_d/norms F32, the attention layers counted for attn_v)."""
+    from test_quant_presets_oracle import dry_run_types, planned_types
+
+    from ggufkit.quant.llama_quantize.plan import QuantOptions
+    from ggufkit.quant.llama_quantize.presets import TYPE_CHOICES
+
+    src, imat = quant_models[name]
+    with open_gguf(imat) as m:
+        sizes = {t.name[:-len(".in_sum2")]: t.n_elements for t in m.tensors if t.name.endswith(".in_sum2")}
+    mismatches = []
+    for target in TYPE_CHOICES:
+        for flags, options in (((), QuantOptions(dry_run=True)),
+                               (("--imatrix", str(imat)), QuantOptions(dry_run=True, imatrix_sizes=sizes))):
+            expected = dry_run_types(src, target, *flags)
+            if planned_types(src, target, options) != expected:
+                mismatches.append((target, bool(flags)))
+    assert not mismatches
+
+
+@pytest.mark.parametrize(("name", "target", "with_imatrix"), [
+    ("dense", "q4_k_m", False), ("dense", "q3_k_s", False), ("dense", "q2_k", True), ("dense", "iq3_xs", True),
+    ("moe", "q4_k_m", False), ("moe", "q5_k_s", True), ("moe", "iq2_xs", True)])
+def test_quantized_file_equals_llama_quantize(quant_models: dict[str, tuple[Path, Path]], name: str, target: str,
+                                              with_imatrix: bool, tmp_path: Path) -> None:
+    """Whole files, byte for byte and key for key, as the llama-quantize binary writes them."""
+    from llama_cpp_sources import tool_path
+
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file
+
+    src, imat = quant_models[name]
+    flags = ["--imatrix", str(imat)] if with_imatrix else []
+    r = subprocess.run([str(tool_path("llama-quantize")), *flags, str(src), str(tmp_path / "ref.gguf"),
+                        target.upper(), "2"], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    quantize_file(src, tmp_path / "ours.gguf", target, imatrix=imat if with_imatrix else None, threads=2,
+                  device="cpu")
+    with open_gguf(tmp_path / "ref.gguf") as a, open_gguf(tmp_path / "ours.gguf") as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        for ta, tb in zip(a.tensors, b.tensors):
+            assert bytes(a.raw(ta)) == bytes(b.raw(tb)), f"bytes differ in {ta.name} ({ta.ggml_type.name})"
+        keys = [k for k in a.kv if not k.startswith("ggufkit.")]
+        assert keys == [k for k in b.kv if not k.startswith("ggufkit.")]
+        for key in keys:
+            va, vb = a.get(key), b.get(key)
+            assert np.array_equal(np.asarray(va), np.asarray(vb)) if isinstance(va, (list, np.ndarray)) \
+                else va == vb, key
+
+
+def test_release_of_a_tiny_nemotron_h(layouts: dict[str, Path], text_file: tuple[str, Path],
+                                      tmp_path: Path) -> None:
+    """``release`` end to end on the MoE variant: F16 master, importance matrix, a Q8_0 file whose perplexity
+    and KLD the manifest reports; every GGUF loads in llama.cpp."""
+    from ggufkit.release import release
+
+    out = tmp_path / "release"
+    result = release(layouts["moe-release"], out, types=["q8_0"], master="f16", imatrix_text=text_file[1], ctx=CTX,
+                     chunks=2, imatrix_chunks=2, device="cpu")
+    assert result.ok, result.failures
+    ggufs = [out / f for f in result.files if f.endswith(".gguf") and ".imatrix" not in f]
+    assert len(ggufs) == 2 and any(p.name.endswith("-Q8_0.gguf") for p in ggufs), result.files
+    for path in ggufs:
+        with open_gguf(path) as f:
+            assert f.architecture == "nemotron_h_moe"
+        assert np.isfinite(llama_cpp_logits(path)).all()
