@@ -83,6 +83,31 @@ fixtures_models._BASE.setdefault("Qwen3VLForConditionalGeneration", dict(
 for _cls in ("Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"):
     fixtures_models._CLASSES.setdefault(_cls, (_cls.replace("ForConditionalGeneration", "Config"), _cls))
     fixtures_models._VOCAB.setdefault(_cls, "real:gpt-2")
+# Qwen3.5 (dense and MoE): the qwen35 / qwen35moe text model (gated delta-net layers and gated full attention,
+# both kinds in the schedule; 2 key heads under 4 value heads, so llama.cpp's converter reorders the value heads)
+# under model.language_model., and Qwen3-VL's vision tower without deepstack mergers (released vision_configs
+# list none: "deepstack_visual_indexes": []). head_dim 32 at Qwen3.5's rotary fraction 0.25: 8 rotary dimensions,
+# M-RoPE sections [2, 1, 1].
+_QWEN35_TEXT = dict(_QWEN_TEXT, head_dim=32, num_hidden_layers=4,
+                    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                    linear_num_key_heads=2, linear_num_value_heads=4,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                     "mrope_interleaved": True, "partial_rotary_factor": 0.25})
+_QWEN35_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, out_hidden_size=64,
+                      num_position_embeddings=16, spatial_merge_size=2, temporal_patch_size=2)
+fixtures_models._BASE.setdefault("Qwen3_5ForConditionalGeneration", dict(
+    text_config=dict(model_type="qwen3_5_text", **_QWEN35_TEXT), vision_config=_QWEN35_VISION,
+    tie_word_embeddings=False))
+fixtures_models._BASE.setdefault("Qwen3_5MoeForConditionalGeneration", dict(
+    text_config=dict(model_type="qwen3_5_moe_text", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=32, **_QWEN35_TEXT),
+    vision_config=_QWEN35_VISION, tie_word_embeddings=False))
+for _cls in ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"):
+    fixtures_models._CLASSES.setdefault(_cls, (_cls.replace("ForConditionalGeneration", "Config"), _cls))
+    # the text model's tokenizer (Qwen3.5's BPE where the text family's fixtures have it)
+    fixtures_models._VOCAB.setdefault(_cls, fixtures_models._VOCAB.get(_cls.replace("ForConditional", "ForCausalLM")
+                                                                       .replace("Generation", ""), "real:qwen2"))
 #: Pixtral's [IMG_BREAK]: an added token after the sentencepiece pieces (embedding rows made for it).
 IMG_BREAK_EXTRA = 4
 
@@ -143,6 +168,9 @@ LAYOUTS: dict[str, dict[str, Callable[[str], str] | None]] = {
     # transformers 5 saves what the hub's files hold: Qwen2.5-VL flat, Qwen3-VL under model.
     "Qwen2_5_VLForConditionalGeneration": {"released": None, "prefixed": _qwen_prefixed},
     "Qwen3VLForConditionalGeneration": {"released": None, "flat": _qwen_flat},
+    # transformers 5 saves what the hub's Qwen3.5 files hold (model.visual.*, model.language_model.*, lm_head)
+    "Qwen3_5ForConditionalGeneration": {"released": None, "flat": _qwen_flat},
+    "Qwen3_5MoeForConditionalGeneration": {"released": None, "flat": _qwen_flat},
 }
 #: The layout transformers saved (and loads), per class.
 SAVED_LAYOUT = {cls: next(k for k, v in layouts.items() if v is None) for cls, layouts in LAYOUTS.items()}
@@ -150,7 +178,8 @@ SAVED_LAYOUT = {cls: next(k for k, v in layouts.items() if v is None) for cls, l
 ORACLE_LAYOUT = {"Gemma3ForConditionalGeneration": "released", "Idefics3ForConditionalGeneration": "released",
                  "SmolVLMForConditionalGeneration": "released",
                  "LlavaForConditionalGeneration": "flat", "Mistral3ForConditionalGeneration": "flat",
-                 "Qwen2_5_VLForConditionalGeneration": "released", "Qwen3VLForConditionalGeneration": "released"}
+                 "Qwen2_5_VLForConditionalGeneration": "released", "Qwen3VLForConditionalGeneration": "released",
+                 "Qwen3_5ForConditionalGeneration": "released", "Qwen3_5MoeForConditionalGeneration": "released"}
 
 
 def _preprocessor(dir: Path, hf_class: str) -> None:
@@ -186,6 +215,13 @@ def _preprocessor(dir: Path, hf_class: str) -> None:
                 "image_std": [0.26862954, 0.26130258, 0.27577711], "min_pixels": 3136, "max_pixels": 12845056,
                 "patch_size": vision["patch_size"], "merge_size": 2, "temporal_patch_size": 2, "resample": 3,
                 "rescale_factor": 1 / 255}
+    elif hf_class in ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"):
+        # the hub's Qwen3.5 preprocessor_config.json (mean and std 0.5, pixel budgets as size's edges)
+        vision = config["vision_config"]
+        data = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": vision["patch_size"],
+                "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5], "processor_class": "Qwen3VLProcessor",
+                "image_processor_type": "Qwen2VLImageProcessorFast"}
     else:
         raise KeyError(hf_class)
     (dir / "preprocessor_config.json").write_text(json.dumps(data, indent=2))
@@ -328,6 +364,33 @@ def make_released(dir: Path, name: str, **tower: Any) -> Path:
     vision = {**fixtures_models._BASE[rel.hf_class]["vision_config"], **rel.tower, **tower}
     base = make_vlm(dir.parent / f"{dir.name}-saved", rel.hf_class, vision_config=vision)
     return released_config(copy_layout(base, dir, rel.hf_class, ORACLE_LAYOUT[rel.hf_class]), name)
+
+
+# Qwen3.5's released config.json (Qwen/Qwen3.5-9B, Qwen/Qwen3.5-35B-A3B: written by 4.57.0.dev0): rope_parameters
+# as transformers 5 spells them, plus text keys transformers 5 no longer saves (full_attention_interval, the
+# root partial_rotary_factor, attn_output_gate, mamba_ssm_dtype) and a vision_config with
+# "deepstack_visual_indexes": [] and the old model_type ("qwen3_5", "qwen3_5_moe").
+_QWEN35_RELEASE_VISION = ("deepstack_visual_indexes", "depth", "hidden_act", "hidden_size", "in_channels",
+                          "initializer_range", "intermediate_size", "model_type", "num_heads",
+                          "num_position_embeddings", "out_hidden_size", "patch_size", "spatial_merge_size",
+                          "temporal_patch_size")
+
+
+def qwen35_released_config(model: Path) -> Path:
+    """Rewrite a Qwen3.5 VLM's config.json (as this transformers saved it) in the released form."""
+    config = json.loads((model / "config.json").read_text())
+    moe = config["architectures"][0] == "Qwen3_5MoeForConditionalGeneration"
+    vision = {**config["vision_config"], "deepstack_visual_indexes": [],
+              "model_type": "qwen3_5_moe" if moe else "qwen3_5"}
+    config["vision_config"] = {k: vision[k] for k in _QWEN35_RELEASE_VISION if k in vision}
+    text = config["text_config"]
+    kinds = text["layer_types"]
+    text.update(attn_output_gate=True, mamba_ssm_dtype="float32", mtp_use_dedicated_embeddings=False,
+                full_attention_interval=kinds.index("full_attention") + 1,
+                partial_rotary_factor=text["rope_parameters"]["partial_rotary_factor"])
+    config["transformers_version"] = "4.57.0.dev0"
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    return model
 
 
 def llama_cpp_mmproj(model: Path, out: Path, outtype: str) -> subprocess.CompletedProcess[str]:
