@@ -169,6 +169,11 @@ def _wrapped(load: Callable[[], Any], fn: Callable[[np.ndarray], np.ndarray]) ->
     return lambda: fn(np.asarray(load()))
 
 
+def _rows(start: int, stop: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Rows ``start:stop`` of the second-to-last axis (one half of a fused gate/up tensor)."""
+    return lambda a: np.ascontiguousarray(a[..., start:stop, :])
+
+
 def rewrite_tensors(raw: list[Raw], loaders: dict[str, Callable[[], Any]], config: Mapping[str, Any]) -> list[Raw]:
     """The tensors as GraniteHybridModel.modify_tensors yields them (module docstring), in the same order."""
     n_group = int(_first(config, "n_groups", "num_groups") or 1)
@@ -199,7 +204,7 @@ def rewrite_tensors(raw: list[Raw], loaders: dict[str, Callable[[], Any]], confi
             for i, (part, part_kind) in enumerate(parts):
                 part_name = f"{block}.{part}.weight"
                 out.append((part_name, source, part_kind, (*shape[:-2], half, shape[-1]), dtype, transform))
-                loaders[part_name] = _wrapped(load, lambda a, i=i, h=half: np.ascontiguousarray(a[..., i * h:(i + 1) * h, :]))
+                loaders[part_name] = _wrapped(load, _rows(i * half, (i + 1) * half))
             continue
         elif kind == "FFN_DOWN_SHEXP" and dense:
             name, kind = name.replace(".ffn_down_shexp.", ".ffn_down."), "FFN_DOWN"
