@@ -64,6 +64,9 @@ class ArchTraits:
         softcap_keys: read ``{arch}.attn_logit_softcapping`` / ``final_logit_softcapping``.
         no_rope_step: layer ``il`` skips RoPE when ``(il + 1) % no_rope_step == 0`` (llama.cpp's
             ``n_no_rope_layer_step``, which its loader fixes per architecture; 0: every layer ropes).
+        granite: Granite's multipliers: the optional ``{arch}.attention.scale`` scales the queries, the
+            optional ``{arch}.logit_scale`` divides the logits, and RoPE only when the optional
+            ``{arch}.rope.scaling.finetuned`` is true (granite-hybrid.cpp load_arch_hparams and graph).
     """
 
     norm: str = "rms"
@@ -89,6 +92,7 @@ class ArchTraits:
     swa_rope_unscaled: bool = False
     softcap_keys: bool = False
     no_rope_step: int = 0
+    granite: bool = False
 
 
 #: src/models/gemma2.cpp / gemma3.cpp (load_arch_hparams and the graph): GELU-tanh gated FFN, sandwich norms,
@@ -100,6 +104,11 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     # src/models/qwen35.cpp: gated delta-net and gated full-attention layers (eval/family_qwen35.py), RMSNorm,
     # NEOX-style (interleaved M-RoPE) rope, dense SiLU-gated FFN.
     "qwen35": ArchTraits(),
+    # src/models/qwen3next.cpp / qwen35moe.cpp: Qwen3.5's layers (qwen35moe) or Qwen3-Next's (grouped value heads,
+    # fused beta/alpha, NEOX rope; eval/family_qwen3next.py) with a softmax MoE, renormalised top-k weights and a
+    # sigmoid-gated shared expert.
+    "qwen35moe": ArchTraits(moe_norm_topk=True),
+    "qwen3next": ArchTraits(moe_norm_topk=True),
     # src/models/llama.cpp: RMSNorm, NORM rope, SiLU-gated FFN; Mixtral's experts renormalised.
     "llama": ArchTraits(rope="norm", powerinfer_ffn="relu", moe_norm_topk=True),
     # PowerInfer's bamboo graph: relu(gate) * relu(up); no eps key in its files.
@@ -122,6 +131,11 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
                          swa_pattern=gemma.SWA_PATTERN["gemma2"], swa_default=4096),
     "gemma3": ArchTraits(**_GEMMA, gemma_27b_layers=gemma.LAYERS_27B["gemma3"],  # type: ignore[arg-type]
                          swa_pattern=gemma.SWA_PATTERN["gemma3"], swa_rope_base=10000.0, swa_rope_unscaled=True),
+    # src/models/gemma3n.cpp: AltUp streams, LAuReL, per-layer inputs, KV sharing, sparse FFNs
+    # (eval/family_gemma3n.py); tanh-GELU FFN, scaled embeddings, the per-layer sliding-window array, the final
+    # soft-cap key (30, which the converter enforces), NEOX rope.
+    "gemma3n": ArchTraits(ffn="gelu_tanh", embd_scale=True, softcap_keys=True, swa_pattern=5,
+                          swa_rope_base=10000.0, swa_rope_unscaled=True),
     # src/models/smollm3.cpp: llama's graph (NORM rope, the converter permuted Q/K), but no RoPE on every 4th
     # layer, a step its loader fixes (converters/smollm3.py NO_ROPE_STEP, which the converter enforces).
     "smollm3": ArchTraits(rope="norm", no_rope_step=smollm3.NO_ROPE_STEP),
@@ -130,6 +144,19 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     # sliding layers' rope base the global one's (load_arch_hparams), logits times f_logit_scale.
     "cohere2": ArchTraits(norm="layer", norm_bias=False, shared_norm=True, rope_swa_only=True, logit_scale=True,
                           rope="norm", parallel_residual=True, swa_pattern=cohere2.SWA_PATTERN),
+    # src/models/granite-hybrid.cpp: Mamba2 and attention layers by the per-layer KV head count (0: Mamba2),
+    # the Mamba2 mixer, embedding and residual multipliers in eval/family_granite_hybrid.py; softmax MoE with
+    # renormalised top-k and an ungated shared expert, or a dense SiLU FFN.
+    "granitehybrid": ArchTraits(rope="norm", moe_norm_topk=True, granite=True),
+    # src/models/nemotron-h.cpp / nemotron-h-moe.cpp: Mamba2, attention (no RoPE) or squared-ReLU FFN / sigmoid-routed
+    # MoE layers (eval/family_nemotron_h.py); RMS epsilon falls back to layer_norm_epsilon (load_arch_hparams).
+    "nemotron_h": ArchTraits(rope="none", ffn="relu", eps_fallback_key="attention.layer_norm_epsilon"),
+    "nemotron_h_moe": ArchTraits(rope="none", ffn="relu", eps_fallback_key="attention.layer_norm_epsilon"),
+    # src/models/lfm2.cpp / lfm2moe.cpp: short-convolution and attention layers by the per-layer KV head count
+    # (0: short convolution), per-head q/k RMS norms, NEOX rope, SiLU-gated FFN; LFM2-MoE's sigmoid router with
+    # its selection bias and renormalised top-k, and token_embd_norm as the output norm (eval/family_lfm2.py).
+    "lfm2": ArchTraits(),
+    "lfm2moe": ArchTraits(moe_norm_topk=True),
     # src/models/falcon-h1.cpp: attention (NEOX rope) and a Mamba2 mixer side by side in every block, then a
     # SiLU-gated FFN (eval/family_falcon_h1.py); the muP multipliers are folded into the weights by the converter.
     "falcon-h1": ArchTraits(),
@@ -237,7 +264,7 @@ def read_hparams(model: GGUFModel) -> HParams:
         raise EvaluationError(f"embedding length {n_embd} is not a multiple of the head count {n_head}",
                               path=model.path)
     head_dim = key(model, f"{a}.attention.key_length", int, n_embd // n_head)
-    n_head_kv = key(model, f"{a}.attention.head_count_kv", int, n_head)
+    n_head_kv = _largest_per_layer(model, f"{a}.attention.head_count_kv", n_head)
     if n_head % n_head_kv:
         raise EvaluationError(f"head count {n_head} is not a multiple of the KV head count {n_head_kv}",
                               path=model.path)
@@ -261,7 +288,9 @@ def read_hparams(model: GGUFModel) -> HParams:
     ffn = tr.powerinfer_ffn if model.is_powerinfer and tr.powerinfer_ffn else tr.ffn
     parallel = False if tr.parallel_residual is None else \
         bool(model.get(f"{a}.use_parallel_residual", tr.parallel_residual))
-    n_expert = key(model, f"{a}.expert_count", int, 0) if f"{a}.expert_count" in model.kv else 0
+    # Granite 4 Micro: expert_count 0 (dense; llama_model_loader reads it as no experts)
+    dense = tr.granite and model.get(f"{a}.expert_count") == 0
+    n_expert = key(model, f"{a}.expert_count", int, 0) if f"{a}.expert_count" in model.kv and not dense else 0
     n_expert_used = key(model, f"{a}.expert_used_count", int) if n_expert else 0
     if n_expert_used > n_expert:
         raise EvaluationError(f"{n_expert_used} experts used of {n_expert}", path=model.path)
@@ -277,12 +306,20 @@ def read_hparams(model: GGUFModel) -> HParams:
     rope_base = key(model, f"{a}.rope.freq_base", float, 10000.0)
     rope_base_swa = key(model, f"{a}.rope.freq_base_swa", float,
                         rope_base if tr.swa_rope_base is None else tr.swa_rope_base)
+    logit_scale = key(model, f"{a}.logit_scale", float) if tr.logit_scale else 0.0
+    rope_mode = tr.rope
+    if tr.granite:  # ggml_scale(logits, 1.0f / f_logit_scale), in float32; 0 (absent): no scaling
+        attn_scale = key(model, f"{a}.attention.scale", float, 0.0) or None
+        divisor = np.float32(key(model, f"{a}.logit_scale", float, 0.0))
+        logit_scale = float(np.float32(1.0) / divisor) if divisor else 0.0
+        if not model.get(f"{a}.rope.scaling.finetuned", True):
+            rope_mode = "none"
     softcap = (key(model, f"{a}.attn_logit_softcapping", float, 0.0) if tr.softcap_keys else 0.0,
                key(model, f"{a}.final_logit_softcapping", float, 0.0) if tr.softcap_keys else 0.0)
     return HParams(arch=a, n_vocab=embd.ne[1], n_embd=n_embd, n_layer=n_layer,
                    n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
                    rope_base=rope_base, rope_scale=rope_scale,
-                   rope_mode=tr.rope, norm=tr.norm, eps=eps, parallel_residual=parallel, ffn=ffn,
+                   rope_mode=rope_mode, norm=tr.norm, eps=eps, parallel_residual=parallel, ffn=ffn,
                    powerinfer=model.is_powerinfer, learned_positions=tr.learned_positions,
                    post_norm=tr.post_norm, qk_norm_whole=tr.qk_norm_whole, n_expert=n_expert,
                    n_expert_used=n_expert_used, moe_norm_topk=tr.moe_norm_topk, embd_scale=tr.embd_scale,
@@ -290,8 +327,21 @@ def read_hparams(model: GGUFModel) -> HParams:
                    swa_layers=swa_layers, rope_base_swa=rope_base_swa,
                    rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale, no_rope_step=tr.no_rope_step,
                    norm_bias=tr.norm_bias, shared_norm=tr.shared_norm, rope_swa_only=tr.rope_swa_only,
-                   logit_scale=key(model, f"{a}.logit_scale", float) if tr.logit_scale else 0.0,
+                   logit_scale=logit_scale,
                    extra=FORWARDS[a].read(model, a, n_layer) if a in FORWARDS else {})
+
+
+def _largest_per_layer(model: GGUFModel, name: str, default: int) -> int:
+    """An integer key that hybrid models write per layer (``head_count_kv``: 0 on recurrent layers): its
+    largest entry when it is an array, else :func:`key`'s value."""
+    field = model.kv.get(name)
+    if field is not None and isinstance(field.value, (list, tuple, np.ndarray)):
+        values = [int(v) for v in field.value]
+        if not values or max(values) <= 0 or min(values) < 0:
+            raise MetadataValueError(f"expected non-negative integers, one above 0, got {values}", key=name,
+                                     path=model.path)
+        return max(values)
+    return int(key(model, name, int, default))
 
 
 def _swa_layers(model: GGUFModel, a: str, n_layer: int, default_pattern: int) -> tuple[bool, ...]:

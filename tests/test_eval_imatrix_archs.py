@@ -82,6 +82,17 @@ def _qwen35(d: Path) -> Path:
     return converted_by_llama_cpp(d)
 
 
+def _granite4(variant: str) -> Callable[[Path], Path]:
+    """A tiny Granite 4 (tests/test_family_granite4.py) saved by transformers 5, converted by ggufkit."""
+
+    def build(d: Path) -> Path:
+        from test_family_granite4 import converted_by_ggufkit
+
+        return converted_by_ggufkit(d, variant)
+
+    return build
+
+
 #: GGUF architecture -> its tiny models (case id, builder), each compared with llama-imatrix. Every
 #: architecture of ARCH_TRAITS needs a row here or in POWERINFER.
 LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
@@ -107,6 +118,17 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     # three gated delta-net layers (attn_qkv, attn_gate, ssm_beta, ssm_alpha, ssm_out; not the conv) and a gated
     # full-attention layer
     "qwen35": [("qwen35", _qwen35)],
+    # attention and a Mamba2 mixer in every block (ssm_in, ssm_out collected; not the conv), 2 SSM groups
+    "falcon-h1": [("falcon-h1", _checkpoint("FalconH1ForCausalLM"))],
+    # Mamba2 (2 groups), squared-ReLU MLP and attention layers without RoPE; the MoE variant: sigmoid router,
+    # ungated experts and shared expert (tests/test_family_nemotron_h.py)
+    "nemotron_h": [("nemotron_h", _checkpoint("NemotronHForCausalLM", extra_vocab=7))],
+    "nemotron_h_moe": [("nemotron_h_moe", _checkpoint("NemotronHForCausalLM", extra_vocab=7, layers_block_type=[
+        "linear_attention", "moe", "full_attention", "moe", "linear_attention", "moe"]))],
+    # Granite 4: Mamba2 (2 groups; ssm_in, ssm_out collected) and attention layers, softmax MoE with a shared
+    # expert, and the dense variant (Granite 4 Micro); transformers-5 saves converted by ggufkit
+    # (tests/test_family_granite4.py)
+    "granitehybrid": [("granitehybrid-moe", _granite4("moe")), ("granitehybrid-dense", _granite4("dense"))],
 }
 #: PowerInfer architectures (no llama-imatrix): eval_models builder name.
 POWERINFER = {"opt": "opt", "bamboo": "bamboo"}
@@ -137,7 +159,8 @@ def _collectable(path: Path) -> set[str]:
     with open_gguf(path) as m:
         return {t.name for t in m.tensors if (t.name.startswith("blk.") and (
             len([n for n in t.ne if n > 1]) >= 2 or t.name.endswith("ffn_gate_inp_shexp.weight"))
-            and not t.name.endswith("ssm_conv1d.weight"))  # ggml_ssm_conv's kernel: not a ggml_mul_mat operand
+            and not t.name.endswith("ssm_conv1d.weight")  # ggml_ssm_conv's kernel: not a ggml_mul_mat operand
+            and not t.name.endswith("ssm_norm.weight"))  # Mamba2's grouped norm ([n_group, ...]): a ggml_mul
             or t.name == "output.weight"}
 
 
