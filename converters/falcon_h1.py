@@ -188,5 +188,5 @@ def rewrite_tensors(raw: list[Raw], loaders: dict[str, Callable[[], np.ndarray]]
         changes_values = kind == "SSM_A" or value_rule is not None
         new_dtype = "F32" if dtype == "BF16" and changes_values else dtype
         out.append((name, source, kind, new_shape, new_dtype, transform))
-        loaders[name] = _chain(load, new_dtype if changes_values else "", rules) if rules else load
+        loaders[name] = _chain(load, dtype if changes_values else "", rules) if rules else load
     return out

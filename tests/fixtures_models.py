@@ -87,6 +87,21 @@ _BASE: dict[str, dict[str, Any]] = {
                                logit_scale=0.25, sliding_window=8,
                                rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
                                tie_word_embeddings=True, bos_token_id=5, eos_token_id=255001, pad_token_id=0),
+    # Falcon-H1 (tiiuae/Falcon-H1-0.5B's multipliers and switches, scaled down): attention and a Mamba2 mixer in
+    # every layer, 2 SSM groups, the gated group RMSNorm on; no head_dim (transformers 5's save of a config built
+    # without it: the model uses hidden_size // num_attention_heads)
+    "FalconH1ForCausalLM": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
+                                mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2,
+                                mamba_d_conv=4, mamba_rms_norm=True, mamba_norm_before_gate=False,
+                                attention_in_multiplier=1.0, attention_out_multiplier=0.9375,
+                                embedding_multiplier=5.656854249492381, key_multiplier=0.39062499999999994,
+                                lm_head_multiplier=0.0390625, mlp_multipliers=[0.8838834764831844, 0.5859375],
+                                ssm_in_multiplier=1.25, ssm_out_multiplier=0.23570226039551587,
+                                ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5,
+                                                 0.3535533905932738],
+                                rope_parameters={"rope_type": "default", "rope_theta": 100000000000.0},
+                                tie_word_embeddings=False, bos_token_id=1, eos_token_id=11, pad_token_id=0),
     "OPTForCausalLM": dict(hidden_size=64, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4,
                            max_position_embeddings=2048, word_embed_proj_dim=64, do_layer_norm_before=True,
                            activation_function="relu", enable_bias=True, tie_word_embeddings=True),
@@ -108,6 +123,7 @@ _CLASSES = {
     "Olmo2ForCausalLM": ("Olmo2Config", "Olmo2ForCausalLM"),
     "SmolLM3ForCausalLM": ("SmolLM3Config", "SmolLM3ForCausalLM"),
     "Cohere2ForCausalLM": ("Cohere2Config", "Cohere2ForCausalLM"),
+    "FalconH1ForCausalLM": ("FalconH1Config", "FalconH1ForCausalLM"),
 }
 #: Tokenizer per class (Llama defaults to SPM; vocab="bpe" picks a Llama-3 style BPE).
 _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen2",
@@ -120,7 +136,10 @@ _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausa
           # SmolLM3 ships Llama 3's BPE (llama.cpp's check hash "llama-bpe")
           "SmolLM3ForCausalLM": "real:llama-bpe",
           # Cohere's 256k BPE (llama.cpp's check hash "command-r")
-          "Cohere2ForCausalLM": "command-r"}
+          "Cohere2ForCausalLM": "command-r",
+          # Falcon-H1's BPE (check hash "falcon-h1") splits as Llama 3's (llama-vocab.cpp: LLAMA3 pre-tokenizer);
+          # llama.cpp ships no vocab file of it, so Llama 3's (check hash "llama-bpe") stands in
+          "FalconH1ForCausalLM": "real:llama-bpe"}
 SUPPORTED = (*_CLASSES, "QWenLMHeadModel")
 
 
