@@ -279,3 +279,169 @@ def test_check_passes_and_fails_on_other_weights(layouts: dict[str, Path], files
     other = convert(make_granite(tmp_path / "other", variant, seed=7), tmp_path / "other.gguf", outtype="f32")
     bad = check_conversion(d, other.outputs[0], other.plan, device="cpu")
     assert bad.status == "failed" and any(f.startswith("logits differ by") for f in bad.failures)
+
+
+# -- quantization --------------------------------------------------------------------------------------------
+#: A Granite 4 wide enough for every k-quant (rows of 256 and 512), 8 layers of which two attend.
+WIDE = dict(hidden_size=256, intermediate_size=256, shared_intermediate_size=256, num_attention_heads=4,
+            num_key_value_heads=1, mamba_n_heads=8, mamba_d_head=64, num_hidden_layers=8,
+            layer_types=["mamba", "mamba", "attention", "mamba", "mamba", "mamba", "attention", "mamba"])
+
+
+@pytest.fixture(scope="module")
+def quant_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A wide MoE Granite 4 converted to F16 by ggufkit, and an importance matrix of the entries llama-imatrix
+    collects from it (no ssm_conv1d, ssm_a, ssm_d or norms)."""
+    from fixtures_quantize import imatrix_values, write_imatrix_gguf
+
+    d = tmp_path_factory.mktemp("granite4-quant")
+    ckpt = make_granite(d / "ckpt", "moe", seed=4, **WIDE)
+    src = Path(convert(ckpt, d / "f16.gguf", outtype="f16").outputs[0])
+    values = {k: v for k, v in imatrix_values(src).items()
+              if not any(s in k for s in ("ssm_conv1d", "ssm_a", "ssm_d", "_norm", "token_embd"))}
+    return src, write_imatrix_gguf(d / "imatrix.gguf", values)
+
+
+def test_every_preset_plans_as_llama_quantize(quant_model: tuple[Path, Path]) -> None:
+    """llama_tensor_get_type's choice for every tensor under every preset, with and without an importance
+    matrix (``llama-quantize --dry-run``): ssm_conv1d, ssm_a, ssm_d, the router and norms kept, attn_v counted
+    over the attention layers only."""
+    from test_quant_presets_oracle import dry_run_types, planned_types
+
+    from ggufkit.quant.llama_quantize.plan import QuantOptions
+    from ggufkit.quant.llama_quantize.presets import TYPE_CHOICES
+
+    src, imat = quant_model
+    with open_gguf(imat) as m:
+        sizes = {t.name[:-len(".in_sum2")]: t.n_elements for t in m.tensors if t.name.endswith(".in_sum2")}
+    mismatches = []
+    for target in TYPE_CHOICES:
+        for flags, options in (((), QuantOptions(dry_run=True)),
+                               (("--imatrix", str(imat)), QuantOptions(dry_run=True, imatrix_sizes=sizes))):
+            expected = dry_run_types(src, target, *flags)
+            ours = planned_types(src, target, options)
+            if ours != expected:
+                mismatches.append((target, bool(flags), None if ours is None or expected is None else
+                                   [(a, b) for a, b in zip(ours, expected) if a != b][:3]))
+    assert not mismatches
+
+
+@pytest.mark.parametrize(("target", "with_imatrix"), [("q4_k_m", False), ("q3_k_s", False), ("q6_k", False),
+                                                      ("q2_k", True), ("iq3_xs", True), ("iq4_nl", True)])
+def test_quantized_file_equals_llama_quantize(quant_model: tuple[Path, Path], target: str, with_imatrix: bool,
+                                              tmp_path: Path) -> None:
+    """Whole files, byte for byte and key for key, as the llama-quantize binary writes them."""
+    from ggufkit.quant.llama_quantize.pipeline import quantize_file
+
+    src, imat = quant_model
+    flags = ["--imatrix", str(imat)] if with_imatrix else []
+    r = subprocess.run([str(tool_path("llama-quantize")), *flags, str(src), str(tmp_path / "ref.gguf"),
+                        target.upper(), "2"], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    quantize_file(src, tmp_path / "ours.gguf", target, imatrix=imat if with_imatrix else None, threads=2,
+                  device="cpu")
+    with open_gguf(tmp_path / "ref.gguf") as a, open_gguf(tmp_path / "ours.gguf") as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        for ta, tb in zip(a.tensors, b.tensors):
+            assert bytes(a.raw(ta)) == bytes(b.raw(tb)), f"bytes differ in {ta.name} ({ta.ggml_type.name})"
+        keys = [k for k in a.kv if not k.startswith("ggufkit.")]
+        assert keys == [k for k in b.kv if not k.startswith("ggufkit.")]
+        for key in keys:
+            va, vb = a.get(key), b.get(key)
+            assert np.array_equal(np.asarray(va), np.asarray(vb)) if isinstance(va, (list, np.ndarray)) \
+                else va == vb, key
+
+
+# -- release -------------------------------------------------------------------------------------------------
+def test_release_of_a_tiny_granite4(text_file: tuple[str, Path], tmp_path: Path) -> None:
+    """``release`` end to end: F16 master, importance matrix, a Q8_0 file whose perplexity and KLD the manifest
+    reports; every GGUF loads in llama.cpp."""
+    from ggufkit.release import release
+
+    ckpt = make_granite(tmp_path / "tiny-granite-4.0-h", "moe", "release")
+    out = tmp_path / "release"
+    result = release(ckpt, out, types=["q8_0"], master="f16", imatrix_text=text_file[1], ctx=64, chunks=2,
+                     imatrix_chunks=2, device="cpu")
+    assert result.ok, result.failures
+    ggufs = [out / f for f in result.files if f.endswith(".gguf") and ".imatrix" not in f]
+    assert len(ggufs) == 2 and any(p.name.endswith("-Q8_0.gguf") for p in ggufs), result.files
+    for path in ggufs:
+        with open_gguf(path) as f:
+            assert f.architecture == "granitehybrid"
+        assert np.isfinite(llama_cpp_logits(path)).all()
+
+
+# -- refusals ------------------------------------------------------------------------------------------------
+def _config(**changes: Any) -> dict[str, Any]:
+    """Granite 4.0 H Tiny's released config.json (the keys the hooks read), with ``changes``."""
+    config: dict[str, Any] = {
+        "architectures": [HF_CLASS], "model_type": "granitemoehybrid", "hidden_size": 1536,
+        "intermediate_size": 512, "shared_intermediate_size": 1024, "num_hidden_layers": 10,
+        "num_attention_heads": 12, "num_key_value_heads": 4, "num_local_experts": 64, "num_experts_per_tok": 6,
+        "layer_types": ["mamba"] * 5 + ["attention"] + ["mamba"] * 4, "mamba_n_heads": 48, "mamba_d_head": 64,
+        "mamba_n_groups": 1, "mamba_d_state": 128, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True,
+        "mamba_proj_bias": False, "attention_bias": False, "hidden_act": "silu", "position_embedding_type": "nope",
+        "rope_theta": 10000, "rope_scaling": None, "vocab_size": 100352, "tie_word_embeddings": True,
+        "embedding_multiplier": 12, "logits_scaling": 6, "residual_multiplier": 0.22,
+        "attention_multiplier": 0.0078125}
+    config.update(changes)
+    return config
+
+
+def test_every_schedule_spelling_reads_the_same_layers() -> None:
+    from ggufkit.converters.granite_hybrid import check_config, schedule
+
+    want = [False] * 5 + [True] + [False] * 4
+    v5 = ["full_attention" if a else "linear_attention" for a in want]
+    for config in (_config(), _config(layer_types=v5), _config(layer_types=None, layers_block_type=v5),
+                   _config(layers_block_type=v5)):
+        check_config(config)
+        assert schedule(config) == want
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(layer_types=None, attn_layer_indices=[5]), "transformers' GraniteMoeHybridConfig ignores"),
+    (dict(layer_types=None), "no layer schedule"),
+    (dict(layer_types=["mamba"] * 10, layers_block_type=["mamba"] * 9 + ["attention"]), "disagree"),
+    (dict(layer_types=["mamba"] * 9 + ["cross"]), "layer kinds ['cross']"),
+    (dict(layer_types=["attention"] * 10), "no Mamba2 layer"),
+    (dict(layer_types=["mamba"] * 10), "no attention layer"),
+    (dict(num_hidden_layers=12), "num_hidden_layers 12 but a schedule of 10"),
+    (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+    (dict(mamba_expand=3, mamba_n_heads=72), "mamba_expand 3"),
+    (dict(mamba_proj_bias=True), "mamba_proj_bias"),
+    (dict(mamba_conv_bias=False), "no conv bias"),
+    (dict(attention_bias=True), "attention biases"),
+    (dict(position_embedding_type="rope"), "RoPE"),
+    (dict(time_step_limit=[0.0, 10.0]), "time_step_limit"),
+    (dict(vocab_size=100351), "vocab_size 100351 not a multiple of 8"),
+    (dict(num_experts_per_tok=65), "65 experts per token of 64"),
+    (dict(num_local_experts=0, num_experts_per_tok=0), "shared MLP's width 1024 is not intermediate_size 512"),
+])
+def test_configs_llama_cpp_would_run_as_another_model_are_refused(changes: dict[str, Any], message: str) -> None:
+    from ggufkit.converters.granite_hybrid import check_config
+    from ggufkit.errors import GGUFKitError
+
+    with pytest.raises(GGUFKitError) as err:
+        check_config(_config(**changes))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_transformers5_infinity_and_micro_configs_pass() -> None:
+    from ggufkit.converters.granite_hybrid import check_config
+
+    check_config(_config(time_step_limit=[0.0, {"__float__": "Infinity"}]))
+    check_config(_config(num_local_experts=0, num_experts_per_tok=0, intermediate_size=1024))
+
+
+def test_convert_refuses_in_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    ckpt = make_granite(tmp_path / "m", "moe", "release")
+    config = json.loads((ckpt / "config.json").read_text())
+    config["position_embedding_type"] = "rope"
+    (ckpt / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out.gguf"
+    r = subprocess.run(["python", "-m", "ggufkit", "convert", str(ckpt), "-o", str(out)], capture_output=True,
+                       text=True, check=False)
+    assert r.returncode == 2 and not out.exists()
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "RoPE" in lines[0] and "Traceback" not in r.stderr, r.stderr
