@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ggufkit.converters.stream import to_float32
 from ggufkit.errors import UnsupportedArchitectureError
 from ggufkit.format.values import VT
 
@@ -187,6 +188,14 @@ def _neg_exp(arr: np.ndarray) -> np.ndarray:
     return (-torch.exp(torch.from_numpy(np.array(arr)))).numpy()
 
 
+def _a_from_log(src_dtype: str) -> Callable[[np.ndarray], np.ndarray]:
+    """``A`` as ``[n_head, 1]`` from ``A_log`` stored as ``src_dtype`` (bf16 widened to float32 first)."""
+    def load(a: np.ndarray) -> np.ndarray:
+        return _neg_exp(to_float32(a, "BF16") if src_dtype == "BF16" else a).reshape(-1, 1)
+
+    return load
+
+
 def rewrite_tensors(raw: list[Raw], loaders: dict[str, Callable[[], Any]], config: Mapping[str, Any]) -> list[Raw]:
     """The Mamba2 tensors as Mamba2Model.modify_tensors writes them: ``A = -exp(A_log)`` and ``D`` as
     ``[n_head, 1]``, the conv kernel ``[C, 1, K]`` squeezed to ``[C, K]``, the gated norm as
@@ -200,8 +209,10 @@ def rewrite_tensors(raw: list[Raw], loaders: dict[str, Callable[[], Any]], confi
             new = name + ".bias"
             _wrap(loaders, name, new, lambda a: a)
         elif kind == "SSM_A":
+            # llama.cpp's converter widens bf16 to float32 before modify_tensors (numpy holds bf16 as its bits)
             shape = (int(np.prod(shape)), 1)
-            _wrap(loaders, name, name, lambda a: _neg_exp(a).reshape(-1, 1))
+            _wrap(loaders, name, name, _a_from_log(dtype))
+            dtype = "F32" if dtype == "BF16" else dtype
         elif kind == "SSM_D":
             shape = (int(np.prod(shape)), 1)
             _wrap(loaders, name, name, lambda a: a.reshape(-1, 1))

@@ -197,6 +197,15 @@ def test_moe_converts_as_llama_cpp_does(layouts: dict[str, Path], files: dict[st
         assert m.get("nemotron_h_moe.expert_weights_scale") == 2.5
 
 
+def test_bf16_checkpoint_converts_as_llama_cpp_does(tmp_path: Path) -> None:
+    """A bfloat16 checkpoint (as released): A = -exp(A_log) from the widened float32 values, F32 in the file, the
+    other tensors' bf16 bits kept (bf16) or widened (f32)."""
+    d = _make(tmp_path / "bf16", release=True, dtype="bfloat16")
+    for outtype in ("f32", "bf16"):
+        theirs = raw_llama_cpp_convert(d, tmp_path / f"theirs-{outtype}.gguf", outtype)
+        assert_same_file(theirs, convert(d, tmp_path / f"ours-{outtype}.gguf", outtype=outtype).outputs[0])
+
+
 def _edit(src: Path, d: Path, **changes: Any) -> Path:
     """A copy of checkpoint ``src`` with config fields changed (None removes one)."""
     import shutil
