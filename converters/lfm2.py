@@ -73,6 +73,11 @@ def check_config(config: Mapping[str, Any]) -> None:
         if len(types) != n_layer or any(t not in _KINDS for t in types):
             problems.append(f"layer_types {types} (llama.cpp knows one of {list(_KINDS)} per layer, "
                             f"{n_layer} layers)")
+        elif len(set(types)) < len(_KINDS):
+            # llama.cpp's hybrid memory allocates no buffer for a kind without layers and aborts at the first
+            # batch (GGML_ASSERT(buffer) in ggml-backend.cpp)
+            problems.append(f"only {types[0]} layers (layer_types / full_attn_idxs; llama.cpp's hybrid memory "
+                            "needs both kinds)")
     if config.get("conv_bias") is True:
         problems.append("conv_bias (llama.cpp's short convolution has no biases)")
     if not _moe(config):
@@ -94,7 +99,8 @@ def check_config(config: Mapping[str, Any]) -> None:
         raise UnsupportedArchitectureError(f"{arch}: llama.cpp would compute another model: " + "; ".join(problems))
 
 
-def hparams(config: Mapping[str, Any], values: dict[str, tuple[VT, Any]]) -> dict[str, tuple[VT, Any]]:
+def hparams(config: Mapping[str, Any], values: dict[str, tuple[VT, Any]],
+            tensor_names: tuple[str, ...]) -> dict[str, tuple[VT, Any]]:
     """head_count_kv per layer (0 on convolution layers; an INT32 array as gguf-py's add_head_count_kv writes a
     list) and, for LFM2, the FFN width llama.cpp's converter computes."""
     arch = "lfm2moe" if _moe(config) else "lfm2"
