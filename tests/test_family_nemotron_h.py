@@ -283,6 +283,26 @@ def test_f16_perplexity_equals_llama_perplexity(name: str, files: dict[str, Path
     assert abs(mine.ppl / theirs - 1) < 1e-3, (mine.ppl, theirs)
 
 
+@pytest.mark.parametrize("name", ["v5", "moe-v5"])
+def test_kl_divergence_of_a_q8_0_file_equals_llama_perplexitys(name: str, layouts: dict[str, Path],
+                                                               files: dict[str, Path], text_file: tuple[str, Path],
+                                                               tmp_path: Path) -> None:
+    """KLD of the Q8_0 conversion from the F32 one: ggufkit (llama.cpp's Q8_0 activations reproduced) against
+    llama-perplexity's --kl-divergence, within 3 % of the value."""
+    from test_family_cohere2 import _llama_kld
+
+    from ggufkit.eval import kl_divergence
+
+    f32 = files[f"{name}-f32"]
+    q8 = convert(layouts[name], tmp_path / "q8_0.gguf", outtype="q8_0").outputs[0]
+    text, path = text_file
+    mine = kl_divergence(q8, f32, text=text, ctx=CTX, chunks=CHUNKS, device="cpu", ggml_rounding=True,
+                         kv_cache="f32")
+    theirs = _llama_kld(q8, f32, path, tmp_path)
+    assert mine.kld is not None and theirs > 0
+    assert abs(mine.kld["mean_kld"] / theirs - 1) < 3e-2, (mine.kld["mean_kld"], theirs)
+
+
 @pytest.mark.parametrize("name", ["release", "moe-v5"])
 def test_imatrix_equals_llama_imatrix(name: str, files: dict[str, Path], text_file: tuple[str, Path],
                                       tmp_path: Path) -> None:
