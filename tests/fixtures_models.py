@@ -102,6 +102,16 @@ _BASE: dict[str, dict[str, Any]] = {
                                                  0.3535533905932738],
                                 rope_parameters={"rope_type": "default", "rope_theta": 100000000000.0},
                                 tie_word_embeddings=False, bos_token_id=1, eos_token_id=11, pad_token_id=0),
+    # Nemotron-H (transformers 5's layers_block_type; tests/test_family_nemotron_h.py writes the release
+    # hybrid_override_pattern): Mamba2 (2 groups), MLP, attention (head_dim 24, not hidden/heads) layers; the
+    # MoE variant overrides the schedule. Embedding rows a multiple of 8 (pass extra_vocab=7 with gpt-2's BPE).
+    "NemotronHForCausalLM": dict(hidden_size=64, intermediate_size=96, layers_block_type=[
+                                     "linear_attention", "mlp", "full_attention", "mlp", "linear_attention",
+                                     "full_attention"], num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                 ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4,
+                                 max_position_embeddings=128, n_routed_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+                                 routed_scaling_factor=2.5, tie_word_embeddings=False),
     "OPTForCausalLM": dict(hidden_size=64, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4,
                            max_position_embeddings=2048, word_embed_proj_dim=64, do_layer_norm_before=True,
                            activation_function="relu", enable_bias=True, tie_word_embeddings=True),
@@ -123,6 +133,7 @@ _CLASSES = {
     "Olmo2ForCausalLM": ("Olmo2Config", "Olmo2ForCausalLM"),
     "SmolLM3ForCausalLM": ("SmolLM3Config", "SmolLM3ForCausalLM"),
     "Cohere2ForCausalLM": ("Cohere2Config", "Cohere2ForCausalLM"),
+    "NemotronHForCausalLM": ("NemotronHConfig", "NemotronHForCausalLM"),
     "FalconH1ForCausalLM": ("FalconH1Config", "FalconH1ForCausalLM"),
 }
 #: Tokenizer per class (Llama defaults to SPM; vocab="bpe" picks a Llama-3 style BPE).
@@ -137,6 +148,8 @@ _VOCAB = {"LlamaForCausalLM": "spm", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausa
           "SmolLM3ForCausalLM": "real:llama-bpe",
           # Cohere's 256k BPE (llama.cpp's check hash "command-r")
           "Cohere2ForCausalLM": "command-r",
+          # Nemotron-H's 131k BPE has no llama.cpp vocab file; GPT-2's (check hash "gpt-2") stands in
+          "NemotronHForCausalLM": "real:gpt-2",
           # Falcon-H1's BPE (check hash "falcon-h1") splits as Llama 3's (llama-vocab.cpp: LLAMA3 pre-tokenizer);
           # llama.cpp ships no vocab file of it, so Llama 3's (check hash "llama-bpe") stands in
           "FalconH1ForCausalLM": "real:llama-bpe"}
