@@ -93,6 +93,19 @@ def _granite4(variant: str) -> Callable[[Path], Path]:
     return build
 
 
+def _lfm2(arch: str) -> Callable[[Path], Path]:
+    """A tiny LFM2 / LFM2-MoE (tests/test_family_lfm2.py) saved by transformers 5, converted by ggufkit."""
+
+    def build(d: Path) -> Path:
+        from test_family_lfm2 import make_lfm2
+
+        from ggufkit.converters import convert
+
+        return Path(convert(make_lfm2(d / "ckpt", arch), d / "f32.gguf", outtype="f32").outputs[0])
+
+    return build
+
+
 #: GGUF architecture -> its tiny models (case id, builder), each compared with llama-imatrix. Every
 #: architecture of ARCH_TRAITS needs a row here or in POWERINFER.
 LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
@@ -129,6 +142,10 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     # expert, and the dense variant (Granite 4 Micro); transformers-5 saves converted by ggufkit
     # (tests/test_family_granite4.py)
     "granitehybrid": [("granitehybrid-moe", _granite4("moe")), ("granitehybrid-dense", _granite4("dense"))],
+    # short-convolution (in_proj, out_proj collected; not the conv kernel) and attention layers; LFM2-MoE's
+    # sigmoid router with a selection bias after a dense lead layer (tests/test_family_lfm2.py)
+    "lfm2": [("lfm2", _lfm2("lfm2"))],
+    "lfm2moe": [("lfm2moe", _lfm2("lfm2moe"))],
 }
 #: PowerInfer architectures (no llama-imatrix): eval_models builder name.
 POWERINFER = {"opt": "opt", "bamboo": "bamboo"}
@@ -159,7 +176,8 @@ def _collectable(path: Path) -> set[str]:
     with open_gguf(path) as m:
         return {t.name for t in m.tensors if (t.name.startswith("blk.") and (
             len([n for n in t.ne if n > 1]) >= 2 or t.name.endswith("ffn_gate_inp_shexp.weight"))
-            and not t.name.endswith("ssm_conv1d.weight")  # ggml_ssm_conv's kernel: not a ggml_mul_mat operand
+            and not t.name.endswith(("ssm_conv1d.weight", "shortconv.conv.weight"))  # ggml_ssm_conv's kernel:
+            # not a ggml_mul_mat operand
             and not t.name.endswith("ssm_norm.weight"))  # Mamba2's grouped norm ([n_group, ...]): a ggml_mul
             or t.name == "output.weight"}
 
