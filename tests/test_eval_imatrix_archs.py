@@ -106,6 +106,18 @@ def _lfm2(arch: str) -> Callable[[Path], Path]:
     return build
 
 
+def _family_f32(module: str) -> Callable[[Path], Path]:
+    """``tiny_f32`` of tests/<module>.py: the family's tiny checkpoint as transformers 5 saves it, converted by
+    ggufkit."""
+
+    def build(d: Path) -> Path:
+        import importlib
+
+        return Path(importlib.import_module(module).tiny_f32(d))
+
+    return build
+
+
 #: GGUF architecture -> its tiny models (case id, builder), each compared with llama-imatrix. Every
 #: architecture of ARCH_TRAITS needs a row here or in POWERINFER.
 LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
@@ -146,6 +158,11 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     # sigmoid router with a selection bias after a dense lead layer (tests/test_family_lfm2.py)
     "lfm2": [("lfm2", _lfm2("lfm2"))],
     "lfm2moe": [("lfm2moe", _lfm2("lfm2moe"))],
+    # gated delta-net layers (attn_qkv, attn_gate, ssm_ba / ssm_beta + ssm_alpha, ssm_out; not the conv) and gated
+    # full-attention layers, softmax MoE with a sigmoid-gated shared expert (tests/test_family_qwen3next.py,
+    # tests/test_family_qwen35moe.py)
+    "qwen3next": [("qwen3next", _family_f32("test_family_qwen3next"))],
+    "qwen35moe": [("qwen35moe", _family_f32("test_family_qwen35moe"))],
 }
 #: PowerInfer architectures (no llama-imatrix): eval_models builder name.
 POWERINFER = {"opt": "opt", "bamboo": "bamboo"}
