@@ -38,13 +38,14 @@ N_TOKENS = 320
 
 
 def _config(n_layer: int = 22, shared: int = 2, **overrides: Any) -> dict[str, Any]:
-    return dict(vocab_size=N_TOKENS + 16, vocab_size_per_layer_input=N_TOKENS, hidden_size=96, intermediate_size=128,
-                num_hidden_layers=n_layer, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                sliding_window=8, hidden_size_per_layer_input=256, laurel_rank=64, num_kv_shared_layers=shared,
-                max_position_embeddings=128,
-                layer_types=["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(n_layer)],
-                activation_sparsity_pattern=[0.95] * min(n_layer, 10) + [0.0] * max(n_layer - 10, 0),
-                bos_token_id=1, eos_token_id=2, pad_token_id=0, **overrides)
+    return {**dict(vocab_size=N_TOKENS + 16, vocab_size_per_layer_input=N_TOKENS, hidden_size=96,
+                   intermediate_size=128, num_hidden_layers=n_layer, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=16, sliding_window=8, hidden_size_per_layer_input=256, laurel_rank=64,
+                   num_kv_shared_layers=shared, max_position_embeddings=128,
+                   layer_types=["full_attention" if (i + 1) % 5 == 0 else "sliding_attention"
+                                for i in range(n_layer)],
+                   activation_sparsity_pattern=[0.95] * min(n_layer, 10) + [0.0] * max(n_layer - 10, 0),
+                   bos_token_id=1, eos_token_id=2, pad_token_id=0), **overrides}
 
 
 def make_gemma3n(dir: Path, **config: Any) -> Path:
@@ -302,3 +303,53 @@ def test_cli_refuses_in_one_line(layouts: dict[str, Path], tmp_path: Path) -> No
                        capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "laurel_rank" in r.stderr
+
+
+# -- quantize ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quant_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A 256-wide Gemma 3n converted to F16 (k-quant rows), and an importance matrix for it."""
+    from fixtures_quantize import imatrix_values, write_imatrix_gguf
+
+    d = tmp_path_factory.mktemp("gemma3n-quant")
+    ckpt = make_gemma3n(d / "m", hidden_size=256, intermediate_size=512, head_dim=64)
+    model = convert(ckpt, d / "m.gguf", outtype="f16").outputs[0]
+    return {"model": model, "imatrix": write_imatrix_gguf(d / "imatrix.gguf", imatrix_values(model))}
+
+
+@pytest.mark.parametrize("with_imatrix", [False, True])
+def test_every_preset_plans_as_llama_quantize(quant_model: dict[str, Path], with_imatrix: bool) -> None:
+    """llama_tensor_get_type's choice for every tensor and every TYPE (llama-quantize --dry-run): the
+    per-layer token embedding as token_embd, altup / laurel / per_layer_model_proj kept as they are."""
+    from test_quant_presets_oracle import dry_run_types, planned_types
+
+    from ggufkit.quant.llama_quantize.plan import QuantOptions
+    from ggufkit.quant.llama_quantize.presets import TYPE_CHOICES
+
+    flags: tuple[str, ...] = ()
+    options = QuantOptions(dry_run=True)
+    if with_imatrix:
+        flags = ("--imatrix", str(quant_model["imatrix"]))
+        with open_gguf(quant_model["imatrix"]) as m:
+            sizes = {t.name[:-len(".in_sum2")]: t.n_elements for t in m.tensors if t.name.endswith(".in_sum2")}
+        options = QuantOptions(dry_run=True, imatrix_sizes=sizes)
+    mismatches = [t for t in TYPE_CHOICES
+                  if planned_types(quant_model["model"], t, options) != dry_run_types(quant_model["model"], t, *flags)]
+    assert not mismatches
+
+
+@pytest.mark.parametrize(("target", "with_imatrix"), [("q4_k_m", False), ("q2_k", False), ("q8_0", False),
+                                                      ("q4_k_m", True), ("iq3_xxs", True)])
+def test_whole_file_equals_llama_quantize(quant_model: dict[str, Path], tmp_path: Path, target: str,
+                                          with_imatrix: bool) -> None:
+    from fixtures_quantize import assert_same_quantized
+    from llama_cpp_sources import tool_path
+
+    from ggufkit.quant import quantize_file
+
+    flags = ["--imatrix", str(quant_model["imatrix"])] if with_imatrix else []
+    subprocess.run([str(tool_path("llama-quantize")), *flags, str(quant_model["model"]), str(tmp_path / "ref.gguf"),
+                    target.upper(), "2"], check=True, capture_output=True)
+    quantize_file(quant_model["model"], tmp_path / "ours.gguf", target,
+                  imatrix=quant_model["imatrix"] if with_imatrix else None, threads=2)
+    assert_same_quantized(tmp_path / "ref.gguf", tmp_path / "ours.gguf")
