@@ -353,3 +353,23 @@ def test_whole_file_equals_llama_quantize(quant_model: dict[str, Path], tmp_path
     quantize_file(quant_model["model"], tmp_path / "ours.gguf", target,
                   imatrix=quant_model["imatrix"] if with_imatrix else None, threads=2)
     assert_same_quantized(tmp_path / "ref.gguf", tmp_path / "ours.gguf")
+
+
+def test_release_of_a_tiny_gemma3n(layouts: dict[str, Path], tmp_path: Path) -> None:
+    """``release`` end to end on the released layout: F16 master, importance matrix, a Q8_0 file whose
+    perplexity and KLD the manifest reports; every GGUF loads in llama.cpp."""
+    from ggufkit.eval.perplexity import sample_text
+    from ggufkit.release import release
+
+    text = tmp_path / "text.txt"
+    text.write_text(sample_text()[:6000] + "\n", encoding="utf-8")
+    out = tmp_path / "release"
+    result = release(layouts["release"], out, types=["q8_0"], master="f16", imatrix_text=text, ctx=64, chunks=2,
+                     imatrix_chunks=2, device="cpu")
+    assert result.ok, result.failures
+    ggufs = [out / f for f in result.files if f.endswith(".gguf") and ".imatrix" not in f]
+    assert len(ggufs) == 2 and any(p.name.endswith("-Q8_0.gguf") for p in ggufs), result.files
+    for path in ggufs:
+        with open_gguf(path) as f:
+            assert f.architecture == "gemma3n"
+        assert np.isfinite(llama_cpp_logits(path)).all()
