@@ -180,6 +180,24 @@ def test_without_the_group_norm_as_released(text_file: tuple[str, Path], tmp_pat
     assert abs(mine.ppl / ref - 1) < 1e-3, (mine.ppl, ref)
 
 
+def test_multipliers_a_config_leaves_out_are_transformers_defaults(tmp_path: Path) -> None:
+    """llama.cpp's converter fails on a config without a multiplier (``None * tensor``); transformers runs it
+    with FalconH1Config's defaults (1.0 each), so ggufkit writes the file llama.cpp's converter writes when the
+    config spells those defaults out."""
+    full = _to_release(make_checkpoint(tmp_path / "v5", HF_CLASS, seed=4), tmp_path / "full")
+    config = json.loads((full / "config.json").read_text())
+    config.update(key_multiplier=1.0, mlp_multipliers=[1.0, 1.0], ssm_multipliers=[1.0] * 5, ssm_in_multiplier=1.0)
+    (full / "config.json").write_text(json.dumps(config, indent=2))
+    sparse = shutil.copytree(full, tmp_path / "sparse")
+    for key in ("key_multiplier", "mlp_multipliers", "ssm_multipliers", "ssm_in_multiplier"):
+        config.pop(key)
+    (sparse / "config.json").write_text(json.dumps(config, indent=2))
+    with pytest.raises(subprocess.CalledProcessError):
+        llama_cpp_convert(sparse, tmp_path / "sparse-theirs.gguf")
+    theirs = llama_cpp_convert(full, tmp_path / "theirs.gguf")
+    _assert_same_file(theirs, convert(sparse, tmp_path / "ours.gguf", outtype="f32").outputs[0])
+
+
 def _llama_kld(model: Path, base: Path, text_file: Path, tmp_path: Path) -> float:
     """llama-perplexity's mean KL divergence of ``model`` from ``base`` (--kl-divergence-base, then
     --kl-divergence), on llama.cpp's float32 attention path."""
