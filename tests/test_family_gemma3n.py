@@ -373,3 +373,9 @@ def test_release_of_a_tiny_gemma3n(layouts: dict[str, Path], tmp_path: Path) -> 
         with open_gguf(path) as f:
             assert f.architecture == "gemma3n"
         assert np.isfinite(llama_cpp_logits(path)).all()
+
+
+def tiny_f32(d: Path) -> Path:
+    """tests/test_eval_imatrix_archs.py's Gemma 3n case: 12 layers (10 sparse, sliding and global, no KV sharing:
+    every block matrix is one llama-imatrix collects) saved by transformers 5, converted to F32 by ggufkit."""
+    return convert(make_gemma3n(d / "ckpt", n_layer=12, shared=0), d / "f32.gguf", outtype="f32").outputs[0]
