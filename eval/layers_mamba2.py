@@ -23,6 +23,7 @@ The layer, on the normed stream ``h`` ``[B, T, n_embd]``:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from ggufkit.format.reader import GGUFModel
 
 #: Tokens per chunk of :func:`ssm_scan` (the quadratic part's side; longer sequences carry the state).
-SCAN_CHUNK = 64
+SCAN_CHUNK = 128
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,16 @@ def mamba2_shapes(d: Mamba2Dims, n_embd: int, b: str, names: set[str]) -> dict[s
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
-    """ggml_compute_softplus_f32 (ggml/src/ggml-impl.h): ``x`` above 20, else ``log(1 + exp(x))``."""
-    return torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(torch.clamp(x, max=20.0))))
+    """ggml_compute_softplus_f32 (ggml/src/ggml-impl.h): ``x`` above 20, else ``log(1 + exp(x))`` (torch's
+    fused softplus: ``log1p(exp(x))``, the same value within a float32 ulp)."""
+    return F.softplus(x, beta=1.0, threshold=20.0)
+
+
+@functools.cache
+def _masks(size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lower-triangular masks of a chunk, with and without the diagonal (made once per size and device)."""
+    tril = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+    return tril, tril.tril(-1)
 
 
 def ssm_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
@@ -150,10 +159,10 @@ def ssm_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor
     cm = c.reshape(bsz, nc, size, ng, ns)
     da = da.reshape(bsz, nc, size, ng, r).permute(0, 3, 4, 1, 2)  # [B, G, R, c, L]
     # seg[..., l, s] = sum_{s < k <= l} da_k, summed from s + 1 (not a difference of two long cumsums)
-    tril = torch.ones(size, size, dtype=torch.bool, device=x.device).tril()
-    rep = da.unsqueeze(-1).expand(*da.shape, size)  # [..., l, s] = da_l
-    seg = rep.masked_fill(~tril.tril(-1), 0.0).cumsum(dim=-2)
-    decay = torch.exp(seg.masked_fill(~tril, float("-inf")))  # [B, G, R, c, L, L]
+    tril, strict = _masks(size, x.device)
+    rep = da.unsqueeze(-1) * strict  # [..., l, s] = da_l where s < l, else 0
+    seg = rep.cumsum(dim=-2)
+    decay = torch.exp(seg).mul_(tril)  # [B, G, R, c, L, L]; seg <= 0 on and below the diagonal
     cb = torch.einsum("bclgn,bcsgn->bgcls", cm, bm)  # [B, G, c, L, L]
     y = torch.einsum("bgrcls,bcsgrp->bclgrp", decay * cb.unsqueeze(2), xdt)
     if nc > 1:
@@ -179,7 +188,7 @@ def gated_group_norm(y: torch.Tensor, z: torch.Tensor, w: torch.Tensor | None, n
         return g
     shape = g.shape
     g = g.reshape(*shape[:-1], n_group, shape[-1] // n_group)
-    g = g * torch.rsqrt(g.pow(2).mean(dim=-1, keepdim=True) + eps)
+    g = F.rms_norm(g, (shape[-1] // n_group,), None, eps)  # x / sqrt(mean(x^2) + eps), as ggml_rms_norm
     return (g * w.reshape(n_group, -1)).reshape(shape)
 
 

@@ -38,7 +38,7 @@ from ggufkit.converters import convert
 from ggufkit.format import open_gguf
 
 HF_CLASS = "GraniteMoeHybridForCausalLM"
-CTX = 128  # two of the scan's 64-token chunks per sequence
+CTX = 192  # two chunks of the scan (eval/layers_mamba2.py SCAN_CHUNK, 128 tokens) per sequence
 CHUNKS = 3
 #: 50257 GPT-2 tokens (llama.cpp's check hash "gpt-2"), the embedding padded to a multiple of 8 (llama.cpp's
 #: converter pads the token list of a hybrid model to 8).
@@ -209,13 +209,13 @@ def _llama_cpp_long_logits(gguf: Path, tokens: list[int]) -> np.ndarray:
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_evaluator_logits_equal_llama_cpps_over_several_scan_chunks(files: dict[str, Path], variant: str) -> None:
-    """150 tokens (three 64-token chunks of the scan, the state carried between them): the evaluator's logits
+    """200 tokens (two chunks of the scan, the state carried between them): the evaluator's logits
     against llama.cpp's token-by-token ggml_ssm_scan on the same F32 file, within 1e-4 of the logit range (the
     chunked scan sums in another order; measured 5e-6)."""
     from ggufkit.eval.model import load_model
 
     rng = np.random.default_rng(3)
-    tokens = [int(t) for t in rng.integers(0, N_VOCAB, 150)]
+    tokens = [int(t) for t in rng.integers(0, N_VOCAB, 200)]
     path = files[f"{variant}-v5-f32"]
     want = _llama_cpp_long_logits(path, tokens)
     with load_model(path, device="cpu") as m:
