@@ -84,12 +84,13 @@ for _cls in ("Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGenerat
     fixtures_models._CLASSES.setdefault(_cls, (_cls.replace("ForConditionalGeneration", "Config"), _cls))
     fixtures_models._VOCAB.setdefault(_cls, "real:gpt-2")
 # Qwen3.5 (dense and MoE): the qwen35 / qwen35moe text model (gated delta-net layers and gated full attention,
-# both kinds in the schedule; 2 key heads under 4 value heads, so llama.cpp's converter reorders the value heads)
+# both kinds in the schedule, every 4th layer full attention as released; 2 key heads under 4 value heads, so
+# llama.cpp's converter reorders the value heads)
 # under model.language_model., and Qwen3-VL's vision tower without deepstack mergers (released vision_configs
 # list none: "deepstack_visual_indexes": []). head_dim 32 at Qwen3.5's rotary fraction 0.25: 8 rotary dimensions,
 # M-RoPE sections [2, 1, 1].
 _QWEN35_TEXT = dict(_QWEN_TEXT, head_dim=32, num_hidden_layers=4,
-                    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
                     linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
                     linear_num_key_heads=2, linear_num_value_heads=4,
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
