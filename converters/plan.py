@@ -46,7 +46,7 @@ G = Keys.General
 #: GGUF tensors llama.cpp's converter always keeps in F32 whatever the outtype (conversion/base.py:
 #: ModelBase.prepare_tensors).
 _F32_KINDS = frozenset({"POS_EMBD", "TOKEN_TYPES", "FFN_GATE_INP", "FFN_GATE_INP_SHEXP", "SSM_CONV1D",
-                        "SHORTCONV_CONV"})
+                        "SHORTCONV_CONV", "ALTUP_CORRECT_COEF", "ALTUP_PREDICT_COEF"})
 
 
 # -- mapping -------------------------------------------------------------------------------------------
