@@ -133,11 +133,11 @@ def _attention(model: GGUFCausalLM, h: torch.Tensor, p: str, il: int, kv: dict[i
     q = model.norm(q, model.weight(p + "attn_q_norm.weight"), None)
     swa = hp.is_swa(il)
     base, scale = (hp.rope_base_swa, hp.rope_scale_swa) if swa else (hp.rope_base, hp.rope_scale)
-    q = model._apply_rope(q, base, scale)
+    q = model.apply_rope(q, base, scale)
     if own:
         k = model.linear(h, model.weight(p + "attn_k.weight")).reshape(bsz, t, hp.n_head_kv, hd)
         v = model.linear(h, model.weight(p + "attn_v.weight")).reshape(bsz, t, hp.n_head_kv, hd)
-        k = model._apply_rope(model.norm(k, model.weight(p + "attn_k_norm.weight"), None), base, scale)
+        k = model.apply_rope(model.norm(k, model.weight(p + "attn_k_norm.weight"), None), base, scale)
         v = _rms(v, hp.eps)
         kv[il] = (k, v)
     else:  # llama.cpp's reuse callback: layer n_layer_kv_from_start - 2 (sliding) or - 1 (global)

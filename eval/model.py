@@ -108,6 +108,7 @@ class GGUFCausalLM:
     * :meth:`norm`: the architecture's RMSNorm or LayerNorm;
     * :meth:`observe` / :meth:`observe_routed`: report a matmul's input to :attr:`observer`, if any;
     * :meth:`attention` / :meth:`feed_forward`: a block's self-attention and its dense or MoE FFN;
+      :meth:`apply_rope`: the file's RoPE on ``[B, T, H, head_dim]``;
     * :meth:`block`: one transformer block on the residual stream ``[B, T, n_embd]``.
 
     An architecture whose blocks are not this transformer's (recurrent and hybrid families) has a
@@ -284,7 +285,7 @@ class GGUFCausalLM:
         self._rope_cache[(t, base, scale)] = result
         return result
 
-    def _apply_rope(self, x: torch.Tensor, base: float, scale: float) -> torch.Tensor:
+    def apply_rope(self, x: torch.Tensor, base: float, scale: float) -> torch.Tensor:
         """x: [B, T, H, hd] float32."""
         hp = self.hparams
         if hp.rope_mode == "none":
@@ -330,7 +331,7 @@ class GGUFCausalLM:
         swa = hp.is_swa(il)
         base, rscale = (hp.rope_base_swa, hp.rope_scale_swa) if swa else (hp.rope_base, hp.rope_scale)
         if hp.uses_rope(il):
-            q, k = self._apply_rope(q, base, rscale), self._apply_rope(k, base, rscale)
+            q, k = self.apply_rope(q, base, rscale), self.apply_rope(k, base, rscale)
         if self.kv_f16:  # llama.cpp's F16 K/V cache, read by its flash attention in float32
             k, v = round_f16(k), round_f16(v)
         q, k, v = (z.transpose(1, 2).to(self.dtype) for z in (q, k, v))  # [B, H, T, hd]
