@@ -53,7 +53,9 @@ def test_shipped_registry_loads_and_every_entry_names_a_known_arch() -> None:
     reg = parse_registry(REGISTRY_TEXT)
     assert {e.arch for e in reg.entries.values()} == {"llama", "qwen2", "qwen3", "qwen", "gptneox", "opt", "qwen2moe",
                                                      "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3", "qwen2vl",
-                                                     "qwen3vl", "smollm3", "olmo2", "cohere2"}
+                                                     "qwen3vl", "smollm3", "olmo2", "cohere2", "falcon-h1", "gemma3n",
+                                                     "granitehybrid", "lfm2", "lfm2moe", "nemotron_h_moe", "qwen35",
+                                                     "qwen35moe", "qwen3next"}
 
 
 @pytest.mark.parametrize(("old", "new", "message"), [
