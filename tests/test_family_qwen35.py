@@ -391,3 +391,42 @@ def test_whole_files_equal_llama_quantize(quant_model: dict[str, Path], tmp_path
         ref.unlink()
         ours.unlink()
     assert compared >= (len(WITH_IMATRIX) if with_imatrix else 25)
+
+
+# -- release -------------------------------------------------------------------------------------------
+def test_release_end_to_end(tmp_path: Path) -> None:
+    """``release`` of a tiny Qwen3.5 in the released layout: F16 master, importance matrix (llama-imatrix's
+    entries on that master: no ssm_conv1d), Q8_0 and Q4_K_M, card; every file loads in llama.cpp and the
+    master's reported perplexity is llama-perplexity's."""
+    from test_eval_archs_vs_llama_perplexity import F32_PATH, llama_perplexity
+    from test_eval_imatrix import F32_ATTENTION, llama_imatrix
+
+    from ggufkit.eval.perplexity import sample_text
+    from ggufkit.format import open_gguf
+    from ggufkit.quant.imatrix.collector import read_raw_imatrix
+    from ggufkit.release import release
+
+    ckpt = make_qwen35(tmp_path / "tiny-qwen35", "release", hidden_size=256, intermediate_size=256)
+    text = tmp_path / "text.txt"
+    text.write_text(sample_text()[:6000] + "\n", encoding="utf-8")
+    out = tmp_path / "release"
+    result = release(ckpt, out, types=["q8_0", "q4_k_m"], master="f16", imatrix_text=text, eval_text=text,
+                     ctx=64, chunks=2, imatrix_chunks=2, device="cpu")
+    assert result.ok, result.failures
+    master = next(out / f for f in result.files if f.endswith("-F16.gguf"))
+    imatrix = next(out / f for f in result.files if ".imatrix" in f)
+    quants = [out / f for f in result.files if f.endswith(("-Q8_0.gguf", "-Q4_K_M.gguf"))]
+    assert len(quants) == 2
+    for path in (master, *quants):
+        with open_gguf(path) as f:
+            assert f.architecture == "qwen35"
+        assert np.isfinite(llama_cpp_logits(path)).all()
+    ref = tmp_path / "ref.gguf"
+    llama_imatrix("-m", master, "-f", text, "-c", 64, "--chunks", 2, "-o", ref, *F32_ATTENTION)
+    assert sorted(read_raw_imatrix(imatrix).entries) == sorted(read_raw_imatrix(ref).entries)
+    manifest = json.loads((out / "manifest.json").read_text())
+    reported = manifest["steps"]["eval-master"]["results"]["ppl"]
+    theirs, _ = llama_perplexity(master, text, 64, 2, *F32_PATH)
+    # release evaluates the F16 master with float32 activations, llama-perplexity rounds each matmul's input to
+    # F16 first: on this random 256-wide model (PPL ~6.5e9, very sensitive) that is 0.12 % (measured)
+    assert abs(reported / theirs - 1) < 2e-3, (reported, theirs)
