@@ -30,7 +30,6 @@ from fixtures_models import llama_cpp_logits, transformers_logits
 from test_family_qwen3next import (
     MOE_ENTRIES,
     assert_every_preset_plans_as_llama_quantize,
-    assert_whole_files_equal_llama_quantize,
     imatrix_against_llama,
     llama_cpp_convert,
     make_model,
@@ -165,12 +164,6 @@ def quant_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("with_imatrix", [False, True])
 def test_every_preset_plans_as_llama_quantize(quant_model: dict[str, Path], with_imatrix: bool) -> None:
     assert_every_preset_plans_as_llama_quantize(quant_model, with_imatrix)
-
-
-@pytest.mark.parametrize("with_imatrix", [False, True])
-def test_whole_files_equal_llama_quantize_for_every_preset(quant_model: dict[str, Path], tmp_path: Path,
-                                                           with_imatrix: bool) -> None:
-    assert_whole_files_equal_llama_quantize(quant_model, tmp_path, with_imatrix)
 
 
 def tiny_f32(d: Path) -> Path:
