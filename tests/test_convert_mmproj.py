@@ -346,4 +346,6 @@ def test_list_names_the_projector_of_each_vision_class() -> None:
                           "SmolVLMForConditionalGeneration": "idefics3",
                           "LlavaForConditionalGeneration": "pixtral", "Mistral3ForConditionalGeneration": "pixtral",
                           "Qwen2_5_VLForConditionalGeneration": "qwen2.5vl_merger",
-                          "Qwen3VLForConditionalGeneration": "qwen3vl_merger"}
+                          "Qwen3VLForConditionalGeneration": "qwen3vl_merger",
+                          "Qwen3_5ForConditionalGeneration": "qwen3vl_merger",
+                          "Qwen3_5MoeForConditionalGeneration": "qwen3vl_merger"}
