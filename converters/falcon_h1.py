@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ggufkit.converters.rewrite import Raw
+from ggufkit.converters.ssm_values import neg_exp
 from ggufkit.converters.stream import to_float32
 from ggufkit.errors import UnsupportedArchitectureError
 
@@ -91,16 +92,6 @@ def _scale(arr: np.ndarray, factor: float) -> np.ndarray:
     return out.astype(arr.dtype)
 
 
-def _neg_exp(arr: np.ndarray) -> np.ndarray:
-    """``-torch.exp(A_log)``, with torch's exp where installed (its SIMD exp is not numpy's; llama.cpp's converter
-    runs on torch), else exp in float64 rounded once."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is installed wherever llama.cpp's converter runs
-        return (-np.exp(arr.astype(np.float64))).astype(arr.dtype)
-    return (-torch.exp(torch.from_numpy(np.array(arr)))).numpy()
-
-
 def _in_proj(arr: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
     """ssm_in: times ssm_in_multiplier, then each of z, x, B, C, dt times its ssm_multipliers entry."""
     out = _scale(arr, float(_get(config, "ssm_in_multiplier")))
@@ -145,7 +136,7 @@ def _shape_rule(kind: str, gguf: str, shape: tuple[int, ...],
     """Mamba2Model.modify_tensors' renames, reshapes and A = -exp(A_log), and gguf-py's name for the FFN norm:
     (gguf name, shape, value rule)."""
     if kind == "SSM_A":
-        return gguf, (*shape, 1), lambda a: _neg_exp(a.reshape(*a.shape, 1))
+        return gguf, (*shape, 1), lambda a: neg_exp(a.reshape(*a.shape, 1))
     if kind == "SSM_D":
         return gguf, (*shape, 1), lambda a: a.reshape(*a.shape, 1)
     if kind == "SSM_DT":  # dt_bias -> dt_proj.bias (Mamba2Model.filter_tensors)

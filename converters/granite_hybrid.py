@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ggufkit.converters.ssm_values import neg_exp
 from ggufkit.errors import UnsupportedArchitectureError
 from ggufkit.format.values import VT
 
@@ -157,14 +158,6 @@ def hparams(config: Mapping[str, Any], values: dict[str, tuple[VT, Any]],
     return out
 
 
-def _neg_exp(arr: np.ndarray) -> np.ndarray:
-    """``-torch.exp(A_log)`` as Mamba2Model.modify_tensors computes it (torch's CPU exp, not numpy's, which
-    rounds differently in the last bit)."""
-    import torch
-
-    return (-torch.exp(torch.from_numpy(np.array(arr)))).numpy()
-
-
 def _wrapped(load: Callable[[], Any], fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[], np.ndarray]:
     return lambda: fn(np.asarray(load()))
 
@@ -185,7 +178,7 @@ def rewrite_tensors(raw: list[Raw], loaders: dict[str, Callable[[], Any]], confi
         if kind == "SSM_DT" and not name.endswith((".weight", ".bias")):
             name += ".bias"
         elif kind == "SSM_A":
-            shape, fn = (int(np.prod(shape)), 1), lambda a: _neg_exp(a).reshape(-1, 1)
+            shape, fn = (int(np.prod(shape)), 1), lambda a: neg_exp(a).reshape(-1, 1)
         elif kind == "SSM_D":
             shape, fn = (int(np.prod(shape)), 1), lambda a: a.reshape(-1, 1)
         elif kind == "SSM_CONV1D" and name.endswith(".weight") and len(shape) == 3:

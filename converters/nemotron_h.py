@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ggufkit.converters.ssm_values import neg_exp
 from ggufkit.converters.stream import to_float32
 from ggufkit.errors import UnsupportedArchitectureError
 from ggufkit.format.values import VT
@@ -178,20 +179,10 @@ def _wrap(loaders: dict[str, Callable[[], Any]], old: str, new: str, fn: Callabl
         loaders[new] = lambda: fn(np.asarray(load()))
 
 
-def _neg_exp(arr: np.ndarray) -> np.ndarray:
-    """``-torch.exp(A_log)`` as Mamba2Model.modify_tensors computes it: torch's CPU exp (not numpy's, which
-    rounds differently in the last bit) where torch is installed, else exp in float64 rounded once."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is installed wherever llama.cpp's converter runs
-        return (-np.exp(arr.astype(np.float64))).astype(arr.dtype)
-    return (-torch.exp(torch.from_numpy(np.array(arr)))).numpy()
-
-
 def _a_from_log(src_dtype: str) -> Callable[[np.ndarray], np.ndarray]:
     """``A`` as ``[n_head, 1]`` from ``A_log`` stored as ``src_dtype`` (bf16 widened to float32 first)."""
     def load(a: np.ndarray) -> np.ndarray:
-        return _neg_exp(to_float32(a, "BF16") if src_dtype == "BF16" else a).reshape(-1, 1)
+        return neg_exp(to_float32(a, "BF16") if src_dtype == "BF16" else a).reshape(-1, 1)
 
     return load
 

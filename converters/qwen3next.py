@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ggufkit.converters.ssm_values import neg_exp
 from ggufkit.errors import UnsupportedArchitectureError
 
 Raw = tuple[str, str, str, tuple[int, ...], str, "str | None"]
@@ -104,17 +105,12 @@ def hparams(config: Mapping[str, Any], values: dict[str, Any], *_: Any) -> dict[
 # -- tensors ---------------------------------------------------------------------------------------
 def _neg_exp(arr: np.ndarray, dtype: str) -> np.ndarray:
     """``-torch.exp(A_log)`` as llama.cpp's converter computes it (a BF16 source widened to float32 first).
-    torch's exp (MKL's vsExp) is not numpy's: torch is used where installed, else exp in float64 rounded once
-    (equal to it but for about 1 % of elements, one unit in the last place)."""
+    (:func:`ggufkit.converters.ssm_values.neg_exp`)."""
     from ggufkit.converters.stream import to_float32
 
     if dtype == "BF16":
         arr = to_float32(arr, "BF16")
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is installed wherever llama.cpp's converter runs
-        return (-np.exp(arr.astype(np.float64))).astype(arr.dtype)
-    return (-torch.exp(torch.from_numpy(np.array(arr)))).numpy()
+    return neg_exp(arr)
 
 
 def _tile_v_heads(arr: np.ndarray, axis: int, n_k: int, v_per_k: int, head: int) -> np.ndarray:
