@@ -164,7 +164,8 @@ def test_unknown_class_lists_the_supported_ones(llama: Path, tmp_path: Path) -> 
     config["architectures"] = ["MambaForCausalLM"]
     (d / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedArchitectureError, match=r"'MambaForCausalLM' is not supported; supported: "
-                                                           r"Cohere2ForCausalLM, GPTNeoXForCausalLM, Gemma2ForCausalLM, .*LlamaForCausalLM"):
+                                                           r"Cohere2ForCausalLM, FalconH1ForCausalLM, "
+                                                           r"GPTNeoXForCausalLM, Gemma2ForCausalLM, .*LlamaForCausalLM"):
         convert(d, tmp_path / "out.gguf")
 
 
