@@ -53,7 +53,21 @@ def test_runner_has_a_case_for_every_registry_entry() -> None:
     # classes (text halves and projectors): test_convert_mmproj.py, test_convert_mmproj_qwen.py.
     covered = {c[1] for c in CASES} | {"OPTForCausalLM"} | {c[1] for c in ARCH_CASES} | set(VISION_CLASSES)
     covered |= set(QWEN_CLASSES)
+    # issue 33's hybrid families: each class in its own file, which converts it against llama.cpp's converter
+    for hf_class, name in _FAMILY_FILES.items():
+        assert hf_class in (Path(__file__).parent / name).read_text(), (hf_class, name)
+    covered |= set(_FAMILY_FILES)
     assert covered == set(load_registry().entries)
+
+
+_FAMILY_FILES = {"GraniteMoeHybridForCausalLM": "test_family_granite4.py",
+                 "NemotronHForCausalLM": "test_family_nemotron_h.py", "FalconH1ForCausalLM": "test_family_falcon_h1.py",
+                 "Qwen3_5ForCausalLM": "test_family_qwen35.py", "Qwen3NextForCausalLM": "test_family_qwen3next.py",
+                 "Qwen3_5MoeForCausalLM": "test_family_qwen35moe.py",
+                 "Qwen3_5ForConditionalGeneration": "test_convert_mmproj_qwen35.py",
+                 "Qwen3_5MoeForConditionalGeneration": "test_convert_mmproj_qwen35.py",
+                 "Lfm2ForCausalLM": "test_family_lfm2.py", "Lfm2MoeForCausalLM": "test_family_lfm2moe.py",
+                 "Gemma3nForCausalLM": "test_family_gemma3n.py"}
 
 
 @pytest.fixture(scope="module")
