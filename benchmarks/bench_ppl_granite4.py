@@ -17,7 +17,9 @@ Measured (2026-11-28, AMD EPYC, 2 cores, avx2 fma f16c, 2 threads, the machine s
 0.58), and after the scan's launch count was cut 8.0 vs 13.7 tok/s (0.58) at a higher load; PPL equal within
 0.0005 %. Below the issue's 0.8: in-process profiles under that load put a third of ggufkit's time in the
 chunked scan's element-wise kernels (each launch costs tens of milliseconds when the cores are oversubscribed)
-and most of the rest in the F16 matmuls; not yet measured on a quiet machine.
+and most of the rest in the F16 matmuls. Quiet (same machine, nothing else running, one round): 2 x 512 tokens
+119.9 vs 234.1 tok/s (0.51: ggufkit's fixed start-up of ~4 s weighs on a 4 s run); 8 x 512 tokens 223.1 vs 297.9
+tok/s (0.75).
 
 Run: ``python -m pytest benchmarks/bench_ppl_granite4.py --benchmark-enable -s`` (not part of CI).
 """

@@ -16,7 +16,8 @@ CPU (model name, AVX2 / AVX-512), both tokens/s and the ratio ggufkit / llama.cp
 
 Measured (2026-11-28, AMD EPYC, 2 cores, avx2 fma f16c, 2 threads, 2 x 512 tokens, one round, the machine shared
 with eight other jobs, load average 17): ggufkit 362 s (2.8 tok/s) vs llama-perplexity 194 s (5.3 tok/s), ratio
-0.53, PPL equal within 0.03 % (random weights). Below the issue's 0.8 under that load; not re-measured quietly.
+0.53, PPL equal within 0.03 % (random weights). Quiet (same machine, nothing else running, 8 x 512 tokens, one
+round): ggufkit 199.6 tok/s (20.5 s) vs llama-perplexity 206.9 tok/s (19.8 s), ratio 0.96.
 """
 
 from __future__ import annotations
