@@ -38,6 +38,44 @@ def moe_ffn(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
     return out.reshape(h.shape)
 
 
+def route(logits: torch.Tensor, n_used: int, *, gating: str = "softmax", bias: torch.Tensor | None = None,
+          n_group: int = 1, topk_group: int = 0, norm: bool = False, scale: float = 0.0,
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router of build_moe_ffn (src/llama-graph.cpp) on the gate's ``logits`` ``float32[N, n_expert]``.
+
+    ``gating`` ``"softmax"`` or ``"sigmoid"`` gives the probabilities; ``bias`` (``ffn_exp_probs_b``,
+    DeepSeek V3's e_score_correction_bias) is added for the selection only; with ``n_group`` > 1 the experts
+    form ``n_group`` consecutive groups, each scored by the sum of its two best biased probabilities, and
+    only the ``topk_group`` best groups stay selectable; the ``n_used`` best experts are then picked and
+    weighted by their unbiased probabilities, renormalised to sum to one when ``norm`` (the sum clamped to
+    F16's smallest normal) and multiplied by ``scale`` unless it is 0 or 1 (expert_weights_scale).
+
+    Returns:
+        ``(weights float32[N, n_used], selected int64[N, n_used])``.
+    """
+    if gating == "softmax":
+        probs = torch.softmax(logits, dim=-1)
+    elif gating == "sigmoid":
+        probs = torch.sigmoid(logits)
+    else:
+        raise ValueError(f"unknown gating {gating!r}")
+    select = probs if bias is None else probs + bias
+    if n_group > 1:
+        n, n_expert = select.shape
+        groups = select.reshape(n, n_group, n_expert // n_group)
+        group_scores = torch.topk(groups, 2, dim=-1).values.sum(dim=-1)
+        keep = torch.topk(group_scores, topk_group, dim=-1).indices
+        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
+        select = groups.masked_fill(~mask[..., None], float("-inf")).reshape(n, n_expert)
+    selected = torch.topk(select, n_used, dim=-1).indices
+    weights = torch.gather(probs, 1, selected)
+    if norm:
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp(min=6.103515625e-5)
+    if scale not in (0.0, 1.0):
+        weights = weights * scale
+    return weights, selected
+
+
 def routed_experts(model: GGUFCausalLM, h: torch.Tensor, p: str, weights: torch.Tensor, selected: torch.Tensor,
                    act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> torch.Tensor:
     """The selected experts of block ``p`` on ``h`` ``[B, T, n_embd]``, each weighted and summed, as
