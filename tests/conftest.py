@@ -34,3 +34,18 @@ def _load_llama_cpp_models_without_repacking() -> None:
 
 
 _load_llama_cpp_models_without_repacking()
+
+
+def pytest_xdist_auto_num_workers(config: object) -> int:
+    """``-n auto`` (pyproject's addopts): one pytest-xdist worker per core, as many as memory allows at ~8 GiB
+    each (the largest tests hold a real 270M model, llama.cpp's and ours at once), and none when benchmarks are
+    asked for (pytest-benchmark measures nothing under xdist)."""
+    import os
+
+    import psutil
+
+    if getattr(config, "option", None) is not None and getattr(config.option, "benchmark_enable", False):  # type: ignore[attr-defined]
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    by_memory = psutil.virtual_memory().total // (8 * 2**30)
+    return max(1, min(cores, by_memory))
