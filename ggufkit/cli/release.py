@@ -86,6 +86,15 @@ def _render(d: Mapping[str, Any]) -> str:
 @click.option("--only", multiple=True, metavar="TYPE",
               help="Make only this type and its evaluation (plus the master and imatrix if missing); repeatable.")
 @click.option("--card-only", is_flag=True, help="Assemble the card and manifest from the --only runs' results.")
+@click.option("--matrix", is_flag=True,
+              help="Print the GitHub Actions strategy.matrix JSON of a release spread over CI jobs (one job per "
+                   "type: --only TYPE --exchange DIR) and exit; nothing is written.")
+@click.option("--shared-only", is_flag=True,
+              help="The CI fan-out's first job: make only the master and the importance matrix (and a projector) "
+                   "and put them in --exchange.")
+@click.option("--exchange", type=click.Path(file_okay=False, path_type=str), default=None, metavar="DIR",
+              help="The folder the CI's artifact steps carry between the jobs of a fan-out (--shared-only, "
+                   "--only, --card-only): the master, the imatrix and each job's manifest part.")
 @click.option("--push", metavar="REPO_ID", default=None, help="Upload OUTDIR to this hub repo after the gates pass.")
 @click.option("--private", is_flag=True, help="Create the hub repo private (with --push).")
 @click.option("--revision", default=None, metavar="BRANCH", help="Upload to this branch (with --push).")
@@ -103,7 +112,8 @@ def _render(d: Mapping[str, Any]) -> str:
 def release(model: str, outdir: str, types: str | None, master: str, imatrix_text: str | None,
             imatrix: str | None, no_imatrix: bool, eval_text: str | None, ctx: int, chunks: int | None,
             imatrix_chunks: int | None, kld_top_k: int | None, max_kld: tuple[str, ...], split_max_size: int | None,
-            only: tuple[str, ...], card_only: bool, push: str | None, private: bool, revision: str | None,
+            only: tuple[str, ...], card_only: bool, matrix: bool, shared_only: bool, exchange: str | None,
+            push: str | None, private: bool, revision: str | None,
             quantized_by: str, base_model: str | None, mmproj_type: str | None, no_mmproj: bool, dry_run: bool, device: str,
             out: Output) -> None:
     """Make MODEL's whole GGUF release in OUTDIR: convert once to the master, collect an importance matrix,
@@ -121,6 +131,10 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
       ggufkit release ./my-model -o my-model-GGUF --base-model meta-llama/Llama-3.2-1B
       ggufkit release ./my-model -o out --only q4_k_m      # one type per machine, then --card-only
       ggufkit release ./my-model -o my-model-GGUF --push me/my-model-GGUF
+      ggufkit release ./my-model -o out --matrix         # CI: the per-type jobs' matrix, after
+      ggufkit release ./my-model -o out --shared-only --exchange xchg   # then per job and last:
+      ggufkit release ./my-model -o out --only q4_k_m --exchange xchg
+      ggufkit release ./my-model -o out --card-only --exchange xchg
     """
     from ggufkit.cli._malloc import keep_freed_memory
     from ggufkit.errors import CheckFailedError
@@ -128,13 +142,31 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
 
     keep_freed_memory()
     type_list = [t.strip() for t in types.split(",") if t.strip()] if types else None
+    if matrix:
+        import json
+
+        from ggufkit.errors import UsageError
+        from ggufkit.release import release_matrix
+
+        given = [n for n, v in (("--only", only), ("--card-only", card_only), ("--shared-only", shared_only),
+                                ("--push", push), ("--exchange", exchange)) if v]
+        if given:
+            raise UsageError(f"--matrix prints the jobs' matrix; give it without {given[0]}")
+        jobs = release_matrix(model, outdir, types=type_list, master=master, imatrix_text=imatrix_text,
+                              imatrix=imatrix, no_imatrix=no_imatrix, eval_text=eval_text, ctx=ctx, chunks=chunks,
+                              imatrix_chunks=imatrix_chunks, kld_top_k=kld_top_k, max_kld=max_kld,
+                              split_max_size=split_max_size, device=device, quantized_by=quantized_by,
+                              mmproj_type=mmproj_type, no_mmproj=no_mmproj, base_model=base_model)
+        click.echo(json.dumps(jobs, separators=(",", ":")))
+        return
     result = run_release(model, outdir, types=type_list, master=master, imatrix_text=imatrix_text,
                          imatrix=imatrix, no_imatrix=no_imatrix, eval_text=eval_text, ctx=ctx, chunks=chunks,
                          imatrix_chunks=imatrix_chunks, kld_top_k=kld_top_k, max_kld=max_kld,
                          split_max_size=split_max_size, only=only, card_only=card_only, push=push,
                          private=private, revision=revision, dry_run=dry_run, device=device,
                          quantized_by=quantized_by, mmproj_type=mmproj_type, no_mmproj=no_mmproj,
-                         base_model=base_model, progress=out.progress(), on_stage=out.info)
+                         base_model=base_model, exchange=exchange, shared_only=shared_only,
+                         progress=out.progress(), on_stage=out.info)
     for note in result.notes:
         out.info(f"note: {note}")
     out.result(result.to_dict(), _render)

@@ -31,7 +31,7 @@ from ggufkit.release.plan import (
     planned_outputs,
 )
 
-__all__ = ["ReleaseOptions", "ReleaseResult", "release"]
+__all__ = ["ReleaseOptions", "ReleaseResult", "release", "release_matrix"]
 
 
 @dataclass
@@ -71,7 +71,8 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
             only: Sequence[str] = (), card_only: bool = False, push: str | None = None, private: bool = False,
             revision: str | None = None, dry_run: bool = False, device: str = "auto",
             quantized_by: str = "ggufkit", mmproj_type: str | None = None, no_mmproj: bool = False,
-            base_model: str | None = None, progress: Progress | None = None,
+            base_model: str | None = None, exchange: str | os.PathLike[str] | None = None,
+            shared_only: bool = False, progress: Progress | None = None,
             on_stage: Callable[[str], None] | None = None) -> ReleaseResult:
     """Make (or resume, or plan) a GGUF release of ``model`` in ``outdir``.
 
@@ -101,6 +102,10 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
         quantized_by: the card's ``quantized_by``.
         base_model: the hub id of the model this release quantizes (the card's ``base_model``; default: the
             hub repo the source came from, else the folder's name).
+        exchange, shared_only: a release spread over a CI's jobs (:mod:`ggufkit.release.exchange`): the
+            folder the CI's artifact steps carry between the jobs, and the shared job (``shared_only``: the
+            master and importance matrix only, put in ``exchange``); the ``only`` jobs take them from there and
+            leave their manifest parts there, and ``card_only`` assembles the release from those parts.
         mmproj_type, no_mmproj: a vision-language checkpoint's projector (``mmproj-{basename}-{FTYPE}.gguf``,
             shipped beside every quant) is written in this type (``f32``, ``f16``, ``bf16``, ``q8_0``; default
             ``f16``), or not at all with ``no_mmproj``. Text-only models have none.
@@ -112,16 +117,14 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
     Raises:
         UsageError: bad input, refused before any work (see :mod:`ggufkit.release.plan`).
     """
-    from ggufkit.release.plan import DEFAULT_SPLIT_MAX_SIZE
-
-    options = ReleaseOptions(
-        model=str(model), outdir=Path(outdir), types=tuple(types) if types else None, master=master,
-        imatrix_text=Path(imatrix_text) if imatrix_text else None, imatrix=Path(imatrix) if imatrix else None,
-        no_imatrix=no_imatrix, eval_text=Path(eval_text) if eval_text else None, ctx=ctx, chunks=chunks,
-        imatrix_chunks=imatrix_chunks, kld_top_k=kld_top_k, max_kld=parse_max_kld(max_kld),
-        split_max_size=split_max_size if split_max_size is not None else DEFAULT_SPLIT_MAX_SIZE, only=tuple(only),
-        card_only=card_only, push=push, private=private, revision=revision, dry_run=dry_run, device=device,
-        quantized_by=quantized_by, mmproj_type=mmproj_type, no_mmproj=no_mmproj, base_model=base_model)
+    options = _options(model, outdir, types=types, master=master, imatrix_text=imatrix_text, imatrix=imatrix,
+                       no_imatrix=no_imatrix, eval_text=eval_text, ctx=ctx, chunks=chunks,
+                       imatrix_chunks=imatrix_chunks, kld_top_k=kld_top_k, max_kld=max_kld,
+                       split_max_size=split_max_size, only=only, card_only=card_only, push=push, private=private,
+                       revision=revision, dry_run=dry_run, device=device, quantized_by=quantized_by,
+                       mmproj_type=mmproj_type, no_mmproj=no_mmproj, base_model=base_model, exchange=exchange,
+                       shared_only=shared_only)
+    from ggufkit.release import exchange as xchg
     from ggufkit.release.manifest import State
 
     state = State(options.outdir)
@@ -138,6 +141,11 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
         quant_step,
     )
 
+    bpw: dict[str, float] = {}
+    if options.exchange is not None and options.card_only:  # refused before any work: missing or other parts
+        bpw = xchg.import_all(plan, state, options.exchange)
+    elif options.exchange is not None and options.only:
+        xchg.import_shared(plan, state, options.exchange)
     plan.outdir.mkdir(parents=True, exist_ok=True)
     # the files this release writes here are claimed before any is written: a run killed between a file and
     # its step's record leaves a file that the next run knows as its own (plan.release_own_files)
@@ -149,15 +157,65 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
         mmproj_step(sc)  # first: small, and a projector that does not match its config stops the run early
         master_step(sc)
         imatrix_step(sc)
-        for qtype in plan.work_types:
-            quant_step(sc, qtype)
-        eval_step(sc, plan.work_types)
+        if not options.shared_only:
+            for qtype in plan.work_types:
+                quant_step(sc, qtype)
+            eval_step(sc, plan.work_types)
     state.save_cache()
-    if options.only:
+    if options.exchange is not None and options.shared_only:
+        xchg.export_shared(plan, sc.records, options.exchange)
+    elif options.exchange is not None and options.only:
+        xchg.export_parts(plan, sc.records, options.exchange)
+    if options.only or options.shared_only:
         files = sorted({n for r in sc.records.values() for n in r["outputs"]})
         return ReleaseResult(str(plan.outdir), False, [], files, ran=sc.ran, skipped=sc.skipped, notes=notes,
                              searches=sc.searches)
-    return _assemble(plan, sc, notes)
+    return _assemble(plan, sc, notes, bpw)
+
+
+def _options(model: str | os.PathLike[str], outdir: str | os.PathLike[str], **kw: Any) -> ReleaseOptions:
+    """:class:`ReleaseOptions` from :func:`release`'s keyword arguments."""
+    from ggufkit.release.plan import DEFAULT_SPLIT_MAX_SIZE
+
+    def path(v: Any) -> Path | None:
+        return Path(v) if v else None
+
+    return ReleaseOptions(
+        model=str(model), outdir=Path(outdir), types=tuple(kw["types"]) if kw["types"] else None,
+        master=kw["master"], imatrix_text=path(kw["imatrix_text"]), imatrix=path(kw["imatrix"]),
+        no_imatrix=kw["no_imatrix"], eval_text=path(kw["eval_text"]), ctx=kw["ctx"], chunks=kw["chunks"],
+        imatrix_chunks=kw["imatrix_chunks"], kld_top_k=kw["kld_top_k"], max_kld=parse_max_kld(kw["max_kld"]),
+        split_max_size=kw["split_max_size"] if kw["split_max_size"] is not None else DEFAULT_SPLIT_MAX_SIZE,
+        only=tuple(kw["only"]), card_only=kw["card_only"], push=kw["push"], private=kw["private"],
+        revision=kw["revision"], dry_run=kw["dry_run"], device=kw["device"], quantized_by=kw["quantized_by"],
+        mmproj_type=kw["mmproj_type"], no_mmproj=kw["no_mmproj"], base_model=kw["base_model"],
+        exchange=path(kw["exchange"]), shared_only=kw["shared_only"])
+
+
+def release_matrix(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *,
+                   types: Sequence[str] | None = None, no_imatrix: bool = False, **kw: Any) -> dict[str, Any]:
+    """GitHub Actions' ``strategy.matrix`` of a release spread over a CI's jobs: one job per type
+    (``{"include": [{"type": "Q4_K_M"}, ...]}``), each running ``release --only TYPE --exchange DIR`` after
+    the ``--shared-only`` job (:mod:`ggufkit.release.exchange`). The release is planned and checked as
+    :func:`release` plans it (bad input raises UsageError); nothing is written.
+
+    Args:
+        model, outdir, types, no_imatrix, kw: as :func:`release` (its other keyword arguments).
+    """
+    from ggufkit.release.exchange import matrix
+    from ggufkit.release.manifest import State
+
+    defaults: dict[str, Any] = dict(master="auto", imatrix_text=None, imatrix=None, eval_text=None, ctx=512,
+                                    chunks=None, imatrix_chunks=None, kld_top_k=None, max_kld=(),
+                                    split_max_size=None, only=(), card_only=False, push=None, private=False,
+                                    revision=None, dry_run=True, device="auto", quantized_by="ggufkit",
+                                    mmproj_type=None, no_mmproj=False, base_model=None, exchange=None,
+                                    shared_only=False)
+    unknown = set(kw) - set(defaults)
+    if unknown:
+        raise TypeError(f"release_matrix() got unexpected keyword arguments {sorted(unknown)}")
+    options = _options(model, outdir, types=types, no_imatrix=no_imatrix, **{**defaults, **kw, "dry_run": True})
+    return matrix(build_plan(options, State(options.outdir).cache))
 
 
 def _load_records(ctx: Any) -> None:
@@ -178,7 +236,8 @@ def _load_records(ctx: Any) -> None:
         ctx.records[s] = rec
 
 
-def _rows(plan: ReleasePlan, ctx: Any) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, list[str]]]:
+def _rows(plan: ReleasePlan, ctx: Any, bpw: Mapping[str, float]
+          ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, list[str]]]:
     from ggufkit.release.evaluate import card_numbers
     from ggufkit.release.mix import is_mix, manifest_entry
 
@@ -187,7 +246,7 @@ def _rows(plan: ReleasePlan, ctx: Any) -> tuple[dict[str, Any], list[dict[str, A
     files = {"master": sorted(rec["master"]["outputs"])}
     master = {**master_scores, "size": sum(h["size"] for h in rec["master"]["outputs"].values()),
               "bpw": 16.0 if plan.master_type in ("F16", "BF16") else 32.0}
-    master["bpw"] = _bpw(plan.outdir / files["master"][0])
+    master["bpw"] = _bpw(plan.outdir / files["master"][0], bpw)
     rows = []
     for t in plan.types:
         outputs = {n: h for n, h in rec[f"quantize-{t}"]["outputs"].items() if n.endswith(".gguf")}
@@ -200,20 +259,23 @@ def _rows(plan: ReleasePlan, ctx: Any) -> tuple[dict[str, Any], list[dict[str, A
     return master, rows, files
 
 
-def _projector(plan: ReleasePlan, ctx: Any) -> dict[str, Any] | None:
+def _projector(plan: ReleasePlan, ctx: Any, bpw: Mapping[str, float]) -> dict[str, Any] | None:
     """The projector's file, sha256, size, bits per weight and what the mmproj step measured (None: no projector)."""
     rec = ctx.records.get("mmproj")
     if plan.mmproj_file is None or rec is None:
         return None
     return {"file": plan.mmproj_file, **rec["outputs"][plan.mmproj_file],
-            "bpw": _bpw(plan.outdir / plan.mmproj_file), **rec["results"]}
+            "bpw": _bpw(plan.outdir / plan.mmproj_file, bpw), **rec["results"]}
 
 
-def _bpw(path: Path) -> float:
-    from ggufkit.format import open_gguf
+def _bpw(path: Path, known: Mapping[str, float]) -> float:
+    """Bits per weight of a GGUF here, or as the fan-out's shared job measured it (``known``: file name ->
+    bits per weight) when the file is not here."""
+    from ggufkit.release.exchange import gguf_bpw
 
-    with open_gguf(path) as m:
-        return 8 * sum(t.nbytes for t in m.tensors) / sum(t.n_elements for t in m.tensors)
+    if not path.is_file() and path.name in known:
+        return known[path.name]
+    return gguf_bpw(path)
 
 
 def _gates(plan: ReleasePlan, rows: list[dict[str, Any]]) -> dict[str, str]:
@@ -228,7 +290,7 @@ def _gates(plan: ReleasePlan, rows: list[dict[str, Any]]) -> dict[str, str]:
     return failed
 
 
-def _assemble(plan: ReleasePlan, ctx: Any, notes: list[str]) -> ReleaseResult:
+def _assemble(plan: ReleasePlan, ctx: Any, notes: list[str], bpw: Mapping[str, float]) -> ReleaseResult:
     from ggufkit import __version__
     from ggufkit.release.card import render_card
     from ggufkit.release.manifest import build_manifest, dumps, write_bytes
@@ -236,9 +298,9 @@ def _assemble(plan: ReleasePlan, ctx: Any, notes: list[str]) -> ReleaseResult:
     from ggufkit.release.push import push
 
     ctx.stage("writing the model card, plot and manifest")
-    master, rows, files = _rows(plan, ctx)
+    master, rows, files = _rows(plan, ctx, bpw)
     failed = _gates(plan, rows)
-    projector = _projector(plan, ctx)
+    projector = _projector(plan, ctx, bpw)
     write_bytes(plan.outdir / PLOT, render_plot(rows, f"{plan.model_name}: size against quality"))
     card = render_card(plan, master, rows, files, plan.options.push, __version__, projector=projector,
                        failed=failed)

@@ -104,6 +104,10 @@ class ReleaseOptions:
     mmproj_type: str | None = None
     no_mmproj: bool = False
     base_model: str | None = None
+    #: a fan-out over a CI's jobs (ggufkit.release.exchange): the folder the artifact steps carry, and the
+    #: shared job (master and importance matrix)
+    exchange: Path | None = None
+    shared_only: bool = False
 
 
 @dataclass
@@ -281,6 +285,15 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
         raise UsageError("--only and --card-only are two halves of a fan-out; give one of them")
     if o.push is not None and o.only:
         raise UsageError("--push uploads a whole release; run it with --card-only after the --only runs")
+    if o.shared_only and (o.only or o.card_only or o.push is not None):
+        flags: tuple[tuple[str, object], ...] = (("--only", o.only), ("--card-only", o.card_only),
+                                                  ("--push", o.push))
+        flag = next(n for n, v in flags if v)
+        raise UsageError(f"--shared-only is the fan-out's first job; give it without {flag}")
+    if o.exchange is not None and not (o.shared_only or o.only or o.card_only):
+        raise UsageError("--exchange goes with the jobs of a fan-out: --shared-only, --only TYPE or --card-only")
+    if o.exchange is not None and Path(o.exchange).exists() and not Path(o.exchange).is_dir():
+        raise UsageError(f"--exchange {o.exchange}: exists and is not a directory")
     if o.ctx < 16:
         raise UsageError(f"--ctx {o.ctx} is too small (at least 16)")
     if o.mmproj_type is not None and o.mmproj_type not in MMPROJ_TYPES:
@@ -341,7 +354,8 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
         suffix = ".dat" if o.imatrix is not None and Path(o.imatrix).suffix == ".dat" else ".gguf"
         imatrix_file = f"{prefix}.imatrix{suffix}"
     plan = ReleasePlan(o, outdir, model_dir, repo, revision, model_name, prefix, master_type,
-                       dry.plan.nbytes, dry.plan.n_params, types, only or types, use_imatrix, imatrix_file,
+                       dry.plan.nbytes, dry.plan.n_params, types, [] if o.shared_only else only or types,
+                       use_imatrix, imatrix_file,
                        imatrix_text, eval_text, source_files, source_card, master_plan=dry.plan)
     _plan_projector(plan, model_dir)
     _check_overwrites(plan)

@@ -349,13 +349,13 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
         est = int(plan.n_params * bpw / 8)
         out.append(StepStatus(f"quantize-{qtype}", action, [plan.type_file(qtype)], est,
                               f"~{bpw:.2f} bits per weight (default tensor type; mixtures differ)"))
-    for name in [None, *plan.work_types]:
+    for name in [] if o.shared_only else [None, *plan.work_types]:
         step = "eval-master" if name is None else f"eval-{name}"
         action = "run"
         if known and (name is None or f"quantize-{name}" in records):
             e_in, e_par = eval_inputs(plan, records, name)
             action = check(step, e_in, e_par)
         out.append(StepStatus(step, action, [], None, "perplexity" if name is None else "perplexity and KLD"))
-    if not o.only:
+    if not o.only and not o.shared_only:
         out.append(StepStatus("card", "run", ["README.md", "quality.png", "manifest.json"]))
     return out
