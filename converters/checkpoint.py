@@ -15,7 +15,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,8 @@ SAFETENSORS_DTYPES: dict[str, np.dtype[Any]] = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
     "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
     "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
+    # FP8 as raw bytes: read only through a dequantizing loader (converters/quantized_source.py)
+    "F8_E4M3": np.dtype("u1"), "F8_E5M2": np.dtype("u1"),
 }
 #: A safetensors header larger than this is refused before it is read (the format's own limit is 100 MB).
 MAX_HEADER_BYTES = 100_000_000
@@ -278,6 +280,13 @@ class Checkpoint:
                                           f"{file.name}", path=self.model_dir)
                 self.tensors[t.name] = t
         self._torch_cache: tuple[Path, dict[str, Any]] | None = None
+        #: every tensor as stored; ``tensors`` is what a conversion sees (a quantized source's scales left out)
+        self.stored: dict[str, SourceTensor] = dict(self.tensors)
+        #: tensors computed from stored ones (a quantized source's dequantized weights), by name: ``read``
+        #: calls these instead of reading bytes (converters/quantized_source.py installs them)
+        self.derived: dict[str, Callable[[], np.ndarray]] = {}
+        #: the weights dequantized from FP8 (llama.cpp's ``_fp8_dequantized``, for ``--fp8-as-q8``)
+        self.fp8_sources: set[str] = set()
 
     def _discover(self) -> list[Path]:
         d = self.model_dir
@@ -316,7 +325,12 @@ class Checkpoint:
 
     def read(self, name: str) -> np.ndarray:
         """One tensor as numpy (a read-only memmap view for safetensors; BF16 as uint16 bits)."""
-        t = self.tensors[name]
+        derived = self.derived.get(name)
+        return derived() if derived is not None else self.read_stored(name)
+
+    def read_stored(self, name: str) -> np.ndarray:
+        """One tensor's stored data, as :meth:`read` returns it for a tensor nothing derives."""
+        t = self.stored[name]
         if t.offset >= 0:
             dtype = SAFETENSORS_DTYPES[t.dtype]
             if t.n_elements == 0:
