@@ -17,6 +17,9 @@ A hooks module ``ggufkit.converters.<family>`` defines any of these module-level
     are chosen.
     ``mmproj_metadata(config, preprocessor) -> {key: (type, value, item type)}``: projector keys YAML cannot
     say (written after clip.projector_type; see :mod:`ggufkit.converters.mmproj`).
+    ``special_tokens(model_dir, metadata) -> {key: token id}``: tokenizer ids the family's llama.cpp converter
+    sets by token text where the tokenizer files gave none (GLM's ``_set_vocab_glm``), written after the
+    vocabulary.
     ``mmproj_rewrite(raw, loaders, config) -> raw``: as ``rewrite_tensors``, for a projector's planned tensors
     (split a fused tensor, renumber), before its types are chosen and its shapes checked.
 """
@@ -27,11 +30,12 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-HOOK_KINDS = ("architecture", "hparams", "check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata", "mmproj_rewrite")
+HOOK_KINDS = ("architecture", "hparams", "check_config", "extra_tensors", "rewrite_tensors", "mmproj_metadata", "mmproj_rewrite",
+              "special_tokens")
 #: Families with a hooks module (registry.yaml ``hooks:`` values).
 HOOK_FAMILIES = frozenset({"llama", "opt", "qwen_moe", "gemma", "phi3", "llava", "qwen_vl", "smollm3", "cohere2",
                            "falcon_h1", "gemma3n", "lfm2", "qwen3next", "nemotron_h",
-                           "granite_hybrid"})
+                           "granite_hybrid", "ernie", "llama4", "deepseek2", "gpt_oss", "glm4moe"})
 
 
 def hooks_module(family: str) -> Any:

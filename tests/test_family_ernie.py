@@ -1,0 +1,113 @@
+"""Ernie 4.5 (``Ernie4_5ForCausalLM`` -> ``ernie4_5``, ``Ernie4_5_MoeForCausalLM`` -> ``ernie4_5-moe``) end to end
+against llama.cpp (issue 32).
+
+Tiny random checkpoints of transformers' own classes, every parameter random (the norms and the MoE router's
+``moe_statics.e_score_correction_bias`` included: tests/fixtures_models.py ``randomize``), a sentencepiece
+``tokenizer.model`` (the kind Ernie 4.5 ships; llama.cpp's ``_set_vocab_sentencepiece``):
+
+* dense: 2 layers, 4 heads of 16 (2 KV heads), the head tied to the embeddings as released;
+* MoE: 3 layers (layer 0 dense: ``moe_layer_start_index`` 1), 4 experts, top-2, 2 shared experts, an untied
+  head, no ``head_dim`` (Ernie4_5_MoeConfig has no such field: hidden / heads, as ERNIE-4.5-21B-A3B-PT's).
+
+Two config layouts: ``release`` (ERNIE-4.5-0.3B-PT / -21B-A3B-PT's spelling: ``rope_theta`` at the root, the
+remote-code class name ``Ernie4_5_ForCausalLM``, no ``moe_layer_end_index`` or ``moe_norm_min``;
+``add_prefix_space`` false in tokenizer_config.json) and ``tf5`` (transformers 5's save_pretrained).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import fixtures_models
+import numpy as np
+import pytest
+from fixtures_models import llama_cpp_logits, make_checkpoint, transformers_logits
+from llama_cpp_sources import llama_cpp_dir
+from test_family_qwen3next import assert_same_file
+
+DENSE, MOE = "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM"
+ARCH = {DENSE: "ernie4_5", MOE: "ernie4_5-moe"}
+
+fixtures_models._BASE.setdefault(DENSE, dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0}))
+# intermediate_size // num_key_value_heads = the shared experts' width, as in every release (module docstring of
+# ggufkit.converters.ernie)
+fixtures_models._BASE.setdefault(MOE, dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    moe_intermediate_size=32, moe_num_experts=4, moe_k=2, moe_num_shared_experts=2, moe_layer_start_index=1,
+    moe_layer_interval=1, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}))
+fixtures_models._CLASSES.setdefault(DENSE, ("Ernie4_5Config", DENSE))
+fixtures_models._CLASSES.setdefault(MOE, ("Ernie4_5_MoeConfig", MOE))
+fixtures_models._VOCAB.setdefault(DENSE, "spm")
+fixtures_models._VOCAB.setdefault(MOE, "spm")
+
+
+def to_release_config(d: Path) -> None:
+    """Rewrite a transformers 5 save in the spelling of baidu/ERNIE-4.5-*-PT's config.json and tokenizer."""
+    path = d / "config.json"
+    config = json.loads(path.read_text())
+    rope = config.pop("rope_parameters")
+    config.update(rope_theta=rope["rope_theta"], torch_dtype="bfloat16", use_cache=False)
+    config.pop("dtype", None)
+    if config["model_type"] == "ernie4_5_moe":
+        for key in ("moe_layer_end_index", "moe_norm_min", "output_router_logits", "router_aux_loss_coef"):
+            config.pop(key)
+        config.update(moe_capacity=[64, 64, 64], moe_gate="topk", moe_use_aux_free=True)
+    else:
+        config["architectures"] = ["Ernie4_5_ForCausalLM"]
+    config["auto_map"] = {"AutoConfig": "configuration_ernie4_5.Ernie4_5Config"}
+    path.write_text(json.dumps(dict(sorted(config.items())), indent=2))
+    tok = d / "tokenizer_config.json"
+    tok.write_text(json.dumps({**json.loads(tok.read_text()), "add_prefix_space": False}, indent=2))
+
+
+def make_ernie(d: Path, hf_class: str, layout: str = "tf5", **overrides: Any) -> Path:
+    make_checkpoint(d, hf_class, **overrides)
+    if layout == "release":
+        to_release_config(d)
+    return d
+
+
+def llama_cpp_convert(model: Path, out: Path, outtype: str = "f32") -> Path:
+    """llama.cpp's convert_hf_to_gguf.py (which refuses --mtp / --no-mtp for Ernie: it never writes MTP layers)."""
+    root = llama_cpp_dir()
+    env = {**os.environ, "PYTHONPATH": str(root / "gguf-py")}
+    subprocess.run([sys.executable, str(root / "convert_hf_to_gguf.py"), str(model), "--outfile", str(out),
+                    "--outtype", outtype], check=True, capture_output=True, env=env)
+    return out
+
+
+CASES = [(DENSE, "release"), (DENSE, "tf5"), (MOE, "release"), (MOE, "tf5")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{ARCH[c]}-{lay}" for c, lay in CASES])
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    hf_class, layout = request.param
+    d = make_ernie(tmp_path_factory.mktemp(f"{ARCH[hf_class]}-{layout}") / "m", hf_class, layout)
+    return {"class": hf_class, "layout": layout, "dir": d, "theirs": llama_cpp_convert(d, d.parent / "theirs.gguf")}
+
+
+# -- conversion ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("outtype", ["f32", "bf16"])
+def test_ggufkit_converts_each_layout_as_llama_cpps_converter(case: dict[str, Any], outtype: str,
+                                                              tmp_path: Path) -> None:
+    from ggufkit.converters import convert
+
+    theirs = case["theirs"] if outtype == "f32" else llama_cpp_convert(case["dir"], tmp_path / "t.gguf", outtype)
+    ours = convert(case["dir"], tmp_path / "ours.gguf", outtype=outtype).outputs[0]
+    assert_same_file(theirs, ours)
+
+
+def test_llama_cpp_runs_transformers_model(case: dict[str, Any]) -> None:
+    want = transformers_logits(case["dir"])
+    got = llama_cpp_logits(case["theirs"])
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < 1e-3 * (want.max() - want.min())
