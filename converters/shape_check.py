@@ -63,6 +63,9 @@ def _rules(arch: str, hp: Mapping[str, tuple[Any, Any]], n_vocab: int | None) ->
     if n_embd is not None and n_head:
         head_k = head_k if head_k is not None else n_embd // n_head  # llama.cpp's n_embd_head_k default
         head_v = head_v if head_v is not None else n_embd // n_head
+    # MLA (src/models/deepseek2.cpp): q, o and the decompressed heads are key/value_length_mla wide
+    head_k = _value(hp, Keys.Attention.KEY_LENGTH_MLA.format(arch=arch)) or head_k
+    head_v = _value(hp, Keys.Attention.VALUE_LENGTH_MLA.format(arch=arch)) or head_v
     n_rot = _value(hp, Keys.Rope.DIMENSION_COUNT.format(arch=arch))
 
     def product(a: int | None, b: int | None) -> int | None:

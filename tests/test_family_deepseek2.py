@@ -1,0 +1,263 @@
+"""DeepSeek V2 / V3 (``DeepseekV2ForCausalLM``, ``DeepseekV3ForCausalLM``, also Kimi K2's class; GGUF arch
+``deepseek2``) end to end against llama.cpp (issue 32).
+
+Multi-head latent attention: ``kv_b_proj`` split into ``attn_k_b`` (transposed, ``[n_head, kv_lora_rank,
+qk_nope]``) and ``attn_v_b`` as conversion/deepseek.py ``DeepseekV2Model.modify_tensors`` splits it; queries
+through a LoRA (``q_a_proj`` / ``q_a_layernorm`` / ``q_b_proj``) or, V2-Lite's layout, one ``q_proj``. Routing:
+V3's sigmoid with ``e_score_correction_bias`` (``exp_probs_b``), expert groups, renormalised top-k and routed
+scaling; V2's softmax. Shared experts, ``first_k_dense_replace`` leading dense layers.
+
+Tiny random checkpoints of transformers' own classes (every parameter random, the correction bias too), in two
+layouts: ``release`` (config.json as deepseek-ai/DeepSeek-V3 and DeepSeek-V2-Lite spell it: ``rope_scaling`` with
+``type``, ``rope_theta`` at the root, ``scoring_func``, ``topk_method``, ``torch_dtype``) and ``tf5`` (what
+transformers 5's ``save_pretrained`` writes: ``rope_parameters``, no ``scoring_func``). The tokenizer is GPT-2's
+BPE rebuilt from llama.cpp's vocab file: DeepSeek V3's own ("deepseek-v3" hash) is not vendored by llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fixtures_models import llama_cpp_logits, transformers_logits
+
+from ggufkit.converters import convert
+from ggufkit.format import open_gguf
+
+HF_CLASSES = {"v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+              "v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM")}
+LAYOUTS = ("release", "tf5")
+_BASE: dict[str, dict[str, Any]] = {
+    # 8 experts in 4 groups, 2 groups kept, top-2; one dense lead layer; one shared expert
+    "v3": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+               num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1, norm_topk_prob=True,
+               routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
+               qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=0, eos_token_id=1,
+               tie_word_embeddings=False),
+    # softmax routing, greedy top-2 of 4 experts, no renormalisation; queries through a LoRA
+    "v2": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=2,
+               num_experts_per_tok=2, n_group=1, topk_group=1, topk_method="greedy", first_k_dense_replace=1,
+               norm_topk_prob=False, routed_scaling_factor=1.0, kv_lora_rank=32, q_lora_rank=48,
+               qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128,
+               rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+               bos_token_id=0, eos_token_id=1, tie_word_embeddings=False),
+}
+
+
+def build_model(version: str, vocab_size: int, seed: int = 0, **overrides: Any) -> Any:
+    """A randomized transformers model (float32): every parameter and V3's ``e_score_correction_bias``
+    buffer (zeros at init) random, the bias large enough to change which experts run."""
+    import torch
+    import transformers
+    from fixtures_models import randomize
+
+    config_name, model_name = HF_CLASSES[version]
+    config = getattr(transformers, config_name)(**{**_BASE[version], "vocab_size": vocab_size, **overrides})
+    config.architectures = [model_name]
+    model = getattr(transformers, model_name)(config)
+    randomize(model, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn(buf.shape, generator=g) * 0.1)
+    return model.eval()
+
+
+def to_release_config(path: Path, version: str) -> None:
+    """Rewrite a transformers 5 config.json as the released configs spell it (deepseek-ai/DeepSeek-V3,
+    DeepSeek-V2-Lite: ``rope_scaling`` with ``type``, ``rope_theta`` at the root, the router's method names)."""
+    config = json.loads(path.read_text())
+    rope = dict(config.pop("rope_parameters", None) or {})
+    config["rope_theta"] = rope.pop("rope_theta", 10000.0)
+    rope_type = rope.pop("rope_type", "default")
+    config["rope_scaling"] = {"type": rope_type, **rope} if rope_type != "default" else None
+    config["torch_dtype"] = config.pop("dtype", "bfloat16")
+    config["transformers_version"] = "4.33.1" if version == "v3" else "4.39.3"
+    for key in ("head_dim", "qk_head_dim", "rope_interleave"):
+        config.pop(key, None)
+    if version == "v3":
+        config.update(scoring_func="sigmoid", topk_method="noaux_tc", ep_size=1, moe_layer_freq=1,
+                      aux_loss_alpha=0.001, seq_aux=True, num_nextn_predict_layers=1, pretraining_tp=1)
+    else:
+        config.update(scoring_func="softmax", ep_size=1, moe_layer_freq=1, aux_loss_alpha=0.001, seq_aux=True)
+    path.write_text(json.dumps(dict(sorted(config.items())), indent=2))
+
+
+def make_deepseek(dir: Path, version: str = "v3", layout: str = "tf5", *, config_edit: Any = None,
+                  **overrides: Any) -> Path:
+    """A tiny checkpoint of DeepSeek ``version`` in ``layout``; ``config_edit(config)`` edits config.json last."""
+    from fixtures_models import _write_tokenizer
+
+    dir.mkdir(parents=True, exist_ok=True)
+    n_tokens = _write_tokenizer(dir, "real:gpt-2")
+    build_model(version, n_tokens, **overrides).save_pretrained(dir)
+    if layout == "release":
+        to_release_config(dir / "config.json", version)
+    if config_edit is not None:
+        config = json.loads((dir / "config.json").read_text())
+        config_edit(config)
+        (dir / "config.json").write_text(json.dumps(config, indent=2))
+    return dir
+
+
+def llama_cpp_f32(dir: Path, version: str = "v3", layout: str = "release", **overrides: Any) -> Path:
+    """A tiny checkpoint converted to F32 by llama.cpp's own converter."""
+    from test_convert_archs import llama_cpp_convert
+
+    ckpt = make_deepseek(dir / "ckpt", version, layout, **overrides)
+    return llama_cpp_convert(ckpt, dir / "f32.gguf")
+
+
+def assert_same_file(theirs: Path, ours: Path, *, ordered: bool = True) -> None:
+    from test_family_olmo2 import assert_same_file as same
+
+    same(theirs, ours, ordered=ordered)
+
+
+def _scoring(value: str) -> Any:
+    def edit(config: dict[str, Any]) -> None:
+        config["scoring_func"] = value
+    return edit
+
+
+# -- conversion, logits, --check -----------------------------------------------------------------------
+CTX = 64
+CHUNKS = 4
+
+
+@pytest.fixture(scope="module", params=[(v, lay) for v in HF_CLASSES for lay in LAYOUTS], ids=lambda p: "-".join(p))
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    version, layout = request.param
+    d = make_deepseek(tmp_path_factory.mktemp(f"ds{version}-{layout}") / "m", version, layout)
+    report = convert(d, d.parent / "ours.gguf", outtype="f32")
+    return {"version": version, "layout": layout, "dir": d, "ours": report.outputs[0], "plan": report.plan}
+
+
+def test_file_equals_llama_cpps_converter(case: dict[str, Any], tmp_path: Path) -> None:
+    """Every tensor byte-identical (kv_b_proj split into attn_k_b [n_head, kv_lora, qk_nope] and attn_v_b,
+    exp_probs_b.bias, stacked experts), every key equal. A transformers 5 V3 config has no ``scoring_func``:
+    llama.cpp's converter then writes no gating function and its loader routes by softmax, so the file is
+    compared with llama.cpp's for the same checkpoint with ``scoring_func`` spelled out (the class's sigmoid)."""
+    import shutil
+
+    from test_convert_archs import llama_cpp_convert
+
+    d = case["dir"]
+    if case["version"] == "v3" and case["layout"] == "tf5":
+        d = Path(shutil.copytree(d, tmp_path / "spelled"))
+        config = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**config, "scoring_func": "sigmoid"}))
+    theirs = llama_cpp_convert(d, tmp_path / "theirs.gguf")
+    assert_same_file(theirs, case["ours"])
+    with open_gguf(case["ours"]) as f:
+        assert f.architecture == "deepseek2"
+        assert f["blk.0.attn_k_b.weight"].ne == (16, 32, 4) and f["blk.0.attn_v_b.weight"].ne == (32, 16, 4)
+        assert "blk.0.attn_kv_b.weight" not in f and "blk.0.ffn_gate_inp.weight" not in f
+        assert ("blk.1.exp_probs_b.bias" in f) == (case["version"] == "v3")
+        assert f.get("deepseek2.expert_gating_func") == (2 if case["version"] == "v3" else 1) or (
+            case["layout"] == "tf5" and case["version"] == "v2" and "deepseek2.expert_gating_func" not in f.kv)
+        assert f.get("deepseek2.attention.key_length") == 40 and f.get("deepseek2.attention.key_length_mla") == 24
+
+
+def test_transformers5_v3_config_routes_by_sigmoid_where_llama_cpps_file_would_not(tmp_path: Path) -> None:
+    """The failing direction of the gating derivation: llama.cpp's converter on a transformers 5 V3 config
+    writes a file llama.cpp runs with softmax routing (its logits are not transformers'); ours runs the model."""
+    from test_convert_archs import llama_cpp_convert
+
+    d = make_deepseek(tmp_path / "m", "v3", "tf5")
+    want = transformers_logits(d)
+    theirs = llama_cpp_logits(llama_cpp_convert(d, tmp_path / "theirs.gguf"))
+    assert np.abs(theirs - want).max() > 1e-2 * (want.max() - want.min())
+    ours = llama_cpp_logits(convert(d, tmp_path / "ours.gguf", outtype="f32").outputs[0])
+    assert np.abs(ours - want).max() < 1e-3 * (want.max() - want.min())
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_other_outtypes_equal_llama_cpps_converter(outtype: str, tmp_path: Path) -> None:
+    """Matrices (attn_k_b / attn_v_b and the stacked experts too) in the outtype, norms, the router and its
+    bias F32, byte for byte; a quantized outtype in llama-quantize's tensor order."""
+    from test_convert_archs import llama_cpp_convert
+
+    d = make_deepseek(tmp_path / "m", "v3", "release")
+    theirs = llama_cpp_convert(d, tmp_path / "theirs.gguf", outtype)
+    ours = convert(d, tmp_path / "ours.gguf", outtype=outtype).outputs[0]
+    assert_same_file(theirs, ours, ordered=outtype != "q8_0")
+
+
+def test_llama_cpp_logits_match_transformers(case: dict[str, Any]) -> None:
+    want = transformers_logits(case["dir"])
+    got = llama_cpp_logits(case["ours"])
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < 1e-3 * (want.max() - want.min())
+
+
+def _add_mtp_layer(d: Path) -> None:
+    """DeepSeek V3's release layout of its multi-token-prediction layer: ``model.layers.{num_hidden_layers}``
+    (a decoder block plus eh_proj, enorm, hnorm and shared_head.norm)."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(d / "model.safetensors")
+    n = json.loads((d / "config.json").read_text())["num_hidden_layers"]
+    for name, value in list(tensors.items()):
+        if name.startswith(f"model.layers.{n - 1}."):
+            tensors[name.replace(f"layers.{n - 1}.", f"layers.{n}.")] = value + 0.5
+    rng = np.random.default_rng(3)
+    for name, shape in (("eh_proj", (64, 128)), ("enorm", (64,)), ("hnorm", (64,)), ("shared_head.norm", (64,))):
+        tensors[f"model.layers.{n}.{name}.weight"] = rng.standard_normal(shape).astype(np.float32)
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_mtp_layers_are_left_out_and_the_options_refused(tmp_path: Path) -> None:
+    """DeepSeek V3's MTP layer is dropped as DeepseekV2Model does (skip_mtp); asking to keep or drop it is
+    refused in one line, as llama.cpp's converter refuses --mtp / --no-mtp (no supports_mtp_export)."""
+    from test_convert_archs import llama_cpp_convert
+
+    from ggufkit.errors import UsageError
+
+    d = make_deepseek(tmp_path / "m", "v3", "release")
+    _add_mtp_layer(d)
+    ours = convert(d, tmp_path / "ours.gguf", outtype="f32").outputs[0]
+    assert_same_file(llama_cpp_convert(d, tmp_path / "theirs.gguf"), ours)
+    with open_gguf(ours) as f:
+        assert f.get("deepseek2.block_count") == 3 and not any(t.name.startswith("blk.3.") for t in f.tensors)
+    for mtp, option in ((True, "--mtp"), (False, "--no-mtp")):
+        with pytest.raises(UsageError, match=option):
+            convert(d, tmp_path / "x.gguf", outtype="f32", mtp=mtp)
+        assert not (tmp_path / "x.gguf").exists()
+
+
+def _no_q_lora(config: dict[str, Any]) -> None:
+    config["q_lora_rank"] = None
+
+
+def _set(**values: Any) -> Any:
+    def edit(config: dict[str, Any]) -> None:
+        config.update(values)
+    return edit
+
+
+@pytest.mark.parametrize(("version", "edit", "message"), [
+    ("v3", _scoring("softmax"), "scoring_func 'softmax'"),
+    ("v2", _scoring("sigmoid"), "scoring_func 'sigmoid'"),
+    ("v2", _set(norm_topk_prob=True), "norm_topk_prob true"),
+    ("v3", _set(rope_interleave=False), "rope_interleave false"),
+    ("v3", _set(attention_bias=True), "attention biases"),
+], ids=["v3-softmax", "v2-sigmoid", "v2-renorm", "v3-neox-rope", "bias"])
+def test_convert_refuses_them_in_one_line_and_writes_nothing(version: str, edit: Any, message: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    d = make_deepseek(tmp_path / "m", version, config_edit=edit)
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "llama.cpp would compute another model" in err and message in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
