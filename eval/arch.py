@@ -160,6 +160,23 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     # src/models/falcon-h1.cpp: attention (NEOX rope) and a Mamba2 mixer side by side in every block, then a
     # SiLU-gated FFN (eval/family_falcon_h1.py); the muP multipliers are folded into the weights by the converter.
     "falcon-h1": ArchTraits(),
+    # src/models/ernie4-5.cpp / ernie4-5-moe.cpp: LLaMA's block with NORM rope (transformers' Ernie rotates adjacent
+    # pairs; Q/K as stored), an optional attn_output bias; the MoE's dense lead layers, softmax router with the
+    # selection bias, renormalised top-k and ungated shared expert in eval/family_ernie.py.
+    "ernie4_5": ArchTraits(rope="norm"),
+    "ernie4_5-moe": ArchTraits(rope="norm", moe_norm_topk=True),
+    # src/models/llama4.cpp: NORM rope (transformers' complex RoPE, no converter permutation) with llama3 rope_freqs,
+    # NoPE every 4th layer with temperature-tuned queries, L2 q/k norms and chunked attention on the others, dense
+    # SiLU FFN or sigmoid-routed experts weighted at their input plus a shared expert (eval/family_llama4.py).
+    "llama4": ArchTraits(rope="norm", no_rope_step=4),
+    # src/models/glm4-moe.cpp: q/k/v biases, per-head q/k RMS norms, NEOX rope over part of each head, the
+    # post-attention norm before a dense SiLU FFN or the grouped, biased router's experts plus an ungated shared
+    # expert; the NextN blocks are not run (eval/family_glm4moe.py).
+    "glm4moe": ArchTraits(),
+    # src/models/deepseek2.cpp: MLA in the absorbed form with its own NORM rope on the rope dims (eval/layers_mla.py;
+    # Q/K rows as stored, no permutation), dense lead layers, softmax/sigmoid grouped router with the correction
+    # bias, routed scaling and ungated shared experts (eval/family_deepseek2.py).
+    "deepseek2": ArchTraits(),
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -260,7 +277,7 @@ def read_hparams(model: GGUFModel) -> HParams:
         raise EvaluationError(f"token_embd.weight has {embd.n_dims} dimensions, expected 2", path=model.path)
     n_embd = key(model, f"{a}.embedding_length", int, embd.ne[0])
     n_head = key(model, f"{a}.attention.head_count", int)
-    if n_embd % n_head:
+    if n_embd % n_head and f"{a}.attention.key_length" not in model.kv:  # GLM-4.5: 5120 over 96 heads of 128
         raise EvaluationError(f"embedding length {n_embd} is not a multiple of the head count {n_head}",
                               path=model.path)
     head_dim = key(model, f"{a}.attention.key_length", int, n_embd // n_head)

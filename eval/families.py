@@ -5,10 +5,14 @@ by GGUF architecture name. An architecture not listed here runs the transformer 
 from __future__ import annotations
 
 from ggufkit.eval import (
+    family_deepseek2,
+    family_ernie,
     family_falcon_h1,
     family_gemma3n,
+    family_glm4moe,
     family_granite_hybrid,
     family_lfm2,
+    family_llama4,
     family_nemotron_h,
     family_qwen3next,
     family_qwen35,
@@ -27,4 +31,8 @@ FORWARDS: dict[str, FamilyForward] = {
     "nemotron_h_moe": family_nemotron_h.FORWARD,
     "falcon-h1": family_falcon_h1.FORWARD,
     "gemma3n": family_gemma3n.FORWARD,
+    "ernie4_5-moe": family_ernie.FORWARD,
+    "llama4": family_llama4.FORWARD,
+    "glm4moe": family_glm4moe.FORWARD,
+    "deepseek2": family_deepseek2.FORWARD,
 }

@@ -26,7 +26,7 @@ from typing import Any
 import fixtures_models
 import numpy as np
 import pytest
-from fixtures_models import llama_cpp_logits, make_checkpoint, transformers_logits
+from fixtures_models import TOKENS, llama_cpp_logits, make_checkpoint, transformers_logits
 from llama_cpp_sources import llama_cpp_dir
 from test_family_qwen3next import assert_same_file
 
@@ -111,3 +111,56 @@ def test_llama_cpp_runs_transformers_model(case: dict[str, Any]) -> None:
     got = llama_cpp_logits(case["theirs"])
     assert (got.argmax(-1) == want.argmax(-1)).all()
     assert np.abs(got - want).max() < 1e-3 * (want.max() - want.min())
+
+
+# -- evaluator -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    from ggufkit.eval.perplexity import sample_text
+
+    text = sample_text()[:4000]
+    path = tmp_path_factory.mktemp("ernie-text") / "text.txt"
+    path.write_text(text + "\n", encoding="utf-8")
+    return text, path
+
+
+def test_evaluator_logits_equal_llama_cpps(case: dict[str, Any]) -> None:
+    import torch
+
+    from ggufkit.eval.model import load_model
+
+    want = llama_cpp_logits(case["theirs"])
+    with load_model(case["theirs"], device="cpu") as m:
+        if case["class"] == MOE:
+            assert m.hparams.extra["moe"] == (False, True, True) and m.hparams.n_expert == 4
+        got = m.logits(torch.tensor([TOKENS]))[0].numpy()
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < 1e-4 * (want.max() - want.min())
+
+
+def test_ppl_and_imatrix_equal_llama_cpps(case: dict[str, Any], sample: tuple[str, Path], tmp_path: Path) -> None:
+    """Perplexity of the F32 file (and, release layout, the F16 one with --ggml-rounding) within 0.1 % of
+    llama-perplexity's, 2 chunks of 64 tokens; the importance matrix with llama-imatrix's entries (the router, each
+    expert, the shared expert, the dense lead layer, the head) and in_sum2 within float32 noise."""
+    from test_eval_archs_vs_llama_perplexity import F32_PATH, llama_perplexity
+    from test_eval_imatrix_archs import F32_TOLERANCE
+    from test_family_qwen3next import imatrix_against_llama
+
+    from ggufkit.eval.perplexity import perplexity
+
+    text, path = sample
+    models = [(case["theirs"], False)]
+    if case["layout"] == "release":
+        models.append((llama_cpp_convert(case["dir"], tmp_path / "f16.gguf", "f16"), True))
+    for model, rounding in models:
+        ours = perplexity(model, text=text, ctx=64, chunks=2, device="cpu", ggml_rounding=rounding, kv_cache="f32")
+        theirs, n_chunks = llama_perplexity(model, path, 64, 2, *F32_PATH)
+        assert ours.chunks == n_chunks == 2
+        assert abs(ours.ppl / theirs - 1) < 1e-3, (model.name, ours.ppl, theirs)
+    rel = imatrix_against_llama(case["theirs"], path, tmp_path)
+    if case["class"] == MOE:
+        assert {n.split(".", 2)[-1] for n in rel if n.startswith("blk.1.")} >= {
+            "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+            "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}
+        assert "blk.0.ffn_up.weight" in rel
+    assert max(rel.values()) <= F32_TOLERANCE, rel
