@@ -26,8 +26,11 @@ __all__ = ["OUTTYPES", "convert", "convert_lora", "convert_mmproj", "is_adapter_
 def convert(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",
             predictor: Path | None = None, vocab_only: bool = False, split_max_size: int | None = None,
             metadata_file: Path | None = None, pre_tokenizer: str | None = None, dry_run: bool = False,
-            progress: Progress | None = None, with_mmproj: bool = False) -> ConvertReport:
-    """Convert a Hugging Face checkpoint to GGUF; see :func:`ggufkit.converters.core.convert`.
+            progress: Progress | None = None, with_mmproj: bool = False, mtp: bool | None = None,
+            fp8_as_q8: bool = False) -> ConvertReport:
+    """Convert a Hugging Face checkpoint to GGUF; see :func:`ggufkit.converters.core.convert` (``mtp``: the
+    multi-token-prediction layers as llama.cpp keeps them by default (None), alone as a draft model (True,
+    ``--mtp``) or left out (False, ``--no-mtp``)).
 
     Example:
         >>> from ggufkit.converters import convert          # doctest: +SKIP
@@ -37,7 +40,8 @@ def convert(model: str | Path, output: str | Path | None = None, *, outtype: str
 
     return _convert(model, output, outtype=outtype, predictor=predictor, vocab_only=vocab_only,
                     split_max_size=split_max_size, metadata_file=metadata_file, pre_tokenizer=pre_tokenizer,
-                    dry_run=dry_run, progress=progress, with_mmproj=with_mmproj)
+                    dry_run=dry_run, progress=progress, with_mmproj=with_mmproj, mtp=mtp,
+                    fp8_as_q8=fp8_as_q8)
 
 
 def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",

@@ -19,6 +19,7 @@ from ggufkit.converters.checkpoint import read_config
 from ggufkit.converters.mmproj import MMPROJ_OUTTYPES, build_mmproj_plan, projector_entry
 from ggufkit.converters.plan import build_plan, open_source
 from ggufkit.converters.plan_types import ConvertPlan, Source
+from ggufkit.converters.quantized_source import fp8_as_q8 as fp8_q8_entries
 from ggufkit.converters.write import ConvertReport, output_files, write_plan
 from ggufkit.errors import UsageError
 from ggufkit.format.writer import Progress
@@ -30,7 +31,8 @@ __all__ = ["convert"]
 def convert(model: str | Path, output: str | Path | None = None, *, outtype: str = "auto",
             predictor: Path | None = None, vocab_only: bool = False, split_max_size: int | None = None,
             metadata_file: Path | None = None, pre_tokenizer: str | None = None, dry_run: bool = False,
-            progress: Progress | None = None, with_mmproj: bool = False) -> ConvertReport:
+            progress: Progress | None = None, with_mmproj: bool = False, mtp: bool | None = None,
+            fp8_as_q8: bool = False) -> ConvertReport:
     """Convert a Hugging Face checkpoint to GGUF (or a PowerInfer GGUF with ``predictor``).
 
     Args:
@@ -48,6 +50,12 @@ def convert(model: str | Path, output: str | Path | None = None, *, outtype: str
         progress: receives bytes written.
         with_mmproj: also write the vision projector beside the text model (``report.mmproj``), in
             ``outtype`` where llama.cpp writes projectors in it (f32, f16, bf16, q8_0), else ``auto``.
+        mtp: multi-token-prediction layers (:mod:`ggufkit.converters.mtp`): None keeps them where llama.cpp's
+            converter does (extra blocks, ``nextn_predict_layers``); True writes only them and the shared
+            embeddings / output norm / head (``--mtp``: a draft model, ``mtp-`` before the default name);
+            False leaves them out (``--no-mtp``).
+        fp8_as_q8: write the weights of an FP8 source as Q8_0, the rest in ``outtype`` (f32, f16, bf16,
+            q8_0), as llama.cpp's converter ``--fp8-as-q8``.
 
     Returns:
         A :class:`ConvertReport` with the plan and the written paths.
@@ -57,7 +65,8 @@ def convert(model: str | Path, output: str | Path | None = None, *, outtype: str
         CheckpointError: config or weights missing, malformed or unsafe.
         TensorMappingError: source tensors no rule consumes, or required ones missing.
         TokenizerError: the vocabulary cannot be converted.
-        UsageError: an output folder that does not exist, or an unknown placeholder in ``output``.
+        UsageError: an output folder that does not exist, or an unknown placeholder in ``output``; ``mtp``
+            not None for a class without multi-token-prediction layers, True for a checkpoint without them.
         OutputExistsError: an output is one of the files read (before anything is written).
         CheckFailedError: the written file does not match the plan.
     """
@@ -65,7 +74,9 @@ def convert(model: str | Path, output: str | Path | None = None, *, outtype: str
     src = open_source(model, vocab_only)
     try:
         plan = build_plan(src, outtype=outtype, predictor=predictor, vocab_only=vocab_only, output=output,
-                          metadata_file=metadata_file, pre_tokenizer=pre_tokenizer)
+                          metadata_file=metadata_file, pre_tokenizer=pre_tokenizer, mtp=mtp)
+        if fp8_as_q8:
+            plan.entries = fp8_q8_entries(plan.entries, src.checkpoint, plan.outtype)
         mm_plan = _mmproj_plan(src, plan, outtype) if with_mmproj else None
         assert plan.output is not None
         outputs = output_files(plan.output, plan, split_max_size)

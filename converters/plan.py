@@ -28,9 +28,11 @@ from ggufkit.converters.metadata import (
     output_path,
     size_label,
 )
+from ggufkit.converters.mtp import MtpLayers, mtp_layers
 from ggufkit.converters.outtypes import OUTTYPES
 from ggufkit.converters.plan_types import ConvertPlan, PlanEntry, Source
 from ggufkit.converters.powerinfer import check_activation, load_predictor, read_predictor
+from ggufkit.converters.quantized_source import open_checkpoint
 from ggufkit.converters.registry import ArchEntry, TensorRule, load_registry
 from ggufkit.converters.rewrite import stack_experts
 from ggufkit.converters.shape_check import check_shapes
@@ -91,9 +93,9 @@ def match_rules(rules: tuple[TensorRule, ...] | list[TensorRule], ignore: tuple[
     return mapped, ignored, leftovers
 
 
-def map_tensors(entry: ArchEntry, names: list[str], n_layer: int) -> tuple[list[tuple[str, str, TensorRule]],
-                                                                            list[str]]:
-    """Map HF names to GGUF names.
+def map_tensors(entry: ArchEntry, names: list[str], n_layer: int, mtp: MtpLayers | None = None
+                ) -> tuple[list[tuple[str, str, TensorRule]], list[str]]:
+    """Map HF names to GGUF names (``mtp``: the multi-token-prediction layers written or left out).
 
     Returns:
         ([(hf name, gguf name, rule)], [ignored hf names]), in source order.
@@ -101,14 +103,16 @@ def map_tensors(entry: ArchEntry, names: list[str], n_layer: int) -> tuple[list[
     Raises:
         TensorMappingError: names no rule consumes and no ignore pattern matches, or a block index out of range.
     """
-    local = (lambda n: n.removeprefix(entry.strip_prefix)) if entry.strip_prefix else (lambda n: n)
-    mapped, ignored, leftovers = match_rules(entry.tensors, entry.ignore, names, local, n_layer, "block_count")
+    mtp = mtp or MtpLayers("keep", n_layer, strip_prefix=entry.strip_prefix)
+    names, left_out = mtp.split(names)
+    mapped, ignored, leftovers = match_rules(entry.tensors, entry.ignore, names, mtp.local_name, n_layer,
+                                             "block_count")
     if leftovers:
         more = f" and {len(leftovers) - 10} more" if len(leftovers) > 10 else ""
         raise TensorMappingError(f"{entry.hf_class}: no rule for source tensors {', '.join(leftovers[:10])}{more}; "
                                  "add them to registry.yaml 'tensors' or 'ignore'")
-    _check_complete(entry, mapped, n_layer)
-    return mapped, ignored
+    _check_complete(entry, [m for m in mapped if mtp.is_trunk(m[1])], mtp.n_trunk)
+    return mapped, left_out + ignored
 
 
 def _check_complete(entry: ArchEntry, mapped: list[tuple[str, str, TensorRule]], n_layer: int) -> None:
@@ -184,7 +188,8 @@ def open_source(model: str | Path, vocab_only: bool) -> Source:
     check = hooks_for(entry.hooks).get("check_config")
     if check is not None:
         check(config)
-    return Source(model_dir, repo, revision, config, entry, None if vocab_only else Checkpoint(model_dir))
+    return Source(model_dir, repo, revision, config, entry, None if vocab_only else
+                  open_checkpoint(model_dir, config, entry))
 
 
 def _heads(hp: Mapping[str, tuple[VT, Any]], arch: str) -> Heads:
@@ -195,12 +200,18 @@ def _heads(hp: Mapping[str, tuple[VT, Any]], arch: str) -> Heads:
 
 
 def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only: bool,
-               output: str | Path | None, metadata_file: Path | None, pre_tokenizer: str | None) -> ConvertPlan:
-    """Plan a conversion from headers only (no tensor data is read, except predictor shapes)."""
+               output: str | Path | None, metadata_file: Path | None, pre_tokenizer: str | None,
+               mtp: bool | None = None) -> ConvertPlan:
+    """Plan a conversion from headers only (no tensor data is read, except predictor shapes); ``mtp``: the
+    multi-token-prediction layers as the class keeps them (None), alone (True, --mtp) or left out (False)."""
     entry, config = src.entry, src.config
     if outtype not in OUTTYPES:
         raise UsageError(f"unknown outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
     hp = resolve_hparams(entry, config)
+    layers = mtp_layers(entry.mtp, entry.hf_class, entry.strip_prefix, config,
+                        src.checkpoint.tensors if src.checkpoint is not None and not vocab_only else (),
+                        int(hp[f"{entry.arch}.block_count"][1]), mtp)
+    hp = layers.hparams(hp, entry.arch)
     more_hparams = hooks_for(entry.hooks).get("hparams")
     if more_hparams is not None:
         names = tuple(src.checkpoint.tensors) if src.checkpoint is not None and not vocab_only else ()
@@ -227,12 +238,12 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
                 raise UsageError(f"--predictor: PowerInfer's loader does not accept {gguf_name}")
             raw.append((gguf_name, "generated", "", arr.shape, "F32", None))
             loaders[gguf_name] = _constant(arr)
-        mapped, ignored = map_tensors(entry, list(ckpt.tensors), n_layer)
+        mapped, ignored = map_tensors(entry, list(ckpt.tensors), n_layer, layers)
         experts: dict[int, tuple[int, int, str]] = {}  # raw index -> (block, expert id, weight name)
         for hf, gguf_name, rule in mapped:
             st = ckpt.tensors[hf]
             if "{xid}" in rule.hf_template:
-                experts[len(raw)] = _expert_of(entry, rule, hf)
+                experts[len(raw)] = _expert_of(rule, layers.local_name(hf))
             kind, transform = rule.tensor, rule.transform
             if powerinfer and kind == "FFN_DOWN":
                 # PowerInfer stores the down projection transposed, one neuron per row (PowerInfer llama.cpp: llm_load_tensors, ffn_down_t).
@@ -273,19 +284,27 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
         target = preset.default_type
         for gguf_name, source, kind, shape, dtype, transform in raw:
             ggml_type, reason = float_type(gguf_name, kind, shape, target, powerinfer)
+            if dtype == "MXFP4":  # repacked as released (converters/mxfp4_source.py)
+                ggml_type, reason = Q.MXFP4, "MXFP4 source: kept"
             entries.append(PlanEntry(gguf_name, source, shape, dtype, ggml_type, transform, reason, kind))
-        file_type = int(preset.file_type)
+        # llama.cpp's converter names a float file with MXFP4 experts MXFP4_MOE (ModelBase.prepare_metadata)
+        mxfp4 = any(r[4] == "MXFP4" for r in raw)
+        file_type = int(LlamaFileType.MOSTLY_MXFP4_MOE if mxfp4 else preset.file_type)
     else:
         entries, file_type, resolved = _quant_entries(raw, resolved, arch, powerinfer, hp)
 
     meta, pre_match = build_metadata(src, hp, entries, file_type, vocab_only, metadata_file, powerinfer, predictor,
                                      pre_tokenizer)
+    fill = hooks_for(entry.hooks).get("special_tokens")  # tokenizer roles the family's converter names itself
+    for key, token_id in (fill(src.model_dir, meta) if fill is not None else {}).items():
+        meta.set(key, VT.UINT32, token_id)
     label = None if vocab_only else size_label(sum(n_elements(e.shape) for e in entries))
     name_value = meta.get(G.BASENAME) or meta.get(G.NAME)
     basename = str(getattr(name_value, "value", default_name(src.model_dir, src.repo)))
     ftype_name = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    out = output_path(output, src.model_dir, src.repo, model_file_name(basename, label, ftype_name, vocab_only),
-                      ftype_name)
+    file_name = model_file_name(basename, None if layers.file_prefix() else label, ftype_name, vocab_only,
+                                prefix=layers.file_prefix())
+    out = output_path(output, src.model_dir, src.repo, file_name, ftype_name)
     inputs = checkpoint_inputs(src.model_dir, src.checkpoint.files if src.checkpoint is not None else None)
     if predictor is not None and Path(predictor).is_dir():
         inputs += sorted(p for p in Path(predictor).iterdir() if p.is_file())
@@ -295,9 +314,9 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
                        meta, entries, ignored, out, loaders, pre_match, inputs)
 
 
-def _expert_of(entry: ArchEntry, rule: TensorRule, hf: str) -> tuple[int, int, str]:
-    """(block, expert id, HF weight name after the expert id) of an expert tensor."""
-    local = hf.removeprefix(entry.strip_prefix) if entry.strip_prefix else hf
+def _expert_of(rule: TensorRule, local: str) -> tuple[int, int, str]:
+    """(block, expert id, HF weight name after the expert id) of an expert tensor (``local``: its name as the
+    rules see it)."""
     m = compile_rule(rule).match(local)
     assert m is not None
     return int(m.groupdict().get("bid") or 0), int(m.group("xid")), rule.hf_template.split("{xid}", 1)[1]

@@ -89,14 +89,18 @@ def check_config(config: Mapping[str, Any]) -> None:
 
 def hparams(config: Mapping[str, Any], values: dict[str, Any], *_: Any) -> dict[str, Any]:
     """The keys Qwen3NextModel.set_gguf_parameters computes: ssm.inner_size, attention.recurrent_layers (BOOL
-    items, one per layer) and rope.dimension_count with Qwen3NextConfig's default factor."""
+    items, one per block, false for the MTP blocks after the trunk) and rope.dimension_count with
+    Qwen3NextConfig's default factor."""
     from ggufkit.format.values import VT
 
     arch = next(k for k in values if k.endswith(".block_count")).removesuffix(".block_count")
     out = dict(values)
     out[f"{arch}.ssm.inner_size"] = (VT.UINT32, _int(config, "linear_value_head_dim")
                                      * _int(config, "linear_num_value_heads"))
-    out[f"{arch}.attention.recurrent_layers"] = (VT.ARRAY, [t == LINEAR for t in layer_types(config)])
+    recurrent = [t == LINEAR for t in layer_types(config)]
+    # multi-token-prediction blocks after the trunk (block_count already counts them) are never recurrent
+    recurrent += [False] * (int(values[f"{arch}.block_count"][1]) - len(recurrent))
+    out[f"{arch}.attention.recurrent_layers"] = (VT.ARRAY, recurrent)
     head_dim = config.get("head_dim") or _int(config, "hidden_size") // _int(config, "num_attention_heads")
     out[f"{arch}.rope.dimension_count"] = (VT.UINT32, int(int(head_dim) * _rotary_factor(config)))
     return out

@@ -31,6 +31,7 @@ from ggufkit.constants import (
     TENSOR_POWERINFER_FC2,
     TENSOR_POWERINFER_FFN_DOWN_T,
 )
+from ggufkit.converters.mtp import MtpSpec, parse_mtp
 from ggufkit.errors import RegistryError
 
 #: The registry shipped as package data of ``ggufkit`` (in the source tree ggufkit/registry.yaml links to the
@@ -42,6 +43,10 @@ EXTRA_TENSORS: dict[str, str] = {
     "FFN_DOWN_T": TENSOR_POWERINFER_FFN_DOWN_T,
     "FC1": TENSOR_POWERINFER_FC1,
     "FC2": TENSOR_POWERINFER_FC2,
+    # gpt-oss's stacked experts as its checkpoints name them (GPT_OSS_GATE_UP_PROJ_BLOCKS ->
+    # blk.{bid}.experts.gate_up_proj_blocks), split, renamed and repacked by its hooks (converters/gpt_oss.py)
+    **{f"GPT_OSS_{p.upper()}{s.upper()}": f"blk.{{bid}}.experts.{p}{s}" for p in ("gate_up_proj", "down_proj")
+       for s in ("", "_bias", "_blocks", "_scales")},
 }
 #: Transforms a registry entry may name (implemented in ggufkit.converters.transforms).
 TRANSFORM_NAMES = frozenset({"permute_q", "permute_k", "neox_qkv", "transpose", "add_one"})
@@ -52,7 +57,7 @@ OUTPUT_MODES = frozenset({"optional", "required", "drop"})
 VALUE_TYPES = frozenset({"u32", "i32", "f32", "bool", "str", "i32_list"})
 
 _ENTRY_FIELDS = {"arch", "vocab", "hparams", "rope_scaling", "tensors", "transforms", "ignore", "output",
-                 "strip_prefix", "powerinfer", "hooks", "add_space_prefix", "special_by_flag", "mmproj", "hybrid"}
+                 "strip_prefix", "powerinfer", "hooks", "add_space_prefix", "special_by_flag", "mmproj", "hybrid", "mtp"}
 #: Fields that merge key by key with the base entry's (the others replace it).
 _MERGED_FIELDS = ("hparams", "tensors", "transforms")
 _HPARAM_FIELDS = {"from", "default", "required", "type", "derive"}
@@ -129,6 +134,8 @@ class ArchEntry:
     hybrid: bool = False
     #: the projector file's spec (ggufkit.converters.mmproj_registry.ProjectorSpec), for vision-language classes
     mmproj: Any = None
+    #: how the class's multi-token-prediction layers are found and named (ggufkit.converters.mtp.MtpSpec)
+    mtp: MtpSpec | None = None
 
 
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
@@ -221,6 +228,7 @@ class _EntryParser:
             special_by_flag=self.typed("special_by_flag", raw.get("special_by_flag", False), bool, "true or false"),
             hybrid=self.typed("hybrid", raw.get("hybrid", False), bool, "true or false"),
             mmproj=self.mmproj(raw.get("mmproj")),
+            mtp=parse_mtp(self, raw.get("mtp")),
         )
 
     def mmproj(self, value: Any) -> Any:
@@ -278,7 +286,9 @@ class _EntryParser:
             template = _tensor_template(tensor)
             if template is None:
                 raise self.fail("tensors", f"unknown GGUF tensor {tensor!r}")
-            if allowed is not None and tensor not in allowed and tensor not in EXTRA_TENSORS:
+            # NEXTN_* for an entry with MTP layers: llama.cpp's gguf-py lists them for more archs than gguf's
+            if allowed is not None and tensor not in allowed and tensor not in EXTRA_TENSORS and not (
+                    tensor.startswith("NEXTN_") and self.raw.get("mtp")):
                 raise self.fail("tensors", f"GGUF tensor {tensor!r} is not part of architecture {arch!r}")
             rules.append(TensorRule(hf, tensor, template, transforms.get(tensor)))
         used = {r.tensor for r in rules}

@@ -94,13 +94,20 @@ def _render(d: Mapping[str, Any]) -> str:
               "and projector, for libmtmd) of a vision-language checkpoint instead of its text model.")
 @click.option("--with-mmproj", is_flag=True, help="Write the text model and then its vision projector beside it "
               "(the projector in --outtype where llama.cpp writes projectors in it: f32, f16, bf16, q8_0; else auto).")
+@click.option("--mtp", "mtp_only", is_flag=True, help="Write only the multi-token-prediction (MTP / NextN) layers "
+              "with the shared embeddings, output norm and head, as a speculative draft model (default name "
+              "mtp-{basename}-{FTYPE}.gguf), as llama.cpp's converter --mtp.")
+@click.option("--no-mtp", "--no-nextn", "no_mtp", is_flag=True, help="Leave the multi-token-prediction layers out. "
+              "Default: kept as extra blocks after the model's (nextn_predict_layers), as llama.cpp's converter.")
+@click.option("--fp8-as-q8", is_flag=True, help="For an FP8 checkpoint: write the weights stored in FP8 as Q8_0 "
+              "and the rest in --outtype (f32, f16, bf16, q8_0), as llama.cpp's converter --fp8-as-q8.")
 @click.option("--list", "list_archs", is_flag=True, help="List the supported Hugging Face model classes.")
 @dry_run_option
 @common_options
 def convert(model: str | None, output: str | None, outtype: str, predictor: Path | None, vocab_only: bool,
             split_max_size: int | None, metadata_file: Path | None, pre_tokenizer: str | None, check: bool,
-            base: str | None, merge: bool, mmproj: bool, with_mmproj: bool, list_archs: bool, dry_run: bool,
-            out: Output) -> None:
+            base: str | None, merge: bool, mmproj: bool, with_mmproj: bool, mtp_only: bool, no_mtp: bool,
+            fp8_as_q8: bool, list_archs: bool, dry_run: bool, out: Output) -> None:
     """Convert MODEL (a Hugging Face checkpoint directory, or a hub repo id found in the local cache) to
     GGUF. Tensors are streamed one at a time; the output is written atomically and re-read to check it.
 
@@ -114,6 +121,7 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
       ggufkit convert ./my-lora --base llama-f16.gguf --outtype f16      # PEFT adapter -> GGUF adapter
       ggufkit convert ./my-dora --base ./Llama-3.2-1B --merge --outtype q8_0
       ggufkit convert ./gemma-3-4b-it --mmproj --outtype f16   # mmproj-gemma-3-4b-it-F16.gguf
+      ggufkit convert ./Qwen3.5-9B --mtp --outtype bf16       # mtp-Qwen3.5-9B-BF16.gguf, a draft model
       ggufkit convert --list
     """
     from ggufkit.converters import convert as run
@@ -126,6 +134,7 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
         raise click.UsageError("MODEL is required (or --list)")
     from ggufkit.converters import is_adapter_dir
 
+    mtp = _mtp_choice(mtp_only, no_mtp, mmproj or vocab_only or merge or bool(predictor) or is_adapter_dir(model))
     if mmproj and with_mmproj:
         raise click.UsageError("--mmproj writes only the projector, --with-mmproj both files: choose one")
     if (mmproj or with_mmproj) and (predictor or vocab_only or merge or base or split_max_size):
@@ -150,7 +159,8 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
     else:
         report = run(model, output, outtype=outtype.lower(), predictor=predictor, vocab_only=vocab_only,
                      split_max_size=split_max_size, metadata_file=metadata_file, pre_tokenizer=pre_tokenizer,
-                     dry_run=dry_run, progress=out.progress(), with_mmproj=with_mmproj)
+                     dry_run=dry_run, progress=out.progress(), with_mmproj=with_mmproj, mtp=mtp,
+                     fp8_as_q8=fp8_as_q8)
     for warning in report.warnings:
         out.warn(warning)
     if check and report.outputs:
@@ -167,6 +177,17 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
         assert report.check is not None
         click.echo(f"ggufkit: error: check failed (output kept): {'; '.join(report.check['failures'])}", err=True)
         raise click.exceptions.Exit(EXIT_CHECK_FAILED)
+
+
+def _mtp_choice(mtp_only: bool, no_mtp: bool, other_file: bool) -> bool | None:
+    """``convert``'s ``mtp`` argument from --mtp / --no-mtp (None: the class's default)."""
+    if mtp_only and no_mtp:
+        raise click.UsageError("--mtp writes only the multi-token-prediction layers, --no-mtp leaves them out: "
+                               "choose one")
+    if (mtp_only or no_mtp) and other_file:
+        raise click.UsageError("--mtp/--no-mtp do not combine with --mmproj, --vocab-only, --predictor or a PEFT "
+                               "adapter")
+    return True if mtp_only else False if no_mtp else None
 
 
 def _mmproj_report(model: str, output: str | None, outtype: str, dry_run: bool, out: Output) -> dict[str, Any]:
