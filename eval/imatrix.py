@@ -127,11 +127,15 @@ class ImatrixCollector:
         return name.startswith("blk.") or (self.process_output and name == "output.weight")
 
     def dense(self, names: tuple[str, ...], x: Any) -> None:
-        """Dense matmuls: ``x`` float32 ``[B, T, n]`` (B chunks of T tokens) times each weight in ``names``."""
+        """Dense matmuls: ``x`` float32 ``[B, T, n]`` (B chunks of T tokens) times each weight in ``names``; or
+        ``[B, T, n_mat, n]`` times a 3-D weight, one matrix each (MLA's attn_k_b / attn_v_b)."""
         names = tuple(n for n in names if n in self.wanted)
         if not names:
             return
         torch = self.torch
+        if x.dim() == 4:
+            self._per_matrix(names, x)
+            return
         # [B, T, n]: one sum of squares per chunk (torch's float32 reduction, blocked, so no less accurate than
         # llama-imatrix's sequential float32 sum), added to the float32 sums in chunk order.
         sq = x.to(torch.float32).square().sum(dim=1)
@@ -141,6 +145,20 @@ class ImatrixCollector:
                 raise EvaluationError(f"{name}: activation width {sq.shape[-1]} != {acc.shape[-1]} columns")
             for b in range(sq.shape[0]):
                 acc[0] += sq[b]
+            self.tokens[name] += x.shape[0] * x.shape[1]
+
+    def _per_matrix(self, names: tuple[str, ...], x: Any) -> None:
+        """ggml_mul_mat with a 3-D weight (collect_imatrix's dense branch): matrix ``i`` adds its input's squares
+        to its own row of sums; the tensor keeps one count, the tokens."""
+        sq = x.to(self.torch.float32).square().sum(dim=1)  # [B, n_mat, n]
+        for name in names:
+            acc = self._entry(name)
+            if tuple(acc.shape) != tuple(sq.shape[1:]):
+                raise EvaluationError(f"{name}: activations {tuple(sq.shape[1:])} != {tuple(acc.shape)} sums")
+            if self.acc.counts[name].size > 1 and not self.acc.counts[name].any():
+                self.acc.counts[name] = np.zeros(1, np.int64)
+            for b in range(sq.shape[0]):
+                acc += sq[b]
             self.tokens[name] += x.shape[0] * x.shape[1]
 
     def routed(self, name: str, x: Any, ids: Any) -> None:

@@ -261,3 +261,77 @@ def test_convert_refuses_them_in_one_line_and_writes_nothing(version: str, edit:
     err = capsys.readouterr().err
     assert code == 2 and "llama.cpp would compute another model" in err and message in err, err
     assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
+
+
+# -- evaluator -------------------------------------------------------------------------------------------
+EVAL_CASES = [("v3", "release"), ("v2", "tf5")]
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    from ggufkit.eval.perplexity import sample_text
+
+    text = sample_text()[:6000]
+    path = tmp_path_factory.mktemp("ds-text") / "text.txt"
+    path.write_text(text + "\n", encoding="utf-8")
+    return text, path
+
+
+@pytest.mark.parametrize("case", EVAL_CASES, indirect=True, ids=lambda p: "-".join(p))
+def test_evaluator_logits_equal_llama_cpps(case: dict[str, Any]) -> None:
+    """The absorbed MLA, the grouped sigmoid (V3) or softmax (V2) router and the shared experts as llama.cpp's
+    graph computes them: the evaluator's logits within float32 noise of llama.cpp's on the F32 file."""
+    import torch
+    from fixtures_models import TOKENS
+
+    from ggufkit.eval.model import load_model
+
+    want = llama_cpp_logits(case["ours"])
+    with load_model(case["ours"], device="cpu") as m:
+        got = m.logits(torch.tensor([TOKENS]))[0].numpy()
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < 1e-4 * (want.max() - want.min())
+
+
+@pytest.mark.parametrize("case", EVAL_CASES, indirect=True, ids=lambda p: "-".join(p))
+def test_ppl_equals_llama_perplexity(case: dict[str, Any], text_file: tuple[str, Path], tmp_path: Path) -> None:
+    """F32, and F16 with llama.cpp's F16 rounding of each matmul's input (--ggml-rounding)."""
+    from test_eval_archs_vs_llama_perplexity import F32_PATH, llama_perplexity
+
+    from ggufkit.eval.perplexity import perplexity
+
+    text, path = text_file
+    f16 = convert(case["dir"], tmp_path / "f16.gguf", outtype="f16").outputs[0]
+    for model, rounding in ((case["ours"], False), (f16, True)):
+        ours = perplexity(model, text=text, ctx=CTX, chunks=CHUNKS, device="cpu", ggml_rounding=rounding,
+                          kv_cache="f32")
+        theirs, n_chunks = llama_perplexity(model, path, CTX, CHUNKS, *F32_PATH)
+        assert ours.chunks == n_chunks == CHUNKS
+        assert abs(ours.ppl / theirs - 1) < 1e-3, (model.name, ours.ppl, theirs)
+
+
+@pytest.mark.parametrize("case", EVAL_CASES, indirect=True, ids=lambda p: "-".join(p))
+def test_imatrix_equals_llama_imatrix(case: dict[str, Any], text_file: tuple[str, Path], tmp_path: Path) -> None:
+    """The same entries as llama-imatrix: the MLA matrices (attn_k_b / attn_v_b one row per head and one count,
+    as ggml_mul_mat with a 3-D weight), the router and every expert (counts per expert, experts that never
+    fire included), the shared experts, the dense lead layer; in_sum2 within float32 noise."""
+    from test_eval_imatrix import F32_ATTENTION, llama_imatrix, ours, relative_l2
+    from test_eval_imatrix_archs import F32_TOLERANCE
+
+    from ggufkit.quant.imatrix.collector import read_raw_imatrix
+
+    ref, mine = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    common = ["-f", text_file[1], "-c", CTX, "--chunks", CHUNKS, "--process-output"]
+    llama_imatrix("-m", case["ours"], "-o", ref, *common, *F32_ATTENTION)
+    ours(case["ours"], "-o", mine, *common)
+    rel = relative_l2(mine, ref)
+    q = ({"attn_q_a.weight", "attn_q_b.weight"})
+    attn = {*q, "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight"}
+    assert {n.split(".", 2)[-1] for n in rel if n.startswith("blk.0.")} == {
+        *attn, "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
+    assert {n.split(".", 2)[-1] for n in rel if n.startswith("blk.2.")} == {
+        *attn, "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+        "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}
+    sums, counts = read_raw_imatrix(mine).entries["blk.1.attn_k_b.weight"]
+    assert sums.size == 4 * 16 and counts.size == 1
+    assert max(rel.values()) <= F32_TOLERANCE, rel
