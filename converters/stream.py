@@ -116,9 +116,7 @@ def encode(arr: np.ndarray, src_dtype: str, ggml_type: GGMLQuantizationType) -> 
     ``uint8[n_rows, row_bytes]``), and the source pages of each chunk of a memory-mapped tensor are released
     once converted, so peak memory is the output plus one chunk's temporaries.
     """
-    same = (ggml_type == Q.BF16 and src_dtype == "BF16") or (ggml_type == Q.F16 and src_dtype == "F16") or \
-        (ggml_type == Q.F32 and src_dtype == "F32")
-    if same:
+    if src_dtype == ggml_type.name:  # BF16, F16, F32; MXFP4 as released (converters/mxfp4_source.py)
         return np.ascontiguousarray(arr)
     row_len = arr.shape[-1] if arr.ndim else 1
     release = page_releaser(arr) if arr.flags.c_contiguous else None

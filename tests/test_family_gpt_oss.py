@@ -1,0 +1,323 @@
+"""gpt-oss (``GptOssForCausalLM``, GGUF arch ``gpt-oss``) end to end against llama.cpp (issue 32).
+
+gpt-oss alternates sliding-window and full attention layers, adds a learned sink per head to the attention
+softmax, has biases on every projection, routes with a biased softmax over the top-k router logits, and runs its
+experts' clamped SwiGLU from a gate_up_proj whose gate and up columns are interleaved. Tiny random checkpoints of
+transformers' own class: 4 layers (sliding window 8, so the 16-token logits check crosses it), 4 experts, top-2,
+every parameter random (sinks, router bias, expert biases, norms: tests/fixtures_models.py ``randomize``). The
+tokenizer is GPT-2's BPE (check hash "gpt-2"): gpt-oss's o200k BPE (check hash "gpt-4o", in
+converters/pretokenizer.py) has no vocab file in llama.cpp's tree and cannot be fetched without network.
+
+Layouts:
+
+* ``tf5``: transformers 5's ``save_pretrained`` (``rope_parameters``, ``swiglu_alpha``);
+* ``release``: config.json as openai/gpt-oss-20b spells it (``rope_scaling`` and ``rope_theta`` at the root,
+  ``experts_per_token``, ``initial_context_length``, no ``swiglu_alpha``), float weights;
+* ``mxfp4``: the release config with ``quantization_config.quant_method`` ``mxfp4`` and the experts as released
+  (``*_blocks`` / ``*_scales``; random codes and exponents), the rest BF16: written as GGUF MXFP4 tensors,
+  byte-identical to llama.cpp's repacking;
+* ``dequantized``: what transformers 5 saves after loading the MXFP4 checkpoint with ``Mxfp4Config(dequantize=
+  True)`` (float experts, no quantization_config).
+
+llama.cpp and transformers disagree on one thing: YaRN with ``truncate: false`` (gpt-oss's configs). transformers
+then keeps the correction range unrounded, as OpenAI's reference RotaryEmbedding does; llama.cpp's
+ggml_rope_yarn_corr_dims always floors / ceils it. The file means llama.cpp's rope, so the logits are compared
+with transformers running ``truncate: true`` (and the difference is shown to be that alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import fixtures_models
+import numpy as np
+import pytest
+from fixtures_models import TOKENS, llama_cpp_logits, make_checkpoint
+from llama_cpp_sources import llama_cpp_dir
+
+HF_CLASS = "GptOssForCausalLM"
+LAYOUTS = ("tf5", "release", "mxfp4", "dequantized")
+
+fixtures_models._BASE.setdefault(HF_CLASS, dict(
+    hidden_size=64, intermediate_size=64, head_dim=16, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+    max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False, eos_token_id=50256))
+fixtures_models._CLASSES.setdefault(HF_CLASS, ("GptOssConfig", HF_CLASS))
+fixtures_models._VOCAB.setdefault(HF_CLASS, "real:gpt-2")
+
+
+def to_release_config(path: Path) -> None:
+    """Rewrite a transformers 5 config.json in openai/gpt-oss-20b's spelling."""
+    config = json.loads(path.read_text())
+    rope = config.pop("rope_parameters")
+    config.pop("swiglu_alpha")
+    config.pop("dtype", None)
+    config.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope, experts_per_token=config["num_experts_per_tok"],
+                  initial_context_length=4096, torch_dtype="bfloat16", transformers_version="4.55.0.dev0")
+    path.write_text(json.dumps(dict(sorted(config.items())), indent=2))
+
+
+def to_mxfp4(src: Path, dst: Path, seed: int = 1) -> Path:
+    """``src`` as released: experts as MXFP4 ``*_blocks`` [n_expert, out, in / 32, 16] and ``*_scales``
+    [n_expert, out, in / 32] (random codes, exponents 2^-9..2^-5), everything else BF16, quantization_config."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, value in load_file(dst / "model.safetensors").items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            n_exp, n_in, n_out = value.shape
+            out[name + "_blocks"] = torch.from_numpy(rng.integers(0, 256, (n_exp, n_out, n_in // 32, 16), np.uint8))
+            out[name + "_scales"] = torch.from_numpy(rng.integers(118, 123, (n_exp, n_out, n_in // 32), np.uint8))
+        else:
+            out[name] = value.to(torch.bfloat16)
+    save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
+def reference_model(d: Path, truncate: bool = True) -> Any:
+    """transformers' model of checkpoint ``d`` in float32 (an MXFP4 one dequantized, as transformers does on CPU),
+    YaRN's ``truncate`` as given (module docstring)."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(d)
+    config.rope_parameters = {**config.rope_parameters, "truncate": truncate}
+    kwargs: dict[str, Any] = {}
+    if getattr(config, "quantization_config", None):
+        kwargs["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+    return transformers.AutoModelForCausalLM.from_pretrained(d, config=config, dtype=torch.float32,
+                                                             **kwargs).eval()
+
+
+def reference_logits(d: Path, truncate: bool = True) -> Any:
+    import torch
+
+    with torch.no_grad():
+        return reference_model(d, truncate)(torch.tensor([TOKENS])).logits[0].float().numpy()
+
+
+def make_models(root: Path, **overrides: Any) -> dict[str, Path]:
+    """One tiny checkpoint in every layout (module docstring) under ``root``, all of the same weights."""
+    models = {"tf5": make_checkpoint(root / "tf5", HF_CLASS, **overrides)}
+    models["release"] = Path(shutil.copytree(models["tf5"], root / "release"))
+    to_release_config(models["release"] / "config.json")
+    models["mxfp4"] = to_mxfp4(models["release"], root / "mxfp4")
+    models["dequantized"] = root / "dequantized"
+    reference_model(models["mxfp4"], truncate=False).save_pretrained(models["dequantized"])
+    for f in models["mxfp4"].glob("tokenizer*"):
+        shutil.copy(f, models["dequantized"] / f.name)
+    return models
+
+
+def llama_cpp_convert(model: Path, out: Path, outtype: str = "f32") -> Path:
+    root = llama_cpp_dir()
+    env = {**os.environ, "PYTHONPATH": str(root / "gguf-py")}
+    subprocess.run([sys.executable, str(root / "convert_hf_to_gguf.py"), str(model), "--outfile", str(out),
+                    "--outtype", outtype], check=True, capture_output=True, env=env)
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_models(tmp_path_factory.mktemp("gpt-oss"))
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def case(request: pytest.FixtureRequest, models: dict[str, Path]) -> dict[str, Any]:
+    d = models[request.param]
+    return {"layout": request.param, "dir": d, "theirs": llama_cpp_convert(d, d.parent / f"{d.name}.gguf")}
+
+
+@pytest.fixture(scope="module")
+def case_mxfp4(models: dict[str, Path]) -> dict[str, Any]:
+    return {"layout": "mxfp4", "dir": models["mxfp4"]}
+
+
+def test_the_layouts_are_spelled_as_released_and_as_transformers_5_saves_them(case: dict[str, Any]) -> None:
+    config = json.loads((case["dir"] / "config.json").read_text())
+    if case["layout"] in ("release", "mxfp4"):
+        assert config["rope_scaling"]["rope_type"] == "yarn" and "rope_parameters" not in config
+        assert "swiglu_alpha" not in config and config["experts_per_token"] == 2
+    else:
+        assert config["rope_parameters"]["rope_type"] == "yarn" and config["swiglu_alpha"] == 1.702
+    assert ("quantization_config" in config) == (case["layout"] == "mxfp4")
+
+
+# -- conversion ------------------------------------------------------------------------------------------
+def assert_same_file(theirs: Path, ours: Path) -> None:
+    """Every tensor byte-identical, same type and in llama.cpp's order; every key of llama.cpp's file equal in
+    ggufkit's (``general.*`` naming and provenance aside), and no other."""
+    from test_convert_archs import _compared_key
+
+    from ggufkit.format import open_gguf
+
+    with open_gguf(theirs) as a, open_gguf(ours) as b:
+        assert [(t.name, t.ggml_type, t.ne) for t in a.tensors] == [(t.name, t.ggml_type, t.ne) for t in b.tensors]
+        for t in a.tensors:
+            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+        keys = [k for k in a.kv if _compared_key(k)]
+        assert {k for k in b.kv if _compared_key(k)} == set(keys)
+        for key in keys:
+            va, vb = a.get(key), b.get(key)
+            assert a.kv[key].type == b.kv[key].type, key
+            assert (np.array_equal(np.asarray(va), np.asarray(vb)) if isinstance(va, (list, np.ndarray))
+                    else va == vb), key
+
+
+def test_ggufkit_converts_each_layout_as_llama_cpps_converter(case: dict[str, Any], tmp_path: Path) -> None:
+    """Sinks as attn_sinks.weight, the interleaved gate_up split into gate (even) and up (odd) rows, the expert
+    biases, the YaRN keys from either spelling; an MXFP4 checkpoint's experts as GGUF MXFP4 (first in the file,
+    as llama.cpp's generate_extra_tensors writes them) and the file type MXFP4_MOE whatever the float outtype."""
+    from ggufkit.converters import convert
+
+    ours = convert(case["dir"], tmp_path / "ours.gguf", outtype="f32").outputs[0]
+    assert_same_file(case["theirs"], ours)
+    assert_types(ours, case["layout"], "f32")
+
+
+def test_an_mxfp4_checkpoint_to_bf16_keeps_its_mxfp4_experts(case_mxfp4: dict[str, Any], tmp_path: Path) -> None:
+    """Another float outtype: the MXFP4 experts stay MXFP4 (not dequantized, not requantized), the file type is
+    MXFP4_MOE, the rest BF16: llama.cpp's file."""
+    from ggufkit.converters import convert
+
+    theirs = llama_cpp_convert(case_mxfp4["dir"], tmp_path / "t.gguf", "bf16")
+    ours = convert(case_mxfp4["dir"], tmp_path / "ours.gguf", outtype="bf16").outputs[0]
+    assert_same_file(theirs, ours)
+    assert_types(ours, "mxfp4", "bf16")
+
+
+def assert_types(ours: Path, layout: str, outtype: str) -> None:
+    from gguf import GGMLQuantizationType as QT
+    from gguf import LlamaFileType
+
+    from ggufkit.format import open_gguf
+
+    with open_gguf(ours) as f:
+        assert f.get("gpt-oss.attention.sliding_window") == 8 and f.get("gpt-oss.rope.scaling.factor") == 32
+        experts = [t for t in f.tensors if "_exps.weight" in t.name]
+        mxfp4 = layout == "mxfp4"
+        assert {t.ggml_type for t in experts} == {QT.MXFP4 if mxfp4 else QT[outtype.upper()]}
+        assert f.get("general.file_type") == (LlamaFileType.MOSTLY_MXFP4_MOE if mxfp4
+                                              else LlamaFileType["ALL_F32" if outtype == "f32" else "MOSTLY_BF16"])
+        if mxfp4:
+            assert [t.name for t in f.tensors][:3] == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight",
+                                                      "blk.0.ffn_up_exps.weight"]
+
+
+def test_mxfp4_repack_is_llama_cpps_bit_for_bit() -> None:
+    """repack_mxfp4 against GptOssModel.transform_nibble_layout + repack_mxfp4 re-done with torch, on every byte
+    value and several exponents; and the values are transformers' dequantized ones (E2M1 x 2^(e-127) equals
+    ggml's doubled E2M1 x 2^(e-128))."""
+    import torch
+
+    from ggufkit.converters.mxfp4_source import repack_mxfp4
+    from ggufkit.eval.dequant import dequantize
+
+    rng = np.random.default_rng(0)
+    blocks = np.arange(256, dtype=np.uint8).reshape(2, 8, 1, 16)[:, :, [0, 0]]
+    blocks = np.concatenate([blocks, rng.integers(0, 256, (2, 8, 2, 16), np.uint8)], axis=2)  # [2, 8, 4, 16]
+    scales = rng.integers(100, 140, (2, 8, 4), np.uint8)
+
+    t = torch.from_numpy(blocks)
+    lo, hi = t & 0x0F, t & 0xF0
+    t = (lo << 4) | (hi >> 4)
+    a, b = t.chunk(2, dim=-1)
+    a = torch.stack(((a & 0xF0).view(-1, 1), (a << 4).view(-1, 1)), dim=2).view(t.shape)
+    b = torch.stack(((b >> 4).view(-1, 1), (b & 0x0F).view(-1, 1)), dim=2).view(t.shape)
+    t = a | b
+    t = ((t & 0xF0) >> 4) | ((t & 0x0F) << 4)
+    want = torch.concat((torch.from_numpy(scales).unsqueeze(-1), t), dim=-1).reshape(2, 8, 4 * 17).numpy()
+    got = repack_mxfp4(blocks, scales)
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    hf = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+    from gguf import GGMLQuantizationType as QT
+
+    ours = dequantize(torch.from_numpy(got.reshape(16, 4 * 17)), QT.MXFP4, 128).reshape(2, 8, 128)
+    assert torch.equal(ours, hf.transpose(1, 2))
+
+
+# -- runtime -----------------------------------------------------------------------------------------------
+def test_llama_cpp_runs_transformers_model(case: dict[str, Any]) -> None:
+    """llama.cpp on llama.cpp's file (byte-identical to ggufkit's, above) computes transformers' model: sinks,
+    sliding window, biased router, clamped SwiGLU; the MXFP4 layout against transformers dequantizing it."""
+    want = reference_logits(case["dir"])
+    got = llama_cpp_logits(case["theirs"])
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    # ggml's CPU MXFP4 matmul quantizes its activations to Q8_0 (ggml-cpu type_traits: vec_dot_type): 1.5e-3 of
+    # the range measured; every other layout is float32 throughout
+    tolerance = 5e-3 if case["layout"] == "mxfp4" else 1e-3
+    assert np.abs(got - want).max() < tolerance * (want.max() - want.min())
+
+
+def test_yarn_truncate_false_is_where_transformers_and_llama_cpp_differ(models: dict[str, Path]) -> None:
+    """With gpt-oss's ``truncate: false`` transformers rounds nothing (as OpenAI's reference rope); llama.cpp
+    floors / ceils the correction dims: the logits move by more than the tolerance (0.4 % of the range here)."""
+    d = models["tf5"]
+    ours = llama_cpp_logits(d.parent / "tf5.gguf" if (d.parent / "tf5.gguf").exists()
+                            else llama_cpp_convert(d, d.parent / "tf5.gguf"))
+    rel = [np.abs(ours - reference_logits(d, t)).max() / np.ptp(ours) for t in (True, False)]
+    assert rel[0] < 1e-5 < 1e-3 < rel[1]
+
+
+# -- the converter's hooks ----------------------------------------------------------------------------------
+def _config(**fields: Any) -> dict[str, Any]:
+    return {"model_type": "gpt_oss", "num_hidden_layers": 4, **fields}
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"layer_types": ["full_attention", "sliding_attention"] * 2}, "a layer schedule other than sliding/full"),
+    ({"layer_types": ["sliding_attention"] * 4}, "a layer schedule other than sliding/full"),
+    ({"layer_types": ["sliding_attention"] * 3}, "layer_types must list 4 entries"),
+    ({"swiglu_limit": 10.0}, "swiglu_limit 10.0 (llama.cpp's graph computes 7.0)"),
+    ({"swiglu_alpha": 1.0}, "swiglu_alpha 1.0 (llama.cpp's graph computes 1.702)"),
+    ({"attention_bias": False}, "no attention biases"),
+])
+def test_checkpoints_llama_cpp_cannot_represent_are_refused(overrides: dict[str, Any], message: str) -> None:
+    from ggufkit.converters import gpt_oss
+    from ggufkit.errors import UnsupportedArchitectureError
+
+    with pytest.raises(UnsupportedArchitectureError, match=re.escape(message)):
+        gpt_oss.check_config(_config(**overrides))
+
+
+def test_class_defaults_fill_what_a_config_leaves_out() -> None:
+    """llama.cpp's converter reads the config through AutoConfig: no rope spelling at all is GptOssConfig's YaRN
+    (factor 32 over 4096), no layer_types its alternating schedule (accepted)."""
+    from ggufkit.converters import gpt_oss
+    from ggufkit.format.values import VT
+
+    gpt_oss.check_config(_config())
+    out = gpt_oss.hparams(_config(), {})
+    assert out["gpt-oss.rope.scaling.type"] == (VT.STRING, "yarn")
+    assert out["gpt-oss.rope.scaling.factor"] == (VT.FLOAT32, 32.0)
+    assert out["gpt-oss.rope.scaling.original_context_length"] == (VT.UINT32, 4096)
+    assert gpt_oss.hparams(_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}), {}) == {}
+
+
+def test_a_refused_checkpoint_exits_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    d = make_checkpoint(tmp_path / "m", HF_CLASS, swiglu_limit=10.0)
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "gpt_oss: llama.cpp would compute another model: swiglu_limit 10.0" in err
+    assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
