@@ -102,7 +102,7 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
         quantized_by: the card's ``quantized_by``.
         base_model: the hub id of the model this release quantizes (the card's ``base_model``; default: the
             hub repo the source came from, else the folder's name).
-        exchange, shared_only: a release spread over a CI's jobs (:mod:`ggufkit.release.exchange`): the
+        exchange, shared_only: a release spread over a CI's jobs (:mod:`ggufkit.release.steps`, its last section): the
             folder the CI's artifact steps carry between the jobs, and the shared job (``shared_only``: the
             master and importance matrix only, put in ``exchange``); the ``only`` jobs take them from there and
             leave their manifest parts there, and ``card_only`` assembles the release from those parts.
@@ -124,7 +124,7 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
                        revision=revision, dry_run=dry_run, device=device, quantized_by=quantized_by,
                        mmproj_type=mmproj_type, no_mmproj=no_mmproj, base_model=base_model, exchange=exchange,
                        shared_only=shared_only)
-    from ggufkit.release import exchange as xchg
+    from ggufkit.release import steps as fan_out
     from ggufkit.release.manifest import State
 
     state = State(options.outdir)
@@ -143,9 +143,9 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
 
     bpw: dict[str, float] = {}
     if options.exchange is not None and options.card_only:  # refused before any work: missing or other parts
-        bpw = xchg.import_all(plan, state, options.exchange)
+        bpw = fan_out.import_all(plan, state, options.exchange)
     elif options.exchange is not None and options.only:
-        xchg.import_shared(plan, state, options.exchange)
+        fan_out.import_shared(plan, state, options.exchange)
     plan.outdir.mkdir(parents=True, exist_ok=True)
     # the files this release writes here are claimed before any is written: a run killed between a file and
     # its step's record leaves a file that the next run knows as its own (plan.release_own_files)
@@ -163,9 +163,9 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
             eval_step(sc, plan.work_types)
     state.save_cache()
     if options.exchange is not None and options.shared_only:
-        xchg.export_shared(plan, sc.records, options.exchange)
+        fan_out.export_shared(plan, sc.records, options.exchange)
     elif options.exchange is not None and options.only:
-        xchg.export_parts(plan, sc.records, options.exchange)
+        fan_out.export_parts(plan, sc.records, options.exchange)
     if options.only or options.shared_only:
         files = sorted({n for r in sc.records.values() for n in r["outputs"]})
         return ReleaseResult(str(plan.outdir), False, [], files, ran=sc.ran, skipped=sc.skipped, notes=notes,
@@ -196,14 +196,14 @@ def release_matrix(model: str | os.PathLike[str], outdir: str | os.PathLike[str]
                    types: Sequence[str] | None = None, no_imatrix: bool = False, **kw: Any) -> dict[str, Any]:
     """GitHub Actions' ``strategy.matrix`` of a release spread over a CI's jobs: one job per type
     (``{"include": [{"type": "Q4_K_M"}, ...]}``), each running ``release --only TYPE --exchange DIR`` after
-    the ``--shared-only`` job (:mod:`ggufkit.release.exchange`). The release is planned and checked as
+    the ``--shared-only`` job (:mod:`ggufkit.release.steps`, its last section). The release is planned and checked as
     :func:`release` plans it (bad input raises UsageError); nothing is written.
 
     Args:
         model, outdir, types, no_imatrix, kw: as :func:`release` (its other keyword arguments).
     """
-    from ggufkit.release.exchange import matrix
     from ggufkit.release.manifest import State
+    from ggufkit.release.steps import matrix
 
     defaults: dict[str, Any] = dict(master="auto", imatrix_text=None, imatrix=None, eval_text=None, ctx=512,
                                     chunks=None, imatrix_chunks=None, kld_top_k=None, max_kld=(),
@@ -271,7 +271,7 @@ def _projector(plan: ReleasePlan, ctx: Any, bpw: Mapping[str, float]) -> dict[st
 def _bpw(path: Path, known: Mapping[str, float]) -> float:
     """Bits per weight of a GGUF here, or as the fan-out's shared job measured it (``known``: file name ->
     bits per weight) when the file is not here."""
-    from ggufkit.release.exchange import gguf_bpw
+    from ggufkit.release.steps import gguf_bpw
 
     if not path.is_file() and path.name in known:
         return known[path.name]

@@ -104,7 +104,7 @@ class ReleaseOptions:
     mmproj_type: str | None = None
     no_mmproj: bool = False
     base_model: str | None = None
-    #: a fan-out over a CI's jobs (ggufkit.release.exchange): the folder the artifact steps carry, and the
+    #: a fan-out over a CI's jobs (ggufkit.release.steps: the exchange): the folder the artifact steps carry, and the
     #: shared job (master and importance matrix)
     exchange: Path | None = None
     shared_only: bool = False
