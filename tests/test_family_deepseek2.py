@@ -335,3 +335,58 @@ def test_imatrix_equals_llama_imatrix(case: dict[str, Any], text_file: tuple[str
     sums, counts = read_raw_imatrix(mine).entries["blk.1.attn_k_b.weight"]
     assert sums.size == 4 * 16 and counts.size == 1
     assert max(rel.values()) <= F32_TOLERANCE, rel
+
+
+# -- quantization --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quant_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A DeepSeek-V3-shaped F16 file wide enough for k-quants (hidden 256, MLA ranks 256, heads of 128 + 64,
+    8 experts of 256, one dense lead layer, 4 layers; a 400-token BPE) and an importance matrix for it."""
+    import fixtures_tokenizers as ft
+    from fixtures_quantize import imatrix_values, write_imatrix_gguf
+
+    d = tmp_path_factory.mktemp("ds-quant")
+    ckpt = d / "ckpt"
+    ckpt.mkdir()
+    ft.make_bpe_tokenizer(ckpt, 400, flavor="gpt-2")
+    build_model("v3", 400, hidden_size=256, intermediate_size=512, moe_intermediate_size=256, num_hidden_layers=4,
+                kv_lora_rank=256, q_lora_rank=256, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                num_attention_heads=2, num_key_value_heads=2).save_pretrained(ckpt)
+    model = convert(ckpt, d / "model.gguf", outtype="f16").outputs[0]
+    return {"model": model, "imatrix": write_imatrix_gguf(d / "imatrix.gguf", imatrix_values(model))}
+
+
+@pytest.mark.parametrize("with_imatrix", [False, True])
+def test_every_preset_plans_as_llama_quantize(quant_model: dict[str, Any], with_imatrix: bool) -> None:
+    """llama_tensor_get_type's choice for every tensor and every TYPE (llama-quantize --dry-run): the MLA tensors
+    (attn_k_b rows of 128, attn_v_b, attn_kv_a_mqa, attn_q_a/b), the router F32, 8 experts' stacks."""
+    from test_quant_presets_oracle import dry_run_types, planned_types
+
+    from ggufkit.quant.llama_quantize.plan import QuantOptions
+    from ggufkit.quant.llama_quantize.presets import TYPE_CHOICES
+
+    flags: tuple[str, ...] = ()
+    options = QuantOptions(dry_run=True)
+    if with_imatrix:
+        flags = ("--imatrix", str(quant_model["imatrix"]))
+        with open_gguf(quant_model["imatrix"]) as m:
+            sizes = {t.name[:-len(".in_sum2")]: t.n_elements for t in m.tensors if t.name.endswith(".in_sum2")}
+        options = QuantOptions(dry_run=True, imatrix_sizes=sizes)
+    mismatches = [t for t in TYPE_CHOICES
+                  if planned_types(quant_model["model"], t, options) != dry_run_types(quant_model["model"], t, *flags)]
+    assert not mismatches
+
+
+@pytest.mark.parametrize(("target", "with_imatrix"), [("q4_k_m", False), ("q2_k", True), ("iq3_xxs", True)])
+def test_whole_file_equals_llama_quantize(quant_model: dict[str, Any], tmp_path: Path, target: str,
+                                          with_imatrix: bool) -> None:
+    from fixtures_quantize import assert_same_quantized
+    from test_family_olmo2 import llama_quantize_binary
+
+    from ggufkit.quant import quantize_file
+
+    flags = ("--imatrix", str(quant_model["imatrix"])) if with_imatrix else ()
+    llama_quantize_binary(quant_model["model"], tmp_path / "ref.gguf", target, *flags)
+    quantize_file(quant_model["model"], tmp_path / "ours.gguf", target,
+                  imatrix=quant_model["imatrix"] if with_imatrix else None, threads=2)
+    assert_same_quantized(tmp_path / "ref.gguf", tmp_path / "ours.gguf")
