@@ -382,3 +382,185 @@ def test_imatrix_equals_llama_imatrix(release: dict[str, Any], sample: tuple[str
         "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}
     assert not any(n.startswith("blk.3.") for n in rel)
     assert max(rel.values()) <= F32_TOLERANCE, rel
+
+
+# -- config spellings and refusals ------------------------------------------------------------------------
+def _respelled(src: Path, dir: Path, edit: Any) -> Path:
+    """``src``'s checkpoint with its config.json edited by ``edit`` (the weight and tokenizer files linked)."""
+    dir.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (dir / f.name).symlink_to(f)
+    config = json.loads((src / "config.json").read_text())
+    edit(config)
+    (dir / "config.json").write_text(json.dumps(config, indent=2))
+    return dir
+
+
+def _sparse_release(config: dict[str, Any]) -> None:
+    """A release config that leaves Glm4MoeConfig's defaults out (n_shared_experts 1, norm_topk_prob, one
+    group, first_k_dense_replace 1, no NextN count) and says partial_rotary_factor 0.25 only at the root."""
+    for key in ("n_shared_experts", "norm_topk_prob", "n_group", "topk_group", "first_k_dense_replace",
+                "num_nextn_predict_layers", "routed_scaling_factor"):
+        config.pop(key)
+    config["partial_rotary_factor"] = 0.25
+
+
+def test_keys_a_config_leaves_out_are_glm4moeconfigs_defaults(checkpoints: dict[str, dict[str, Any]],
+                                                              tmp_path_factory: pytest.TempPathFactory,
+                                                              tmp_path: Path) -> None:
+    """llama.cpp's converter reads the config through AutoConfig: a key config.json leaves out is
+    Glm4MoeConfig's default, and partial_rotary_factor at the root is the rope_parameters one (n_rot 8 here).
+    ggufkit writes the same keys, and the file computes what transformers loads from that config."""
+    from test_family_olmo2 import assert_same_file
+
+    from ggufkit.converters import convert
+    from ggufkit.format import open_gguf
+
+    release = _case(checkpoints, tmp_path_factory, "release")
+    d = _respelled(release["dir"], tmp_path / "m", _sparse_release)
+    ours = convert(d, tmp_path / "ours.gguf", outtype="f32", mtp=False).outputs[0]
+    assert_same_file(llama_cpp_convert(d, tmp_path / "theirs.gguf", "f32", "--no-mtp"), ours)
+    with open_gguf(ours) as f:
+        assert f.get("glm4moe.rope.dimension_count") == 8 and f.get("glm4moe.expert_shared_count") == 1
+        assert f.get("glm4moe.expert_weights_norm") is True and f.get("glm4moe.expert_group_count") == 1
+        assert f.get("glm4moe.expert_weights_scale") == 1.0 and f.get("glm4moe.leading_dense_block_count") == 1
+    want = transformers_logits(d)
+    got = llama_cpp_logits(ours)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < 1e-3 * (want.max() - want.min())
+
+
+def _set(**values: Any) -> Any:
+    def edit(config: dict[str, Any]) -> None:
+        config.update(values)
+    return edit
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_set(n_group=2, topk_group=2), "n_group 2 with topk_group 2 over 4 experts"),
+    (_set(n_group=3), "n_group 3 with topk_group 1 over 4 experts"),
+    (_set(hidden_act="gelu"), "hidden_act 'gelu'"),
+    (_set(partial_rotary_factor=0.3, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+     "an odd rotary dimension 9"),
+], ids=["all-groups", "uneven-groups", "gelu", "odd-rope"])
+def test_convert_refuses_them_in_one_line_and_writes_nothing(checkpoints: dict[str, dict[str, Any]],
+                                                             tmp_path_factory: pytest.TempPathFactory, edit: Any,
+                                                             message: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """What llama.cpp's glm4moe loader or graph cannot represent (its loader asserts topk_group < n_group and
+    experts split evenly over the groups; its FFNs are SiLU-gated)."""
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    d = _respelled(_case(checkpoints, tmp_path_factory, "tf5")["dir"], tmp_path / "m", edit)
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "glm4moe: llama.cpp would compute another model" in err and message in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
+
+
+def test_a_tokenizer_without_glms_added_tokens_is_refused(checkpoints: dict[str, dict[str, Any]],
+                                                          tmp_path_factory: pytest.TempPathFactory,
+                                                          tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp's _set_vocab_glm looks [gMASK], <|user|>, <|endoftext|> and <|observation|> up among the
+    added tokens (a KeyError there): one line, exit 2."""
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    src = _case(checkpoints, tmp_path_factory, "tf5")["dir"]
+    d = _respelled(src, tmp_path / "m", lambda config: None)
+    tok = json.loads((src / "tokenizer.json").read_text())
+    tok["added_tokens"] = [a for a in tok["added_tokens"] if a["content"] != "[gMASK]"]
+    (d / "tokenizer.json").unlink()
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "--vocab-only", "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no added token [gMASK]" in err and err.count("\n") == 1, err
+
+
+# -- quantization ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quant_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from fixtures_quantize import imatrix_values, write_imatrix_gguf
+
+    d = tmp_path_factory.mktemp("glm4moe-quant")
+    model = quant_gguf(d / "model.gguf")
+    return {"model": model, "imatrix": write_imatrix_gguf(d / "imatrix.gguf", imatrix_values(model))}
+
+
+@pytest.mark.parametrize("with_imatrix", [False, True])
+def test_every_preset_plans_as_llama_quantize(quant_model: dict[str, Path], with_imatrix: bool) -> None:
+    """llama_tensor_get_type's choice for every tensor and every TYPE (llama-quantize --dry-run): 8 experts,
+    the routers and correction biases F32, the NextN block's tensors, attn_v by the GQA ratio."""
+    from test_family_qwen3next import assert_every_preset_plans_as_llama_quantize
+
+    assert_every_preset_plans_as_llama_quantize(quant_model, with_imatrix)
+
+
+@pytest.mark.parametrize(("target", "with_imatrix"), [("q4_k_m", False), ("q2_k", False), ("q4_k_m", True),
+                                                      ("iq3_xxs", True)])
+def test_whole_file_equals_llama_quantize(quant_model: dict[str, Path], tmp_path: Path, target: str,
+                                          with_imatrix: bool) -> None:
+    from fixtures_quantize import assert_same_quantized
+    from test_family_olmo2 import llama_quantize_binary
+
+    from ggufkit.quant import quantize_file
+
+    flags = ("--imatrix", str(quant_model["imatrix"])) if with_imatrix else ()
+    llama_quantize_binary(quant_model["model"], tmp_path / "ref.gguf", target, *flags)
+    quantize_file(quant_model["model"], tmp_path / "ours.gguf", target,
+                  imatrix=quant_model["imatrix"] if with_imatrix else None, threads=2)
+    assert_same_quantized(tmp_path / "ref.gguf", tmp_path / "ours.gguf")
+
+
+# -- KLD and release ---------------------------------------------------------------------------------------
+def test_kld_equals_llama_perplexitys(release: dict[str, Any], sample: tuple[str, Path], tmp_path: Path) -> None:
+    """KL divergence of a Q8_0 file from the F32 one (both with the NextN block) as ``llama-perplexity
+    --kl-divergence`` reports it, with its 8-bit activation rounding reproduced: within 3 %
+    (tests/test_family_lfm2.py)."""
+    from test_family_lfm2 import CHUNKS as LFM2_CHUNKS
+    from test_family_lfm2 import CTX as LFM2_CTX
+    from test_family_lfm2 import test_kld_equals_llama_perplexitys as kld
+
+    assert (LFM2_CTX, LFM2_CHUNKS) == (CTX, CHUNKS)
+    kld({"ours": release["ours"]}, sample, tmp_path)
+
+
+def test_release_end_to_end(tmp_path: Path) -> None:
+    """``release`` of a tiny GLM-4.5 in the released layout (its NextN layer kept in the F16 master): importance
+    matrix with llama-imatrix's entries on that master, Q8_0 and Q4_K_M that load in llama.cpp, the master's
+    reported perplexity llama-perplexity's."""
+    from test_eval_archs_vs_llama_perplexity import F32_PATH, llama_perplexity
+    from test_eval_imatrix import F32_ATTENTION, llama_imatrix
+
+    from ggufkit.eval.perplexity import sample_text
+    from ggufkit.format import open_gguf
+    from ggufkit.quant.imatrix.collector import read_raw_imatrix
+    from ggufkit.release import release
+
+    ckpt = make_glm(tmp_path / "tiny-glm", "release", hidden_size=256, intermediate_size=256,
+                    moe_intermediate_size=256)
+    text = tmp_path / "text.txt"
+    text.write_text(sample_text()[:6000] + "\n", encoding="utf-8")
+    out = tmp_path / "release"
+    result = release(ckpt, out, types=["q8_0", "q4_k_m"], master="f16", imatrix_text=text, eval_text=text,
+                     ctx=64, chunks=2, imatrix_chunks=2, device="cpu")
+    assert result.ok, result.failures
+    master = next(out / f for f in result.files if f.endswith("-F16.gguf"))
+    imatrix = next(out / f for f in result.files if ".imatrix" in f)
+    quants = [out / f for f in result.files if f.endswith(("-Q8_0.gguf", "-Q4_K_M.gguf"))]
+    assert len(quants) == 2
+    for path in (master, *quants):
+        with open_gguf(path) as f:
+            assert f.architecture == "glm4moe" and f.get("glm4moe.nextn_predict_layers") == 1
+        assert np.isfinite(llama_cpp_logits(path)).all()
+    ref = tmp_path / "ref.gguf"
+    llama_imatrix("-m", master, "-f", text, "-c", 64, "--chunks", 2, "-o", ref, *F32_ATTENTION)
+    assert sorted(read_raw_imatrix(imatrix).entries) == sorted(read_raw_imatrix(ref).entries)
+    manifest = json.loads((out / "manifest.json").read_text())
+    reported = manifest["steps"]["eval-master"]["results"]["ppl"]
+    theirs, _ = llama_perplexity(master, text, 64, 2, *F32_PATH)
+    assert abs(reported / theirs - 1) < 1e-3, (reported, theirs)
