@@ -7,8 +7,11 @@ Three sources, as llama.cpp's converter reads them (convert_hf_to_gguf.py: TextM
 - ``bpe``: a GPT-2-style byte-level BPE loaded with transformers' ``AutoTokenizer`` (never with
   ``trust_remote_code``), merges from ``tokenizer.json`` (or ``merges.txt``), pre-tokenizer from
   :mod:`ggufkit.converters.pretokenizer`.
-- ``tiktoken``: Qwen 1's ``qwen.tiktoken`` read directly (llama.cpp runs the repository's Python code for
-  it); merges are rebuilt from the ranks.
+- ``tiktoken``: Qwen 1's ``qwen.tiktoken`` or Kimi K2's ``tiktoken.model`` read directly (llama.cpp runs the
+  repository's Python code for them: conversion/qwen.py QwenModel._set_vocab_qwen, conversion/deepseek.py
+  DeepseekV2Model.set_vocab); merges are rebuilt from the ranks. A ``bpe`` checkpoint without
+  ``tokenizer.json`` whose tokenizer is Kimi's ``tiktoken.model`` is read so too, as DeepseekV2Model.set_vocab
+  falls back to it.
 
 Then the special tokens (bos/eos/unk/sep/pad/mask/eot), ``add_bos_token``/``add_eos_token`` and the chat
 template(s), and padding to the model's ``vocab_size`` with unique ``[PAD{i}]`` fillers. Keys come out in
@@ -137,15 +140,18 @@ def build_vocab_and_pre(model_dir: Path, kind: str, *, vocab_size: int, pre_toke
 
         tokens, scores, types = llama_hf_tokens(model_dir, vocab_size)
         vocab = _Vocab("llama", tokens, types, scores, pre="default")
-    elif kind == "bpe":
+    elif kind == "bpe" and not is_kimi_tiktoken(model_dir):
         vocab, added_json = _bpe_vocab(model_dir, vocab_size, pre_tokenizer)
     else:
         vocab = _tiktoken_vocab(model_dir, vocab_size, pre_tokenizer)
     _check_unique(vocab.tokens, model_dir)
 
     token_to_id = {t: i for i, t in enumerate(vocab.tokens)}
-    special = _special_tokens(model_dir, config, added_json, token_to_id, len(vocab.tokens))
-    if kind == "tiktoken":
+    kimi = kind in ("bpe", "tiktoken") and is_kimi_tiktoken(model_dir)
+    # gguf-py's SpecialVocab resolves special-token names only through tokenizer.json, which Kimi has not: its
+    # ids come from config.json alone (llama.cpp's Kimi path), so names are not looked up in the vocabulary
+    special = _special_tokens(model_dir, config, added_json, token_to_id, len(vocab.tokens), names_in_vocab=not kimi)
+    if kind == "tiktoken" and not kimi:
         # Qwen 1 declares no special tokens in files; llama.cpp's _set_vocab_qwen falls back to <|endoftext|>.
         eot = token_to_id[QWEN1_SPECIALS[0]]
         if "bos" not in special.ids and "eos" not in special.ids:
@@ -434,9 +440,71 @@ def _bpe_split(ranks: Mapping[bytes, int], token: bytes, max_rank: int) -> list[
     return merge_symbols([token[i:i + 1] for i in range(len(token))], priority)
 
 
+#: Kimi K2's tiktoken ranks file (tokenization_kimi.py TikTokenTokenizer's vocab_file) and pre-tokenizer name
+#: (llama.cpp's hash table names Kimi-K2-Base's tokenizer ``kimi-k2``; src/unicode.cpp runs its regex).
+KIMI_TIKTOKEN = "tiktoken.model"
+KIMI_PRE = "kimi-k2"
+#: tokenization_kimi.py: ``num_reserved_special_tokens`` ids follow the ranks, named by tokenizer_config.json's
+#: ``added_tokens_decoder`` or ``<|reserved_token_{id}|>``.
+KIMI_RESERVED = 256
+
+
+def is_kimi_tiktoken(model_dir: Path) -> bool:
+    """A Kimi-style tiktoken tokenizer: ``tiktoken.model`` and no ``tokenizer.json`` / ``qwen.tiktoken``."""
+    return (model_dir / KIMI_TIKTOKEN).is_file() and not (model_dir / "tokenizer.json").is_file() \
+        and not (model_dir / "vocab.json").is_file() and not (model_dir / "qwen.tiktoken").is_file()
+
+
+def _kimi_vocab(path: Path, vocab_size: int, pre_tokenizer: str | None) -> _Vocab:
+    """Kimi K2's vocabulary as conversion/deepseek.py DeepseekV2Model.set_vocab (tokpre ``kimi-k2``) builds it
+    from the tokenizer its tokenization_kimi.py makes, without running that code: every rank's token
+    (GPT-2 byte-level spelling), a merge for each token whose BPE over lower ranks ends in two parts (others
+    give none), the reserved special tokens after the ranks (names from ``added_tokens_decoder``) as
+    CONTROL, ``[PAD{i}]`` fillers (UNUSED) up to ``vocab_size``."""
+    from ggufkit.converters.pretokenizer import known_pre_tokenizer
+
+    ranks = read_tiktoken(path)
+    n = len(ranks)
+    _check_fits(n, vocab_size, path)
+    byte_chars = bytes_to_unicode()
+    decoder = (_read_json(path.parent / "tokenizer_config.json") or {}).get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+        raise TokenizerError("added_tokens_decoder must map ids to tokens", path=path.parent / "tokenizer_config.json")
+    names: dict[int, str] = {}
+    for key, entry in decoder.items():
+        text = entry.get("content") if isinstance(entry, dict) else entry
+        if not str(key).isdigit() or not isinstance(text, str):
+            raise TokenizerError(f"added_tokens_decoder entry {key!r} is malformed",
+                                 path=path.parent / "tokenizer_config.json")
+        names[int(key)] = text
+    special = {names.get(i, f"<|reserved_token_{i}|>"): i for i in range(n, n + KIMI_RESERVED)}
+    merges: list[str] = []
+    vocab: dict[str, int] = {}
+    for token, rank in ranks.items():  # the file's order, as tiktoken's load_tiktoken_bpe keeps it
+        vocab["".join(byte_chars[b] for b in token)] = rank
+        if len(token) == 1:
+            continue
+        parts = _bpe_split(ranks, token, rank)
+        if len(parts) == 2:
+            merges.append(" ".join("".join(byte_chars[b] for b in p) for p in parts))
+    by_id = {i: text for text, i in {**vocab, **special}.items()}
+    control = set(special.values())
+    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(vocab_size)]
+    types = [int(TokenType.UNUSED if i not in by_id else TokenType.CONTROL if i in control else TokenType.NORMAL)
+             for i in range(vocab_size)]
+    if pre_tokenizer is not None:
+        match = PreTokenizerMatch(known_pre_tokenizer(pre_tokenizer), "override", "")
+    else:
+        match = PreTokenizerMatch(KIMI_PRE, "architecture", "",
+                                  note="Kimi K2's tiktoken tokenizer (tokenization_kimi.py's pat_str is kimi-k2's)")
+    return _Vocab("gpt2", tokens, types, merges=merges, pre=match.name, pre_match=match)
+
+
 def _tiktoken_vocab(model_dir: Path, vocab_size: int, pre_tokenizer: str | None) -> _Vocab:
     from ggufkit.converters.pretokenizer import known_pre_tokenizer
 
+    if is_kimi_tiktoken(model_dir):
+        return _kimi_vocab(model_dir / KIMI_TIKTOKEN, vocab_size, pre_tokenizer)
     path = model_dir / "qwen.tiktoken"
     if not path.is_file():
         others = sorted(model_dir.glob("*.tiktoken"))
@@ -515,7 +583,7 @@ def _pair_adds_sep(pair: Any, first: str | None, last: str | None, sep: str | No
 
 
 def _special_tokens(model_dir: Path, config: Mapping[str, Any], added_json: list[dict[str, Any]],
-                    token_to_id: Mapping[str, int], n_vocab: int) -> _Special:
+                    token_to_id: Mapping[str, int], n_vocab: int, names_in_vocab: bool = True) -> _Special:
     """Special ids (first source wins), add_* flags and chat template, as gguf-py's SpecialVocab."""
     result = _Special()
     tok_cfg = _read_json(model_dir / "tokenizer_config.json") or {}
@@ -581,7 +649,7 @@ def _special_tokens(model_dir: Path, config: Mapping[str, Any], added_json: list
             continue
         # llama.cpp resolves names only through tokenizer.json's added tokens; sentencepiece-only checkpoints
         # then rely on the runtime's defaults, so also look the name up in the vocabulary itself.
-        put(role, added_ids.get(name, token_to_id.get(name)))
+        put(role, added_ids.get(name, token_to_id.get(name) if names_in_vocab else None))
     text_config: Mapping[str, Any] = config.get("text_config") or {}
     if not isinstance(text_config, Mapping):
         text_config = {}

@@ -45,6 +45,9 @@ QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}
          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
           r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+#: Kimi K2's one "regex": the trigger of unicode.cpp's hand-written unicode_regex_split_custom_kimi_k2, which
+#: runs all of tokenization_kimi.py's pat_str (Han runs, letter words without Han, 1-3 digits, ...).
+KIMI_K2 = r"\p{Han}+"
 NEWLINES = r"[^\n]+|[\n]+"
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
 _FALCON = (r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]")
@@ -187,9 +190,13 @@ def _rules() -> dict[str, PreTokenizer]:
     return out
 
 
-#: ``tokenizer.ggml.pre`` value -> rule. Names llama.cpp knows but ggufkit cannot run (custom C++ matchers
-#: such as ``kimi-k2``/``afmoe``, the raw-UTF-8 BPE of ``gemma4``) are deliberately absent.
+#: ``tokenizer.ggml.pre`` value -> rule: the names a BPE tokenizer's behaviour is matched against
+#: (converters/pretokenizer.py). Names llama.cpp knows but ggufkit cannot run (custom C++ matchers such as
+#: ``afmoe``) are deliberately absent.
 PRE_TOKENIZERS: dict[str, PreTokenizer] = _rules()
+#: Rules ggufkit runs that a vocabulary gets only from its own format, never by matching behaviour: Kimi K2's
+#: tiktoken tokenizer (converters/vocab.py), whose splitter is unicode.cpp's hand-written Kimi matcher.
+FORMAT_PRE_TOKENIZERS: dict[str, PreTokenizer] = {"kimi-k2": PreTokenizer("kimi-k2", "kimi_k2", (KIMI_K2,))}
 
 
 def get_pre_tokenizer(name: str | None) -> PreTokenizer:
@@ -200,11 +207,11 @@ def get_pre_tokenizer(name: str | None) -> PreTokenizer:
     """
     if name is None or name == "":
         name = "default"
-    try:
-        return PRE_TOKENIZERS[name]
-    except KeyError:
+    rule = PRE_TOKENIZERS.get(name) or FORMAT_PRE_TOKENIZERS.get(name)
+    if rule is None:
         raise TokenizerError(f"unsupported pre-tokenizer {name!r} (tokenizer.ggml.pre); supported: "
-                             + ", ".join(sorted(PRE_TOKENIZERS))) from None
+                             + ", ".join(sorted([*PRE_TOKENIZERS, *FORMAT_PRE_TOKENIZERS])))
+    return rule
 
 
 # --- llama.cpp's character classes ----------------------------------------------------------------------
@@ -325,11 +332,16 @@ def split_spans(text: str, regexes: Iterable[str]) -> list[tuple[int, int]]:
     Raises:
         TokenizerError: a regex llama.cpp itself rejects.
     """
-    compiled = [_compile(e) for e in regexes]
+    exprs = list(regexes)
+    compiled = [_compile(e) for e in exprs if e != KIMI_K2]
     collapsed = text.translate(_COLLAPSE) if any(c for _, c in compiled) else text
     ws_only = text.translate(_WS_ONLY) if not all(c for _, c in compiled) else text
     spans = [(0, len(text))] if text else []
-    for pattern, use_collapsed in compiled:
+    for expr in exprs:
+        if expr == KIMI_K2:
+            spans = _kimi_k2_spans(text, spans)
+            continue
+        pattern, use_collapsed = _compile(expr)
         subject = collapsed if use_collapsed else ws_only
         new: list[tuple[int, int]] = []
         for a, b in spans:
@@ -345,6 +357,98 @@ def split_spans(text: str, regexes: Iterable[str]) -> list[tuple[int, int]]:
                 new.append((pos, b))
         spans = new
     return spans
+
+
+def _is_han(cp: int) -> bool:
+    """unicode.cpp unicode_cpt_is_han: CJK Unified Ideographs, extensions A-F, compatibility ideographs."""
+    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
+            or 0x2A700 <= cp <= 0x2EBEF or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+
+
+def _kimi_k2_spans(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """unicode.cpp unicode_regex_split_custom_kimi_k2, step for step: each span cut into Kimi K2's words."""
+    letter, number = bytearray(len(text)), bytearray(len(text))
+    for i, ch in enumerate(text):
+        cp = ord(ch)
+        cls = ("L" if ch.isalpha() else "N" if ch.isdigit() else "") if cp < 0x80 else char_class(cp)
+        letter[i], number[i] = cls == "L", cls == "N"
+    out: list[tuple[int, int]] = []
+    for ini, end in spans:
+        _kimi_k2_span(text, letter, number, ini, end, out)
+    return out
+
+
+def _kimi_k2_span(text: str, letter: bytearray, number: bytearray, ini: int, end: int,
+                  out: list[tuple[int, int]]) -> None:
+    # positions only grow from ini, so "inside the span" (unicode.cpp's _get_cpt/_get_flags range) is p < end
+    def word_letter(p: int) -> bool:  # a letter that is not Han
+        return p < end and bool(letter[p]) and not _is_han(ord(text[p]))
+
+    def plain(p: int) -> bool:  # in the span, not whitespace, letter or number
+        return p < end and not (ord(text[p]) in WHITESPACE or letter[p] or number[p])
+
+    def newline(p: int) -> bool:
+        return p < end and text[p] in "\r\n"
+
+    prev = pos = ini
+
+    def add(e: int) -> None:
+        nonlocal prev
+        if e > prev:
+            out.append((prev, e))
+        prev = e
+
+    while pos < end:
+        ch = text[pos]
+        if _is_han(ord(ch)):  # [\p{Han}]+
+            while pos < end and _is_han(ord(text[pos])):
+                pos += 1
+            add(pos)
+            continue
+        lead = not (ch in "\r\n" or letter[pos] or number[pos])
+        if word_letter(pos) or (lead and word_letter(pos + 1)):
+            # [^\r\n\p{L}\p{N}]? then letters without Han, then an optional 's 't 're 've 'm 'll 'd
+            pos += lead
+            while word_letter(pos):
+                pos += 1
+            if pos + 1 < end and text[pos] == "'":
+                nxt = text[pos + 1].lower() if text[pos + 1].isascii() else ""
+                if nxt in ("s", "t", "m", "d"):
+                    pos += 2
+                elif pos + 2 < end and nxt + (text[pos + 2].lower() if text[pos + 2].isascii() else "") \
+                        in ("re", "ve", "ll"):
+                    pos += 3
+            add(pos)
+            continue
+        if number[pos]:  # \p{N}{1,3}
+            start = pos
+            while pos < end and number[pos]:
+                pos += 1
+                if pos - start >= 3:
+                    add(pos)
+                    start = pos
+            add(pos)
+            continue
+        if plain(pos + (ch == " ")):  # " ?[^\s\p{L}\p{N}]+[\r\n]*"
+            pos += ch == " "
+            while plain(pos):
+                pos += 1
+            while newline(pos):
+                pos += 1
+            add(pos)
+            continue
+        n_space, last_rn = 0, 0
+        while pos + n_space < end and ord(text[pos + n_space]) in WHITESPACE:
+            if text[pos + n_space] in "\r\n":
+                last_rn = pos + n_space + 1
+            n_space += 1
+        if last_rn:  # \s*[\r\n]+
+            pos = last_rn
+        elif n_space > 1 and pos + n_space < end:  # \s+(?!\S)
+            pos += n_space - 1
+        else:  # \s+, or no match: one code point
+            pos += max(n_space, 1)
+        add(pos)
 
 
 def split(text: str, name: str | None) -> list[str]:
