@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,149 @@ def test_ppl_and_imatrix_equal_llama_cpps(case: dict[str, Any], sample: tuple[st
             "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}
         assert "blk.0.ffn_up.weight" in rel
     assert max(rel.values()) <= F32_TOLERANCE, rel
+
+
+# -- the converter's hooks (what registry.yaml cannot say) ------------------------------------------------
+def _config(moe: bool, **fields: Any) -> dict[str, Any]:
+    base = {"model_type": "ernie4_5_moe" if moe else "ernie4_5", "architectures": [MOE if moe else DENSE],
+            "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 128}
+    return {**base, **fields}
+
+
+@pytest.mark.parametrize(("config", "head_dim"), [
+    (_config(False, head_dim=16), 16),
+    # no key: Ernie4_5Config's default 128, as llama.cpp's converter reads it through AutoConfig
+    (_config(False), 128),
+    # an explicit null: hidden / heads (Ernie4_5Config.__post_init__)
+    (_config(False, head_dim=None), 16),
+    (_config(True, head_dim=32), 32),
+    # Ernie4_5_MoeConfig has no head_dim: hidden / heads, and no key (llama.cpp's loader derives the same)
+    (_config(True), None),
+])
+def test_the_head_size_is_transformers_in_every_spelling(config: dict[str, Any], head_dim: int | None) -> None:
+    from ggufkit.converters import ernie
+    from ggufkit.format.values import VT
+
+    arch = "ernie4_5-moe" if config["model_type"] == "ernie4_5_moe" else "ernie4_5"
+    out = ernie.hparams(config, {f"{arch}.block_count": (VT.UINT32, 4)}, ())
+    assert out.get(f"{arch}.attention.key_length") == (None if head_dim is None else (VT.UINT32, head_dim))
+    assert out.get(f"{arch}.attention.value_length") == out.get(f"{arch}.attention.key_length")
+    assert ernie.hparams(config, {}, ()) == {}  # --vocab-only
+
+
+@pytest.mark.parametrize(("fields", "width"), [
+    ({"moe_num_shared_experts": 2, "moe_intermediate_size": 32}, 64),
+    # transformers' defaults (2 of 1536) where the config names neither
+    ({}, 3072),
+    # llama.cpp's converter writes intermediate_size // num_key_value_heads = 64, a width its loader rejects
+    ({"moe_num_shared_experts": 1, "moe_intermediate_size": 32}, 32),
+    ({"moe_num_shared_experts": 0}, None),
+])
+def test_the_shared_expert_width_is_the_one_transformers_builds(fields: dict[str, Any], width: int | None) -> None:
+    from ggufkit.converters import ernie
+    from ggufkit.format.values import VT
+
+    out = ernie.hparams(_config(True, **fields), {"ernie4_5-moe.block_count": (VT.UINT32, 4)}, ())
+    want = None if width is None else (VT.UINT32, width)
+    assert out.get("ernie4_5-moe.expert_shared_feed_forward_length") == want
+    assert out["ernie4_5-moe.rope.freq_base"] == (VT.FLOAT32, 500000.0)  # Ernie's default_theta
+
+
+@pytest.mark.parametrize(("moe", "fields", "message"), [
+    (False, {"use_bias": True}, "use_bias true"),
+    (True, {"use_bias": True}, "use_bias true"),
+    (False, {"hidden_act": "gelu"}, "hidden_act gelu"),
+    (True, {"moe_layer_interval": 2}, "moe_layer_interval 2"),
+    (True, {"moe_layer_end_index": 2}, "moe_layer_end_index 2 of 4 layers"),
+    (True, {"moe_layer_start_index": 4}, "moe_layer_start_index 4 of 4 layers"),
+])
+def test_checkpoints_llama_cpp_cannot_represent_are_refused(moe: bool, fields: dict[str, Any], message: str) -> None:
+    from ggufkit.converters import ernie
+    from ggufkit.errors import UnsupportedArchitectureError
+
+    with pytest.raises(UnsupportedArchitectureError, match=re.escape(message)):
+        ernie.check_config(_config(moe, **fields))
+    for ok in ({}, {"moe_layer_end_index": -1}, {"moe_layer_end_index": 3}, {"moe_layer_start_index": 0}):
+        ernie.check_config(_config(moe, **ok))
+
+
+def test_a_refused_checkpoint_exits_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the CLI: exit 2, one line, nothing written, before any tensor is read (transformers 5's config of a
+    layer interval of 2: layer 1 MoE, layers 0 and 2 dense, which llama.cpp's loader would want as experts)."""
+    import transformers
+
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    d = tmp_path / "m"
+    config = transformers.Ernie4_5_MoeConfig(**{**fixtures_models._BASE[MOE], "vocab_size": 320,
+                                                "moe_layer_interval": 2, "moe_layer_start_index": 0})
+    config.architectures = [MOE]
+    config.save_pretrained(d)
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "ernie4_5-moe: llama.cpp would compute another model: moe_layer_interval 2" in err
+    assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
+
+
+# -- quantization ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quant_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A wider ernie4_5-moe file (rows of 256 for the k-quants) converted by ggufkit to F16, and an imatrix."""
+    from fixtures_quantize import imatrix_values, write_imatrix_gguf
+
+    from ggufkit.converters import convert
+
+    d = tmp_path_factory.mktemp("ernie-quant")
+    ckpt = make_ernie(d / "ckpt", MOE, hidden_size=256, intermediate_size=1024, moe_intermediate_size=256)
+    model = Path(convert(ckpt, d / "ernie.gguf", outtype="f16").outputs[0])
+    return {"model": model, "imatrix": write_imatrix_gguf(d / "imatrix.gguf", imatrix_values(model))}
+
+
+@pytest.mark.parametrize("with_imatrix", [False, True])
+def test_every_preset_plans_as_llama_quantize(quant_model: dict[str, Path], with_imatrix: bool) -> None:
+    """llama_tensor_get_type's choice for every tensor of every TYPE (llama-quantize --dry-run): the router and
+    correction bias kept, the experts and shared expert by their rules, the dense lead layer's FFN."""
+    from test_family_qwen3next import assert_every_preset_plans_as_llama_quantize
+
+    assert_every_preset_plans_as_llama_quantize(quant_model, with_imatrix)
+
+
+@pytest.mark.parametrize(("target", "with_imatrix"), [("q4_k_m", False), ("q2_k", True), ("iq2_xxs", True),
+                                                      ("q5_0", False)])
+def test_whole_files_equal_llama_quantize(quant_model: dict[str, Path], target: str, with_imatrix: bool,
+                                          tmp_path: Path) -> None:
+    from fixtures_quantize import assert_same_quantized
+    from llama_cpp_sources import tool_path
+
+    from ggufkit.quant import quantize_file
+
+    ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    flags = ["--imatrix", str(quant_model["imatrix"])] if with_imatrix else []
+    subprocess.run([str(tool_path("llama-quantize")), *flags, str(quant_model["model"]), str(ref), target.upper(),
+                    "2"], check=True, capture_output=True)
+    quantize_file(quant_model["model"], ours, target, imatrix=quant_model["imatrix"] if with_imatrix else None,
+                  threads=2)
+    assert_same_quantized(ref, ours)
+
+
+# -- release -------------------------------------------------------------------------------------------------
+def test_release_end_to_end(tmp_path: Path) -> None:
+    """``ggufkit release`` of an Ernie 4.5 MoE checkpoint (release layout): F16 master, importance matrix (with
+    each expert's entries), a quantized file, both loaded by llama.cpp."""
+    from ggufkit.format import open_gguf
+    from ggufkit.release import release
+
+    ckpt = make_ernie(tmp_path / "ERNIE-4.5-Tiny-PT", MOE, "release", hidden_size=256, intermediate_size=1024,
+                      moe_intermediate_size=256)
+    out = tmp_path / "release"
+    result = release(ckpt, out, types=["q4_k_m"], master="f16", ctx=64, chunks=2, imatrix_chunks=2, device="cpu")
+    assert result.ok, result.failures
+    master = next(out / f for f in result.files if f.endswith("-F16.gguf"))
+    quantized = next(out / f for f in result.files if f.endswith("-Q4_K_M.gguf"))
+    with open_gguf(quantized) as f:
+        assert f.architecture == "ernie4_5-moe" and f.get("quantize.imatrix.chunks_count") == 2
+    for path in (master, quantized):
+        assert np.isfinite(llama_cpp_logits(path)).all()
