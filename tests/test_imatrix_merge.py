@@ -82,3 +82,15 @@ def test_merge_is_llama_imatrixs_merge_of_the_same_shard_files(shards: dict) -> 
         r = invoke("imatrix", *args, "-c", str(CTX), "--output-format", fmt, "-o", str(d / f"ours.{fmt}"))
         assert r.exit_code == 0, r.stderr
         assert (d / f"ours.{fmt}").read_bytes() == (d / f"ref.{fmt}").read_bytes(), fmt
+    # a shard in the legacy format under the .imatrix name publishers use, merged with a GGUF shard (its
+    # entries are mean * ncall, scaled back by the chunk size on loading)
+    r = invoke("imatrix", "--in-file", str(files[0]), "-c", str(CTX), "--output-format", "dat",
+               "-o", str(d / "shard0.imatrix"))
+    assert r.exit_code == 0, r.stderr
+    args = ["--in-file", str(d / "shard0.imatrix"), "--in-file", str(files[1])]
+    ref = subprocess.run([str(tool_path("llama-imatrix")), "-m", str(model), *args, "-c", str(CTX),
+                          "-o", str(d / "mixed-ref.gguf")], capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    r = invoke("imatrix", *args, "-c", str(CTX), "-o", str(d / "mixed-ours.gguf"))
+    assert r.exit_code == 0, r.stderr
+    assert (d / "mixed-ours.gguf").read_bytes() == (d / "mixed-ref.gguf").read_bytes()
