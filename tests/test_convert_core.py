@@ -55,7 +55,8 @@ def test_shipped_registry_loads_and_every_entry_names_a_known_arch() -> None:
                                                      "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3", "qwen2vl",
                                                      "qwen3vl", "smollm3", "olmo2", "cohere2", "falcon-h1", "gemma3n",
                                                      "granitehybrid", "lfm2", "lfm2moe", "nemotron_h_moe", "qwen35",
-                                                     "qwen35moe", "qwen3next"}
+                                                     "qwen35moe", "qwen3next", "llama4", "glm4moe",
+                                                     "ernie4_5", "ernie4_5-moe"}
 
 
 @pytest.mark.parametrize(("old", "new", "message"), [

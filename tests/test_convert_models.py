@@ -67,7 +67,11 @@ _FAMILY_FILES = {"GraniteMoeHybridForCausalLM": "test_family_granite4.py",
                  "Qwen3_5ForConditionalGeneration": "test_convert_mmproj_qwen35.py",
                  "Qwen3_5MoeForConditionalGeneration": "test_convert_mmproj_qwen35.py",
                  "Lfm2ForCausalLM": "test_family_lfm2.py", "Lfm2MoeForCausalLM": "test_family_lfm2moe.py",
-                 "Gemma3nForCausalLM": "test_family_gemma3n.py"}
+                 "Gemma3nForCausalLM": "test_family_gemma3n.py",
+                 "Llama4ForCausalLM": "test_family_llama4.py", "Llama4ForConditionalGeneration": "test_family_llama4.py",
+                 "Glm4MoeForCausalLM": "test_family_glm4moe.py",
+                 "Ernie4_5ForCausalLM": "test_family_ernie.py", "Ernie4_5_ForCausalLM": "test_family_ernie.py",
+                 "Ernie4_5_MoeForCausalLM": "test_family_ernie.py"}
 
 
 @pytest.fixture(scope="module")

@@ -106,14 +106,14 @@ def _lfm2(arch: str) -> Callable[[Path], Path]:
     return build
 
 
-def _family_f32(module: str) -> Callable[[Path], Path]:
+def _family_f32(module: str, *args: str) -> Callable[[Path], Path]:
     """``tiny_f32`` of tests/<module>.py: the family's tiny checkpoint as transformers 5 saves it, converted by
-    ggufkit."""
+    ggufkit (``args``: which of the module's classes, where it has several)."""
 
     def build(d: Path) -> Path:
         import importlib
 
-        return Path(importlib.import_module(module).tiny_f32(d))
+        return Path(importlib.import_module(module).tiny_f32(d, *args))
 
     return build
 
@@ -166,6 +166,19 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     # AltUp streams, LAuReL, per-layer inputs, sparse FFNs; altup_router collected twice per block (predict and
     # correct, tests/test_family_gemma3n.py)
     "gemma3n": [("gemma3n", _family_f32("test_family_gemma3n"))],
+    # NORM rope on Q/K as stored, a tied head; the MoE's dense lead layer, softmax router with its selection bias,
+    # experts and ungated shared expert (tests/test_family_ernie.py)
+    "ernie4_5": [("ernie4_5", _family_f32("test_family_ernie", "Ernie4_5ForCausalLM"))],
+    "ernie4_5-moe": [("ernie4_5-moe", _family_f32("test_family_ernie", "Ernie4_5_MoeForCausalLM"))],
+    # q/k/v biases, per-head q/k norms, partial NEOX rope, a dense lead layer, the grouped biased sigmoid router,
+    # experts and ungated shared expert; the NextN block in the file is not run (tests/test_family_glm4moe.py)
+    "glm4moe": [("glm4moe", _family_f32("test_family_glm4moe"))],
+    # NoPE layer 3 (temperature-tuned queries), L2 q/k norms, dense and MoE layers alternating; the sigmoid router
+    # weights the experts' input, which llama-imatrix collects (tests/test_family_llama4.py)
+    "llama4": [("llama4", _family_f32("test_family_llama4"))],
+    # sinks, sliding window on even layers, YaRN, biased softmax-weighted router and clamped-SwiGLU experts with
+    # biases (tests/test_family_gpt_oss.py)
+    "gpt-oss": [("gpt-oss", _family_f32("test_family_gpt_oss"))],
 }
 #: PowerInfer architectures (no llama-imatrix): eval_models builder name.
 POWERINFER = {"opt": "opt", "bamboo": "bamboo"}
@@ -198,7 +211,8 @@ def _collectable(path: Path) -> set[str]:
             len([n for n in t.ne if n > 1]) >= 2 or t.name.endswith("ffn_gate_inp_shexp.weight"))
             and not t.name.endswith(("ssm_conv1d.weight", "shortconv.conv.weight"))  # ggml_ssm_conv's kernel:
             # not a ggml_mul_mat operand
-            and not t.name.endswith("ssm_norm.weight"))  # Mamba2's grouped norm ([n_group, ...]): a ggml_mul
+            and not t.name.endswith("ssm_norm.weight")  # Mamba2's grouped norm ([n_group, ...]): a ggml_mul
+            and not t.name.endswith("_exps.bias"))  # gpt-oss's per-expert biases ([n_expert, n]): ggml_add_id
             or t.name == "output.weight"}
 
 

@@ -311,3 +311,11 @@ def test_release_end_to_end(tmp_path: Path) -> None:
         assert f.architecture == "ernie4_5-moe" and f.get("quantize.imatrix.chunks_count") == 2
     for path in (master, quantized):
         assert np.isfinite(llama_cpp_logits(path)).all()
+
+
+def tiny_f32(d: Path, hf_class: str = MOE) -> Path:
+    """A tiny Ernie 4.5 (``hf_class``) as transformers 5 saves it, converted to F32 by ggufkit
+    (tests/test_eval_imatrix_archs.py)."""
+    from ggufkit.converters import convert
+
+    return Path(convert(make_ernie(d / "ckpt", hf_class), d / "f32.gguf", outtype="f32").outputs[0])
