@@ -131,10 +131,10 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
       ggufkit release ./my-model -o my-model-GGUF --base-model meta-llama/Llama-3.2-1B
       ggufkit release ./my-model -o out --only q4_k_m      # one type per machine, then --card-only
       ggufkit release ./my-model -o my-model-GGUF --push me/my-model-GGUF
-      ggufkit release ./my-model -o out --matrix         # CI: the per-type jobs' matrix, after
-      ggufkit release ./my-model -o out --shared-only --exchange xchg   # then per job and last:
-      ggufkit release ./my-model -o out --only q4_k_m --exchange xchg
-      ggufkit release ./my-model -o out --card-only --exchange xchg
+      ggufkit release ./my-model -o out --matrix                   # CI: the per-type jobs' matrix
+      ggufkit release ./my-model -o out --shared-only --exchange x  # first job: master + imatrix
+      ggufkit release ./my-model -o out --only q4_k_m --exchange x  # one job per type
+      ggufkit release ./my-model -o out --card-only --exchange x    # last: card and manifest
     """
     from ggufkit.cli._malloc import keep_freed_memory
     from ggufkit.errors import CheckFailedError
