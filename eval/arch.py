@@ -165,6 +165,9 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     # selection bias, renormalised top-k and ungated shared expert in eval/family_ernie.py.
     "ernie4_5": ArchTraits(rope="norm"),
     "ernie4_5-moe": ArchTraits(rope="norm", moe_norm_topk=True),
+    # src/models/openai-moe.cpp: biased attention with sinks and YaRN NEOX rope, sliding window on even layers,
+    # biased softmax-weighted router and clamped-SwiGLU experts with biases (eval/family_gpt_oss.py).
+    "gpt-oss": ArchTraits(),
     # src/models/llama4.cpp: NORM rope (transformers' complex RoPE, no converter permutation) with llama3 rope_freqs,
     # NoPE every 4th layer with temperature-tuned queries, L2 q/k norms and chunked attention on the others, dense
     # SiLU FFN or sigmoid-routed experts weighted at their input plus a shared expert (eval/family_llama4.py).
@@ -221,8 +224,16 @@ class HParams:
     shared_norm: bool = False
     rope_swa_only: bool = False
     logit_scale: float = 0.0
+    #: multi-token-prediction (NextN) blocks after the trunk (``nextn_predict_layers``): loaded by llama.cpp as
+    #: extra blocks, never run by the main pass (llama_hparams::n_layer() = n_layer_all - n_layer_nextn)
+    n_nextn: int = 0
     #: A recurrent or hybrid family's own hyperparameters (its FamilyForward's ``read``; empty otherwise).
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_trunk(self) -> int:
+        """The blocks the forward pass runs: all but the MTP blocks (the graphs' ``n_layer`` loops)."""
+        return self.n_layer - self.n_nextn
 
     def is_swa(self, il: int) -> bool:
         """Layer ``il`` attends through the sliding window (llama_hparams::is_swa)."""
@@ -294,7 +305,7 @@ def read_hparams(model: GGUFModel) -> HParams:
         rope_scale = key(model, f"{a}.rope.scaling.factor", float, 1.0)
     elif f"{a}.rope.scale_linear" in model.kv:
         rope_scale = key(model, f"{a}.rope.scale_linear", float)
-    elif scaling not in ("none", ""):
+    elif scaling not in ("none", "") and not (scaling == "yarn" and a == "gpt-oss"):  # eval/family_gpt_oss.py's
         raise EvaluationError(f"rope scaling {scaling!r} is not supported by the evaluator", path=model.path)
     if tr.norm == "layer":
         eps = key(model, f"{a}.attention.layer_norm_epsilon", float, 1e-5)
@@ -312,6 +323,10 @@ def read_hparams(model: GGUFModel) -> HParams:
     if n_expert_used > n_expert:
         raise EvaluationError(f"{n_expert_used} experts used of {n_expert}", path=model.path)
     n_layer = key(model, f"{a}.block_count", int)
+    n_nextn = key(model, f"{a}.nextn_predict_layers", int, 0)
+    if not 0 <= n_nextn < n_layer:
+        raise MetadataValueError(f"{n_nextn} MTP layers of {n_layer} blocks", key=f"{a}.nextn_predict_layers",
+                                 path=model.path)
     attn_scale = None
     if tr.gemma_27b_layers:
         attn_scale = 1.0 / math.sqrt(gemma.query_scale_dim(n_layer, tr.gemma_27b_layers, n_embd, n_head, head_dim))
@@ -344,7 +359,7 @@ def read_hparams(model: GGUFModel) -> HParams:
                    swa_layers=swa_layers, rope_base_swa=rope_base_swa,
                    rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale, no_rope_step=tr.no_rope_step,
                    norm_bias=tr.norm_bias, shared_norm=tr.shared_norm, rope_swa_only=tr.rope_swa_only,
-                   logit_scale=logit_scale,
+                   logit_scale=logit_scale, n_nextn=n_nextn,
                    extra=FORWARDS[a].read(model, a, n_layer) if a in FORWARDS else {})
 
 

@@ -10,6 +10,7 @@ from ggufkit.eval import (
     family_falcon_h1,
     family_gemma3n,
     family_glm4moe,
+    family_gpt_oss,
     family_granite_hybrid,
     family_lfm2,
     family_llama4,
@@ -35,4 +36,5 @@ FORWARDS: dict[str, FamilyForward] = {
     "llama4": family_llama4.FORWARD,
     "glm4moe": family_glm4moe.FORWARD,
     "deepseek2": family_deepseek2.FORWARD,
+    "gpt-oss": family_gpt_oss.FORWARD,
 }

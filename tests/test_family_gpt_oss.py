@@ -321,3 +321,80 @@ def test_a_refused_checkpoint_exits_2_in_one_line(tmp_path: Path, capsys: pytest
     err = capsys.readouterr().err
     assert code == 2 and "gpt_oss: llama.cpp would compute another model: swiglu_limit 10.0" in err
     assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
+
+
+# -- evaluator ---------------------------------------------------------------------------------------------
+def tiny_f32(d: Path) -> Path:
+    """A tiny gpt-oss as transformers 5 saves it, converted to F32 by ggufkit (tests/test_eval_imatrix_archs.py)."""
+    from ggufkit.converters import convert
+
+    return Path(convert(make_checkpoint(d / "ckpt", HF_CLASS), d / "f32.gguf", outtype="f32").outputs[0])
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    from ggufkit.eval.perplexity import sample_text
+
+    text = sample_text()[:6000]
+    path = tmp_path_factory.mktemp("gpt-oss-text") / "text.txt"
+    path.write_text(text + "\n", encoding="utf-8")
+    return text, path
+
+
+def converted(models: dict[str, Path], layout: str) -> Path:
+    """llama.cpp's F32 file of ``layout`` (the one ``case`` made, when it ran first)."""
+    d = models[layout]
+    out = d.parent / f"{d.name}.gguf"
+    return out if out.exists() else llama_cpp_convert(d, out)
+
+
+@pytest.mark.parametrize("layout", ["tf5", "mxfp4"])
+def test_evaluator_logits_equal_llama_cpps(models: dict[str, Path], layout: str) -> None:
+    """eval/family_gpt_oss.py on llama.cpp's file: YaRN, sinks, the window, the biased router and clamped SwiGLU;
+    the MXFP4 experts read as they are, with ggml's Q8_0 rounding of their inputs (--ggml-rounding)."""
+    import torch
+
+    from ggufkit.eval.model import load_model
+
+    path = converted(models, layout)
+    want = llama_cpp_logits(path)
+    with load_model(path, device="cpu", ggml_rounding=layout == "mxfp4") as m:
+        assert m.hparams.extra["n_swa"] == 8 and m.hparams.extra["yarn"]["freq_scale"] == 1 / 32
+        got = m.logits(torch.tensor([TOKENS]))[0].numpy()
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < (1e-3 if layout == "mxfp4" else 1e-5) * np.ptp(want)
+
+
+def test_ppl_equals_llama_perplexity(models: dict[str, Path], sample: tuple[str, Path]) -> None:
+    """F32 file and the MXFP4 one (F16 elsewhere, ggml's rounding), 4 chunks of 64 tokens (windows of 8)."""
+    from test_eval_archs_vs_llama_perplexity import F32_PATH, llama_perplexity
+
+    from ggufkit.eval.perplexity import perplexity
+
+    text, path = sample
+    mx = converted(models, "mxfp4")
+    f16 = llama_cpp_convert(models["mxfp4"], mx.parent / "mxfp4-f16.gguf", "f16")
+    for model, rounding in ((converted(models, "tf5"), False), (f16, True)):
+        ours = perplexity(model, text=text, ctx=64, chunks=4, device="cpu", ggml_rounding=rounding, kv_cache="f32")
+        theirs, n_chunks = llama_perplexity(model, path, 64, 4, *F32_PATH)
+        assert ours.chunks == n_chunks == 4
+        assert abs(ours.ppl / theirs - 1) < 1e-3, (model.name, ours.ppl, theirs)
+
+
+def test_imatrix_equals_llama_imatrix(models: dict[str, Path], sample: tuple[str, Path], tmp_path: Path) -> None:
+    """Q/K/V, the output projection, the router, the three expert matmuls (counts per expert) and the head:
+    llama-imatrix's entries and counts, ``in_sum2`` within float32 noise; sinks and biases are no matmuls."""
+    from test_eval_imatrix import F32_ATTENTION, llama_imatrix, ours, relative_l2
+    from test_eval_imatrix_archs import CHUNKS, CTX, F32_TOLERANCE, _collectable
+
+    model = converted(models, "tf5")
+    ref, mine = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    common = ["-f", sample[1], "-c", CTX, "--chunks", CHUNKS, "--process-output"]
+    llama_imatrix("-m", model, "-o", ref, *common, *F32_ATTENTION)
+    ours(model, "-o", mine, *common)
+    rel = relative_l2(mine, ref)
+    assert set(rel) == _collectable(model)
+    assert {n.split(".", 2)[-1] for n in rel if n.startswith("blk.0.")} == {
+        "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate_inp.weight",
+        "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}
+    assert max(rel.values()) <= F32_TOLERANCE, rel
