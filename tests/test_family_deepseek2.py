@@ -50,7 +50,7 @@ _BASE: dict[str, dict[str, Any]] = {
 }
 
 
-def build_model(version: str, vocab_size: int, seed: int = 0, **overrides: Any) -> Any:
+def build_model(version: str, vocab_size: int, seed: int = 0, std: float = 0.15, **overrides: Any) -> Any:
     """A randomized transformers model (float32): every parameter and V3's ``e_score_correction_bias``
     buffer (zeros at init) random, the bias large enough to change which experts run."""
     import torch
@@ -61,7 +61,7 @@ def build_model(version: str, vocab_size: int, seed: int = 0, **overrides: Any) 
     config = getattr(transformers, config_name)(**{**_BASE[version], "vocab_size": vocab_size, **overrides})
     config.architectures = [model_name]
     model = getattr(transformers, model_name)(config)
-    randomize(model, seed)
+    randomize(model, seed, std)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, buf in model.named_buffers():
@@ -390,3 +390,42 @@ def test_whole_file_equals_llama_quantize(quant_model: dict[str, Any], tmp_path:
     quantize_file(quant_model["model"], tmp_path / "ours.gguf", target,
                   imatrix=quant_model["imatrix"] if with_imatrix else None, threads=2)
     assert_same_quantized(tmp_path / "ref.gguf", tmp_path / "ours.gguf")
+
+
+# -- release -------------------------------------------------------------------------------------------
+def test_release_end_to_end(tmp_path: Path) -> None:
+    """``release`` of a tiny DeepSeek V3 in the released layout (weights N(0, 0.05): a ppl near the vocabulary
+    size, where release's scoring without F16 matmul-input rounding stays within 0.1 %): F16 master, importance matrix (llama-imatrix's
+    entries on that master, attn_k_b / attn_v_b among them), Q8_0 and Q4_K_M, card; every file loads in
+    llama.cpp and the master's reported perplexity is llama-perplexity's."""
+    from test_eval_archs_vs_llama_perplexity import F32_PATH, llama_perplexity
+    from test_eval_imatrix import F32_ATTENTION, llama_imatrix
+
+    from ggufkit.eval.perplexity import sample_text
+    from ggufkit.quant.imatrix.collector import read_raw_imatrix
+    from ggufkit.release import release
+
+    ckpt = make_deepseek(tmp_path / "tiny-deepseek", "v3", "release", hidden_size=256, moe_intermediate_size=256,
+                         intermediate_size=256, kv_lora_rank=256, q_lora_rank=256, std=0.05)
+    text = tmp_path / "text.txt"
+    text.write_text(sample_text()[:6000] + "\n", encoding="utf-8")
+    out = tmp_path / "release"
+    result = release(ckpt, out, types=["q8_0", "q4_k_m"], master="f16", imatrix_text=text, eval_text=text,
+                     ctx=64, chunks=2, imatrix_chunks=2, device="cpu")
+    assert result.ok, result.failures
+    master = next(out / f for f in result.files if f.endswith("-F16.gguf"))
+    imatrix = next(out / f for f in result.files if ".imatrix" in f)
+    quants = [out / f for f in result.files if f.endswith(("-Q8_0.gguf", "-Q4_K_M.gguf"))]
+    assert len(quants) == 2
+    for path in (master, *quants):
+        with open_gguf(path) as f:
+            assert f.architecture == "deepseek2"
+        assert np.isfinite(llama_cpp_logits(path)).all()
+    ref = tmp_path / "ref.gguf"
+    llama_imatrix("-m", master, "-f", text, "-c", 64, "--chunks", 2, "-o", ref, *F32_ATTENTION)
+    entries = sorted(read_raw_imatrix(imatrix).entries)
+    assert entries == sorted(read_raw_imatrix(ref).entries) and "blk.1.attn_v_b.weight" in entries
+    manifest = json.loads((out / "manifest.json").read_text())
+    reported = manifest["steps"]["eval-master"]["results"]["ppl"]
+    theirs, _ = llama_perplexity(master, text, 64, 2, *F32_PATH)
+    assert abs(reported / theirs - 1) < 1e-3, (reported, theirs)
