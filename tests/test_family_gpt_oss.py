@@ -398,3 +398,120 @@ def test_imatrix_equals_llama_imatrix(models: dict[str, Path], sample: tuple[str
         "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate_inp.weight",
         "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}
     assert max(rel.values()) <= F32_TOLERANCE, rel
+
+
+# -- quantization ----------------------------------------------------------------------------------------
+def gpt_oss_gguf(path: Path, mxfp4: bool, n_layer: int = 4, d: int = 256, ff: int = 256, n_exp: int = 8) -> Path:
+    """A ``gpt-oss`` file as llama.cpp's converter writes one (its tensor order; sinks, biases and norms F32, the
+    router F32), 8 experts (llama_tensor_get_type's >= 8 rules), 4 heads of 64 over 2 KV heads: matrices F16, or
+    the experts MXFP4 as from a released checkpoint (random blocks, file type MXFP4_MOE, first in the file)."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf import LlamaFileType
+
+    from ggufkit.converters.mxfp4_source import repack_mxfp4
+    from ggufkit.format import Metadata, TensorSpec, write_gguf
+    from ggufkit.format.values import VT
+
+    hd, nh, nkv = 64, 4, 2
+    experts = [("ffn_down_exps.weight", (n_exp, d, ff)), ("ffn_gate_exps.weight", (n_exp, ff, d)),
+               ("ffn_up_exps.weight", (n_exp, ff, d))]
+    block = [("attn_norm.weight", (d,)), *([] if mxfp4 else experts[:1]), ("ffn_down_exps.bias", (n_exp, d)),
+             *([] if mxfp4 else experts[1:]), ("ffn_gate_exps.bias", (n_exp, ff)), ("ffn_up_exps.bias", (n_exp, ff)),
+             ("ffn_gate_inp.bias", (n_exp,)), ("ffn_gate_inp.weight", (n_exp, d)),
+             ("post_attention_norm.weight", (d,)), ("attn_k.bias", (nkv * hd,)), ("attn_k.weight", (nkv * hd, d)),
+             ("attn_output.bias", (d,)), ("attn_output.weight", (d, nh * hd)), ("attn_q.bias", (nh * hd,)),
+             ("attn_q.weight", (nh * hd, d)), ("attn_sinks.weight", (nh,)), ("attn_v.bias", (nkv * hd,)),
+             ("attn_v.weight", (nkv * hd, d))]
+    tensors = [(f"blk.{i}.{n}", s) for i in range(n_layer) for n, s in experts] if mxfp4 else []
+    tensors += [("output.weight", (256, d)), ("token_embd.weight", (256, d))]
+    tensors += [(f"blk.{i}.{n}", s) for i in range(n_layer) for n, s in block]
+    tensors.append(("output_norm.weight", (d,)))
+    meta = Metadata()
+    meta.set("general.architecture", VT.STRING, "gpt-oss")
+    meta.set("general.file_type", VT.UINT32, int(LlamaFileType.MOSTLY_MXFP4_MOE if mxfp4 else LlamaFileType.MOSTLY_F16))
+    hp: dict[str, int | float] = {
+        "block_count": n_layer, "context_length": 131072, "embedding_length": d, "feed_forward_length": ff,
+        "attention.head_count": nh, "attention.head_count_kv": nkv, "rope.freq_base": 150000.0,
+        "attention.layer_norm_rms_epsilon": 1e-5, "expert_count": n_exp, "expert_used_count": 2,
+        "attention.key_length": hd, "attention.value_length": hd, "attention.sliding_window": 128,
+        "expert_feed_forward_length": ff}
+    for key, value in hp.items():
+        meta.set(f"gpt-oss.{key}", VT.FLOAT32 if isinstance(value, float) else VT.UINT32, value)
+    rng = np.random.default_rng(7)
+    specs, arrays = [], []
+    for name, shape in tensors:
+        if mxfp4 and "_exps.weight" in name:
+            blocks = rng.integers(0, 256, (*shape[:-1], shape[-1] // 32, 16), np.uint8)
+            scales = rng.integers(118, 123, (*shape[:-1], shape[-1] // 32), np.uint8)
+            specs.append(TensorSpec(name, QT.MXFP4, shape))
+            arrays.append(repack_mxfp4(blocks, scales))
+            continue
+        arr = (0.02 * rng.standard_normal(shape)).astype(np.float32)
+        f32 = len(shape) == 1 or not name.endswith(".weight") or name.endswith("ffn_gate_inp.weight")
+        specs.append(TensorSpec(name, QT.F32 if f32 else QT.F16, shape))
+        arrays.append(arr if f32 else arr.astype(np.float16))
+    write_gguf(path, meta, specs, arrays, slack_bytes=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def quant_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from fixtures_quantize import imatrix_values, write_imatrix_gguf
+
+    d = tmp_path_factory.mktemp("gpt-oss-quant")
+    out = {"f16": gpt_oss_gguf(d / "f16.gguf", False), "mxfp4": gpt_oss_gguf(d / "mxfp4.gguf", True)}
+    out["imatrix"] = write_imatrix_gguf(d / "imatrix.gguf", imatrix_values(out["f16"]))
+    return out
+
+
+@pytest.mark.parametrize(("source", "with_imatrix"), [("f16", False), ("f16", True), ("mxfp4", False)])
+def test_every_preset_plans_as_llama_quantize(quant_models: dict[str, Path], source: str,
+                                              with_imatrix: bool) -> None:
+    """llama_tensor_get_type's choice for every tensor and every TYPE (llama-quantize --dry-run): attention,
+    the router kept F32, the 8-expert rules, MXFP4_MOE's experts; from MXFP4 experts (with --allow-requantize)
+    MXFP4_MOE keeps them as they are and every other TYPE requantizes them as llama-quantize does."""
+    from test_quant_presets_oracle import dry_run_types, planned_types
+
+    from ggufkit.format import open_gguf
+    from ggufkit.quant.llama_quantize.plan import QuantOptions
+    from ggufkit.quant.llama_quantize.presets import TYPE_CHOICES
+
+    model = quant_models[source]
+    flags: list[str] = ["--allow-requantize"] if source == "mxfp4" else []
+    options = QuantOptions(dry_run=True, allow_requantize=source == "mxfp4")
+    if with_imatrix:
+        flags += ["--imatrix", str(quant_models["imatrix"])]
+        with open_gguf(quant_models["imatrix"]) as m:
+            sizes = {t.name[:-len(".in_sum2")]: t.n_elements for t in m.tensors if t.name.endswith(".in_sum2")}
+        options = QuantOptions(dry_run=True, imatrix_sizes=sizes)
+    planned = {t: planned_types(model, t, options) for t in TYPE_CHOICES}
+    assert not [t for t in TYPE_CHOICES if planned[t] != dry_run_types(model, t, *flags)]
+    if source == "mxfp4":
+        from gguf import GGMLQuantizationType as QT
+
+        kept = planned["mxfp4_moe"]
+        assert kept is not None and {ty for n, ty in kept if "_exps.weight" in n} == {QT.MXFP4}
+
+
+@pytest.mark.parametrize(("source", "target", "with_imatrix"), [
+    ("f16", "mxfp4_moe", False), ("f16", "q4_k_m", True), ("f16", "iq4_xs", True), ("mxfp4", "mxfp4_moe", False),
+    ("mxfp4", "q4_k_m", False)])
+def test_whole_files_equal_llama_quantize(quant_models: dict[str, Path], source: str, target: str,
+                                          with_imatrix: bool, tmp_path: Path) -> None:
+    """Whole files (tensors, bytes, keys) against the llama-quantize binary: MXFP4_MOE from F16 (experts quantized
+    to MXFP4, the rest Q8_0) and from MXFP4 experts (copied as they are), a K-quant and an IQ type with an
+    importance matrix, and MXFP4 experts requantized (--allow-requantize: dequantized exactly, then Q4_K_M)."""
+    from fixtures_quantize import assert_same_quantized
+    from llama_cpp_sources import tool_path
+
+    from ggufkit.quant import quantize_file
+
+    model = quant_models[source]
+    flags = ["--imatrix", str(quant_models["imatrix"])] if with_imatrix else []
+    flags += ["--allow-requantize"] if source == "mxfp4" else []
+    ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    subprocess.run([str(tool_path("llama-quantize")), *flags, str(model), str(ref), target.upper(), "2"],
+                   check=True, capture_output=True)
+    quantize_file(model, ours, target, imatrix=quant_models["imatrix"] if with_imatrix else None, threads=2,
+                  allow_requantize=source == "mxfp4")
+    assert_same_quantized(ref, ours)
