@@ -149,11 +149,12 @@ def llama_cpp_convert(model: Path, out: Path, outtype: str = "f32", *flags: str)
 
 
 def tiny_f32(d: Path) -> Path:
-    """A tiny GLM-4.5 in the released layout (NextN layer included), converted to F32 by ggufkit
-    (tests/test_eval_imatrix_archs.py)."""
+    """A tiny GLM-4.5 in the released layout, converted to F32 by ggufkit without its NextN layer
+    (tests/test_eval_imatrix_archs.py counts every block's matrices; test_imatrix_equals_llama_imatrix here
+    runs the file with the NextN block)."""
     from ggufkit.converters import convert
 
-    return Path(convert(make_glm(d / "ckpt", "release"), d / "f32.gguf", outtype="f32").outputs[0])
+    return Path(convert(make_glm(d / "ckpt", "release"), d / "f32.gguf", outtype="f32", mtp=False).outputs[0])
 
 
 # -- quantization --------------------------------------------------------------------------------------
