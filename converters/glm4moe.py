@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ggufkit.errors import TokenizerError, UnsupportedArchitectureError
+from ggufkit.errors import CheckpointError, TokenizerError, UnsupportedArchitectureError
 from ggufkit.format.values import VT
 
 #: Glm4MoeConfig's defaults for the keys the hooks read (transformers 5 configuration_glm4_moe.py).
 _DEFAULTS: dict[str, Any] = {"hidden_size": 4096, "num_attention_heads": 96, "n_routed_experts": 128,
-                             "n_group": 1, "topk_group": 1}
+                             "n_group": 1, "topk_group": 1, "num_hidden_layers": 46, "first_k_dense_replace": 1}
 #: Tokenizer roles llama.cpp's ``_set_vocab_glm`` sets by added-token text (conversion/base.py); gguf-py's
 #: ``SpecialVocab._set_special_token`` keeps a role the tokenizer files already gave.
 SPECIAL_TOKENS = {"bos": "[gMASK]", "eot": "<|user|>", "unk": "<|endoftext|>", "eom": "<|observation|>"}
@@ -73,10 +73,31 @@ def hparams(config: Mapping[str, Any], values: dict[str, tuple[VT, Any]],
             tensor_names: tuple[str, ...]) -> dict[str, tuple[VT, Any]]:
     """``rope.dimension_count``: the head size (``head_dim``, else hidden / heads) times the partial rotary
     factor, truncated (Glm4MoeModel.set_gguf_parameters)."""
+    _check_layers(config, tensor_names)
     head = config.get("head_dim") or int(_get(config, "hidden_size")) // int(_get(config, "num_attention_heads"))
     out = dict(values)
     out["glm4moe.rope.dimension_count"] = (VT.UINT32, int(int(head) * partial_rotary_factor(config)))
     return out
+
+
+def _check_layers(config: Mapping[str, Any], tensor_names: tuple[str, ...]) -> None:
+    """Every trunk block has its attention and, by ``first_k_dense_replace``, a dense FFN or a router (the
+    registry entry is ``hybrid``, so no per-block check runs otherwise; llama.cpp's loader would fail on it)."""
+    if not tensor_names:
+        return
+    names = set(tensor_names)
+    n_layer, dense = int(_get(config, "num_hidden_layers")), int(_get(config, "first_k_dense_replace"))
+    missing = []
+    for il in range(n_layer):
+        p = f"model.layers.{il}."
+        need = ["input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                "self_attn.v_proj", "self_attn.o_proj"]
+        need += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] if il < dense else ["mlp.gate"]
+        missing += [p + n for n in need if p + n + ".weight" not in names]
+    if missing:
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        raise CheckpointError(f"glm4moe: no {', '.join(missing[:4])}{more} (num_hidden_layers {n_layer}, "
+                              f"first_k_dense_replace {dense} dense layers)")
 
 
 def rewrite_tensors(raw: list[Raw], loaders: dict[str, Callable[[], Any]], config: Mapping[str, Any]) -> list[Raw]:

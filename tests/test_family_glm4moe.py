@@ -565,3 +565,20 @@ def test_release_end_to_end(tmp_path: Path) -> None:
     reported = manifest["steps"]["eval-master"]["results"]["ppl"]
     theirs, _ = llama_perplexity(master, text, 64, 2, *F32_PATH)
     assert abs(reported / theirs - 1) < 1e-3, (reported, theirs)
+
+
+def test_a_schedule_the_weights_do_not_have_is_refused(checkpoints: dict[str, dict[str, Any]],
+                                                        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """first_k_dense_replace 2 over weights with one dense layer (block 1 has a router, no dense FFN): the
+    per-block check the hybrid entry needs from the hooks, one line, exit 2."""
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    d = _respelled(_case(checkpoints, tmp_path_factory, "tf5")["dir"], tmp_path / "m",
+                   _set(first_k_dense_replace=2))
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "glm4moe: no model.layers.1.mlp.gate_proj" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x.gguf").exists()
