@@ -422,11 +422,11 @@ class GGUFCausalLM:
             x = x + pos.rows(torch.arange(t, device=self.device) + _EMB_OPT_POS_OFFSET)[None]
         family = FORWARDS.get(hp.arch)
         if family is None:
-            for i in range(hp.n_layer):
+            for i in range(hp.n_trunk):
                 x = self.block(x, f"blk.{i}.")
         else:
             state = family.embed(self, tokens, x) if family.embed else x
-            for i in range(hp.n_layer):
+            for i in range(hp.n_trunk):
                 state = family.block(self, state, f"blk.{i}.")
             x = family.finish(self, state) if family.finish else state
         x = x[:, start:]
@@ -545,7 +545,7 @@ def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _check_ffn_widths(tensors: dict[str, QTensor], hp: HParams, path: Path) -> None:
     """The FFN tensors of a layer must agree on its width (their shapes were checked only against n_embd)."""
-    for i in range(hp.n_layer):
+    for i in range(hp.n_trunk):
         b = f"blk.{i}."
         widths = {name: t.shape[0] for name, t in ((n, tensors.get(b + n)) for n in
                   ("ffn_up.weight", "ffn_gate.weight", "ffn_down_t.weight", "ffn_up.bias")) if t is not None}

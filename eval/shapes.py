@@ -16,9 +16,10 @@ Shapes = dict[str, tuple[int, ...]]
 
 
 def transformer_shapes(hp: HParams, names: set[str]) -> Shapes:
-    """Every tensor of a transformer: embeddings and head, then per block its norms, attention and FFN."""
+    """Every tensor of a transformer: embeddings and head, then per block its norms, attention and FFN (the
+    blocks the forward pass runs: an MTP block's are left out, not loaded)."""
     out = global_shapes(hp, names)
-    for i in range(hp.n_layer):
+    for i in range(hp.n_trunk):
         b = f"blk.{i}."
         e = hp.n_embd
         if not hp.post_norm:

@@ -350,11 +350,14 @@ def test_the_in_proj_qkvz_split_and_a_log_follow_llama_cpps_converter() -> None:
 
 
 # -- quantization ----------------------------------------------------------------------------------------
-def hybrid_moe_gguf(path: Path, arch: str, n_layer: int = 8, d: int = 256, ff: int = 256, n_exp: int = 4) -> Path:
+def hybrid_moe_gguf(path: Path, arch: str, n_layer: int = 8, d: int = 256, ff: int = 256, n_exp: int = 4,
+                    n_mtp: int = 0) -> Path:
     """A ``qwen3next`` or ``qwen35moe`` file as llama.cpp's converter writes it (its tensor order; layers 3 and 7
     full attention, the others delta-net with 2 key and 4 value heads of 64), 4 experts and a shared expert,
     F16 matrices and F32 vectors (the conv kernel, the routers F32, as the converter keeps them), seeded
-    random values: enough for llama-quantize, which loads the hparams."""
+    random values: enough for llama-quantize, which loads the hparams. ``n_mtp`` multi-token-prediction blocks
+    follow (full attention plus nextn.eh_proj / enorm / hnorm / shared_head_norm; block_count counts them,
+    nextn_predict_layers, recurrent_layers false), as llama.cpp's converter writes them by default."""
     from gguf import GGMLQuantizationType as QT
 
     from ggufkit.format import Metadata, TensorSpec, write_gguf
@@ -379,9 +382,14 @@ def hybrid_moe_gguf(path: Path, arch: str, n_layer: int = 8, d: int = 256, ff: i
     tensors = [("output.weight", (256, d)), ("token_embd.weight", (256, d))]
     for i in range(n_layer):
         tensors += [(f"blk.{i}.{n}", s) for n, s in (linear if recurrent[i] else full)]
+    nextn = [("nextn.eh_proj.weight", (d, 2 * d)), ("nextn.enorm.weight", (d,)), ("nextn.hnorm.weight", (d,)),
+             ("nextn.shared_head_norm.weight", (d,))]
+    for i in range(n_layer, n_layer + n_mtp):
+        tensors += [(f"blk.{i}.{n}", s) for n, s in (*full, *nextn)]
+    recurrent += [False] * n_mtp
     tensors.append(("output_norm.weight", (d,)))
     hp: dict[str, int | float] = {
-        "block_count": n_layer, "context_length": 256, "embedding_length": d, "attention.head_count": 4,
+        "block_count": n_layer + n_mtp, "context_length": 256, "embedding_length": d, "attention.head_count": 4,
         "attention.head_count_kv": 2, "rope.freq_base": 1e7, "attention.layer_norm_rms_epsilon": 1e-6,
         "expert_count": n_exp, "expert_used_count": 2, "attention.key_length": hd, "attention.value_length": hd,
         "expert_feed_forward_length": ff, "expert_shared_feed_forward_length": ff, "ssm.conv_kernel": 4,
@@ -392,6 +400,8 @@ def hybrid_moe_gguf(path: Path, arch: str, n_layer: int = 8, d: int = 256, ff: i
     for key, value in hp.items():
         meta.set(f"{arch}.{key}", VT.FLOAT32 if isinstance(value, float) else VT.UINT32, value)
     meta.set(f"{arch}.attention.recurrent_layers", VT.ARRAY, recurrent, VT.BOOL)
+    if n_mtp:
+        meta.set(f"{arch}.nextn_predict_layers", VT.UINT32, n_mtp)
     if arch == "qwen35moe":
         meta.set(f"{arch}.rope.dimension_sections", VT.ARRAY, [11, 11, 10, 0], VT.INT32)
     rng = np.random.default_rng(5)
