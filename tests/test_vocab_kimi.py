@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -212,6 +213,17 @@ def test_ggufkit_and_llama_cpp_tokenize_like_tiktoken_with_kimis_pat_str(kimi: d
         tok = load_tokenizer(f)
     llm = llama_cpp.Llama(model_path=str(kimi["ours"]), vocab_only=True, verbose=False)
     for text in texts:
+        want = enc.encode(text, disallowed_special=())
+        assert tok.encode(text, add_special=False) == want, text
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == want, text
+    # random mixes of what the splitter tells apart: cased letters and contractions, marks, Han (and its
+    # compatibility and extension-B ideographs), kana, other digits, Unicode whitespace, emoji, punctuation
+    pool = [*"aZé'sStTmMdDlLrRvVeE ", "e\u0301", "\u0928\u093f", "٣", "½", "Ⅻ", "\u00a0", "\u3000", "\t", "\n",
+            "\r", "\r\n", "我", "想", "\U00020001", "\uf900", "が", "カ", "ا", "ß", "İ", "Σ", "ǅ", "ʰ", "123", "🦙",
+            "!", "?", "-", "’", "``", '"', ".", "\x0b", "\x1c", "\u2028", "𝔘", "ﬁ"]
+    rng = random.Random(0)
+    for _ in range(500):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 14)))
         want = enc.encode(text, disallowed_special=())
         assert tok.encode(text, add_special=False) == want, text
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == want, text
