@@ -515,3 +515,33 @@ def test_whole_files_equal_llama_quantize(quant_models: dict[str, Path], source:
     quantize_file(model, ours, target, imatrix=quant_models["imatrix"] if with_imatrix else None, threads=2,
                   allow_requantize=source == "mxfp4")
     assert_same_quantized(ref, ours)
+
+
+def test_release_end_to_end(models: dict[str, Path], tmp_path: Path) -> None:
+    """``ggufkit release`` of a gpt-oss checkpoint as released in floats: BF16 master, importance matrix collected by
+    the evaluator, MXFP4_MOE (experts MXFP4, the rest Q8_0) and Q8_0 files, each loaded by llama.cpp; the master's
+    perplexity is llama-perplexity's."""
+    from test_eval_archs_vs_llama_perplexity import F32_PATH, llama_perplexity
+
+    from ggufkit.format import open_gguf
+    from ggufkit.release import release
+    from ggufkit.release.plan import TextInput
+
+    ckpt = Path(shutil.copytree(models["dequantized"], tmp_path / "gpt-oss-tiny"))
+    out = tmp_path / "release"
+    result = release(ckpt, out, types=["mxfp4_moe", "q8_0"], master="bf16", ctx=64, chunks=2, imatrix_chunks=2,
+                     device="cpu")
+    assert result.ok, result.failures
+    master = next(out / f for f in result.files if f.endswith("-BF16.gguf"))
+    mxfp4 = next(out / f for f in result.files if f.endswith("-MXFP4_MOE.gguf"))
+    with open_gguf(mxfp4) as f:
+        from gguf import GGMLQuantizationType as QT
+
+        assert f.architecture == "gpt-oss" and f.get("quantize.imatrix.chunks_count") == 2
+        assert {t.ggml_type for t in f.tensors if "_exps.weight" in t.name} == {QT.MXFP4}
+    for path in (master, mxfp4):
+        assert np.isfinite(llama_cpp_logits(path)).all()
+    text = tmp_path / "eval.txt"
+    text.write_text(TextInput.bundled("evaluation").text, encoding="utf-8")
+    theirs, _ = llama_perplexity(master, text, 64, 2, *F32_PATH)
+    assert result.master is not None and abs(result.master["ppl"] / theirs - 1) < 5e-3, (result.master, theirs)
