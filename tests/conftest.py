@@ -36,6 +36,27 @@ def _load_llama_cpp_models_without_repacking() -> None:
 _load_llama_cpp_models_without_repacking()
 
 
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist each worker gets its share of the cores for torch's (OpenMP) thread pool, in this
+    process and in the ``ggufkit`` subprocesses it starts: two workers of two threads each on two cores spend
+    their time waiting for each other's spinning threads. A test that asks for a thread count still gets it."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(max(1, cores // workers))
+
+
+_share_the_cores_between_workers()
+
+
 def pytest_xdist_auto_num_workers(config: object) -> int:
     """``-n auto`` (pyproject's addopts): one pytest-xdist worker per core, as many as memory allows at ~8 GiB
     each (the largest tests hold a real 270M model, llama.cpp's and ours at once), and none when benchmarks are
