@@ -308,6 +308,22 @@ def test_release_default_keeps_the_nextn_layer_as_llama_cpps_converter(release: 
                                                 "shared_head_norm")}
 
 
+
+def test_mtp_alone_equals_llama_cpps_draft_file(release: dict[str, Any], tmp_path: Path) -> None:
+    """``--mtp``: the NextN block alone with the embedding, output norm and head, as llama.cpp's converter
+    writes its draft GGUF (Glm4MoeModel.filter_tensors with mtp_only): every tensor and key equal."""
+    from test_family_olmo2 import assert_same_file
+
+    from ggufkit.converters import convert
+    from ggufkit.format import open_gguf
+
+    theirs = llama_cpp_convert(release["dir"], tmp_path / "theirs-mtp.gguf", "f32", "--outtype", "f32", "--mtp")
+    ours = convert(release["dir"], tmp_path / "ours-mtp.gguf", outtype="f32", mtp=True).outputs[0]
+    assert_same_file(theirs, ours)
+    with open_gguf(ours) as f:
+        assert not any(t.name.startswith(("blk.0.", "blk.1.", "blk.2.")) for t in f.tensors)
+        assert "blk.3.nextn.eh_proj.weight" in f and "output.weight" in f
+
 def test_llama_cpp_runs_transformers_model(case: dict[str, Any]) -> None:
     """ggufkit's default file in llama.cpp gives transformers' logits (the NextN block, where the file has one,
     is not run by llama.cpp's main graph, and transformers' class has none)."""
