@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,23 @@ def _lite_layer_count(config: Mapping[str, Any]) -> bool:
     return n in (26, 27) or (n == 48 and config.get("vocab_size") == 128256)
 
 
+def _glm_lite_shape(config: Mapping[str, Any]) -> bool:
+    """GLM-4.7-Flash's own shape, which llama.cpp's loader routes by sigmoid without a gating key
+    (llama_model_deepseek2::load_arch_hparams: 47 or 48 layers of a 154880-token vocabulary)."""
+    return config.get("num_hidden_layers") in (47, 48) and config.get("vocab_size") == 154880
+
+
+def special_tokens(model_dir: Path, present: Mapping[str, Any]) -> dict[str, int]:
+    """GLM-4.7-Flash's tokenizer roles as Glm4MoeLiteModel.set_vocab (_set_vocab_glm) names them
+    (:func:`ggufkit.converters.glm4moe.special_tokens`); none for DeepSeek's classes."""
+    from ggufkit.converters import glm4moe
+    from ggufkit.converters.checkpoint import read_config
+
+    if _class(read_config(Path(model_dir))) != GLM_LITE:
+        return {}
+    return glm4moe.special_tokens(model_dir, present)
+
+
 def check_config(config: Mapping[str, Any]) -> list[str]:
     """Refuse checkpoints llama.cpp's deepseek2 loader or graph would compute differently; warn where it routes
     V2's groups by another score."""
@@ -135,7 +153,7 @@ def hparams(config: Mapping[str, Any], values: dict[str, Any], *_: Any) -> dict[
     for key, field in (("expert_group_count", "n_group"), ("expert_group_used_count", "topk_group")):
         if _get(config, field) is not None:
             out[f"{arch}.{key}"] = (VT.UINT32, int(_get(config, field)))
-    if config.get("scoring_func") is not None or cls != V2:
+    if config.get("scoring_func") is not None or cls == V3 or (cls == GLM_LITE and not _glm_lite_shape(config)):
         out[f"{arch}.expert_gating_func"] = (VT.UINT32, GATING[CLASS_DEFAULTS[cls]["gating"]])
     if config.get("routed_scaling_factor") is not None or cls != V2:
         out[f"{arch}.expert_weights_scale"] = (VT.FLOAT32, float(_get(config, "routed_scaling_factor")))
