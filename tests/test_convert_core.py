@@ -56,7 +56,7 @@ def test_shipped_registry_loads_and_every_entry_names_a_known_arch() -> None:
                                                      "qwen3vl", "smollm3", "olmo2", "cohere2", "falcon-h1", "gemma3n",
                                                      "granitehybrid", "lfm2", "lfm2moe", "nemotron_h_moe", "qwen35",
                                                      "qwen35moe", "qwen3next", "llama4", "glm4moe",
-                                                     "ernie4_5", "ernie4_5-moe"}
+                                                     "ernie4_5", "ernie4_5-moe", "deepseek2"}
 
 
 @pytest.mark.parametrize(("old", "new", "message"), [

@@ -72,7 +72,9 @@ _FAMILY_FILES = {"GraniteMoeHybridForCausalLM": "test_family_granite4.py",
                  "Llama4ForCausalLM": "test_family_llama4.py", "Llama4ForConditionalGeneration": "test_family_llama4.py",
                  "Glm4MoeForCausalLM": "test_family_glm4moe.py",
                  "Ernie4_5ForCausalLM": "test_family_ernie.py", "Ernie4_5_ForCausalLM": "test_family_ernie.py",
-                 "Ernie4_5_MoeForCausalLM": "test_family_ernie.py"}
+                 "Ernie4_5_MoeForCausalLM": "test_family_ernie.py",
+                 "DeepseekV2ForCausalLM": "test_family_deepseek2.py", "DeepseekV3ForCausalLM": "test_family_deepseek2.py",
+                 "Glm4MoeLiteForCausalLM": "test_family_glm4moelite.py"}
 
 
 @pytest.fixture(scope="module")

@@ -176,6 +176,10 @@ LLAMA_CASES: dict[str, list[tuple[str, Callable[[Path], Path]]]] = {
     # NoPE layer 3 (temperature-tuned queries), L2 q/k norms, dense and MoE layers alternating; the sigmoid router
     # weights the experts' input, which llama-imatrix collects (tests/test_family_llama4.py)
     "llama4": [("llama4", _family_f32("test_family_llama4"))],
+    # MLA in the absorbed form (attn_k_b / attn_v_b: 3-D weights, one row per head and one count), a dense lead
+    # layer, the grouped sigmoid router with its correction bias, experts and ungated shared expert
+    # (tests/test_family_deepseek2.py)
+    "deepseek2": [("deepseek2", _family_f32("test_family_deepseek2"))],
     # sinks, sliding window on even layers, YaRN, biased softmax-weighted router and clamped-SwiGLU experts with
     # biases (tests/test_family_gpt_oss.py)
     "gpt-oss": [("gpt-oss", _family_f32("test_family_gpt_oss"))],

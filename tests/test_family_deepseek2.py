@@ -107,6 +107,12 @@ def make_deepseek(dir: Path, version: str = "v3", layout: str = "tf5", *, config
     return dir
 
 
+def tiny_f32(dir: Path, version: str = "v3") -> Path:
+    """A tiny checkpoint (transformers 5's layout) converted to F32 by ggufkit (tests/test_eval_imatrix_archs.py)."""
+    ckpt = make_deepseek(Path(dir) / "ckpt", version, "tf5")
+    return convert(ckpt, Path(dir) / "tiny-f32.gguf", outtype="f32").outputs[0]
+
+
 def llama_cpp_f32(dir: Path, version: str = "v3", layout: str = "release", **overrides: Any) -> Path:
     """A tiny checkpoint converted to F32 by llama.cpp's own converter."""
     from test_convert_archs import llama_cpp_convert
