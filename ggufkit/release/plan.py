@@ -342,8 +342,11 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
     assert dry.plan.output is not None
     if mixes:
         check_feasible(mixes, dry.plan.entries, use_imatrix)
-    master_type = dry.plan.output.name.removesuffix(".gguf").rsplit("-", 1)[1]
-    prefix = dry.plan.output.name.removesuffix(f"-{master_type}.gguf")
+    file_type = dry.plan.output.name.removesuffix(".gguf").rsplit("-", 1)[1]
+    prefix = dry.plan.output.name.removesuffix(f"-{file_type}.gguf")
+    # a checkpoint released in MXFP4 (gpt-oss) converts to a float file with MXFP4 experts, which llama.cpp's
+    # converter names MXFP4_MOE: the master is named by its float type, so it is never the MXFP4_MOE type's file
+    master_type = dry.plan.outtype.upper() if master_holds_mxfp4(dry.plan) else file_type
     model_name = repo or model_dir.resolve().name
     imatrix_text = None
     if use_imatrix and o.imatrix is None:
@@ -366,6 +369,14 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
     plan.n_vocab = _n_vocab(dry.plan)
     plan.kld_top_k = resolve_kld_top_k(o.kld_top_k, plan.n_vocab, positions)
     return plan
+
+
+def master_holds_mxfp4(master_plan: Any) -> bool:
+    """The master keeps a checkpoint's MXFP4 experts (converters/mxfp4_source.py): quantizing it to any other
+    type dequantizes them first (llama-quantize --allow-requantize)."""
+    from gguf import LlamaFileType
+
+    return bool(master_plan is not None and master_plan.file_type == LlamaFileType.MOSTLY_MXFP4_MOE)
 
 
 def resolve_kld_top_k(option: int | None, n_vocab: int, positions: int) -> int:

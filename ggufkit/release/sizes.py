@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ggufkit.release.plan import ReleasePlan
+from ggufkit.release.plan import ReleasePlan, master_holds_mxfp4
 
 
 def _header_and_size(cplan: Any, split_max_size: int | None = None) -> tuple[bytes, int, int]:
@@ -88,7 +88,8 @@ def type_sizes(plan: ReleasePlan, qtypes: list[str]) -> tuple[int | None, dict[s
         with open_gguf(master) as model:
             im = _stand_in_imatrix(plan, model)
             for qtype in qtypes:
-                report = quantize_file(master, None, qtype, imatrix=im, dry_run=True, device="cpu")
+                report = quantize_file(master, None, qtype, imatrix=im, dry_run=True, device="cpu",
+                                       **({"allow_requantize": True} if master_holds_mxfp4(plan.master_plan) else {}))
                 out[qtype] = predict_file_size(model, report.plan, im if report.plan.options.imatrix_sizes
                                                is not None else None)
     return size, out

@@ -23,7 +23,7 @@ from ggufkit.errors import UsageError
 from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.release.manifest import State, dumps, write_bytes
 from ggufkit.release.mix import CACHE_DIR, PROXY, candidates, is_mix, parse_mix, recipe_file
-from ggufkit.release.plan import STATE_DIR, ReleasePlan, file_hash, needs_imatrix
+from ggufkit.release.plan import STATE_DIR, ReleasePlan, file_hash, master_holds_mxfp4, needs_imatrix
 from ggufkit.release.sizes import converted_size, type_sizes
 
 
@@ -226,6 +226,12 @@ def mix_step(ctx: StepContext, qtype: str) -> dict[str, Any]:
     return rec
 
 
+def _requantize(plan: ReleasePlan) -> dict[str, bool]:
+    """A master with MXFP4 experts (an MXFP4 checkpoint's) is quantized as llama-quantize --allow-requantize
+    does; MXFP4_MOE copies them as they are. Nothing is passed otherwise (the call is as it always was)."""
+    return {"allow_requantize": True} if master_holds_mxfp4(plan.master_plan) else {}
+
+
 def quant_step(ctx: StepContext, qtype: str) -> dict[str, Any]:
     from ggufkit.quant import quantize_file
 
@@ -242,7 +248,7 @@ def quant_step(ctx: StepContext, qtype: str) -> dict[str, Any]:
             raise UsageError(f"{qtype} needs an importance matrix")
         report = quantize_file(first_output(ctx.records["master"], plan.outdir), plan.outdir / plan.type_file(qtype),
                                qtype, imatrix=imatrix, keep_split=params["keep_split"], device=plan.options.device,
-                               progress=ctx.progress)
+                               progress=ctx.progress, **_requantize(plan))
         rec = ctx.state.finish(step, inputs, params, [p.name for p in report.outputs] or [plan.type_file(qtype)],
                                {"bits_per_weight": report.plan.to_dict()["totals"]["bits_per_weight"]})
         ctx.ran.append(step)
