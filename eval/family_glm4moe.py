@@ -13,7 +13,8 @@ which the ``expert_group_used_count`` best stay selectable, the unbiased probabi
 renormalised when ``expert_weights_norm`` and multiplied by ``expert_weights_scale``.
 
 The last ``nextn_predict_layers`` blocks are the NextN (multi-token-prediction) layers, which llama.cpp's main
-graph does not run (its ``graph_mtp`` does, for speculative decoding): the main pass leaves the stream as it is.
+graph does not run (its ``graph_mtp`` does, for speculative decoding): the evaluator's block loop stops before
+them (:attr:`ggufkit.eval.arch.HParams.n_trunk`).
 """
 
 from __future__ import annotations
@@ -50,12 +51,8 @@ def _int(file: GGUFModel, name: str, default: int) -> int:
 
 
 def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
-    """The NextN layer count, the dense lead, and the router's gating, groups, renormalisation and scale
+    """The dense lead and the router's gating, groups, renormalisation and scale
     (llama_model_glm4_moe::load_arch_hparams and llama_model::load_hparams' defaults)."""
-    n_mtp = _int(file, f"{arch}.nextn_predict_layers", 0)
-    if n_mtp >= n_layer:
-        raise MetadataValueError(f"{n_mtp} NextN layers of {n_layer} blocks", key=f"{arch}.nextn_predict_layers",
-                                 path=file.path)
     gating = _int(file, f"{arch}.expert_gating_func", 0)
     if gating not in _GATING:
         raise MetadataValueError(f"unknown expert gating function {gating}", key=f"{arch}.expert_gating_func",
@@ -63,7 +60,7 @@ def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
     norm = file.kv.get(f"{arch}.expert_weights_norm")
     scale = file.kv.get(f"{arch}.expert_weights_scale")
     n_group = _int(file, f"{arch}.expert_group_count", 0)
-    return {"n_trunk": n_layer - n_mtp, "dense_lead": _int(file, f"{arch}.leading_dense_block_count", 0),
+    return {"dense_lead": _int(file, f"{arch}.leading_dense_block_count", 0),
             "gating": _GATING[gating], "n_group": n_group,
             "topk_group": _int(file, f"{arch}.expert_group_used_count", 0) if n_group > 1 else 0,
             "norm": bool(norm.value) if norm is not None else False,
@@ -74,7 +71,7 @@ def shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
     """The trunk's tensors (the NextN blocks' are not read by the main pass)."""
     out = global_shapes(hp, names)
     e = hp.n_embd
-    for il in range(hp.extra["n_trunk"]):
+    for il in range(hp.n_trunk):
         b = f"blk.{il}."
         out[b + "attn_norm.weight"] = (e,)
         out[b + "post_attention_norm.weight"] = (e,)
@@ -105,11 +102,9 @@ def moe(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
 
 
 def block(model: GGUFCausalLM, x: torch.Tensor, p: str) -> torch.Tensor:
-    """Block ``p`` on the residual stream (NextN blocks pass it through)."""
+    """Block ``p`` on the residual stream (the model's loop stops before the NextN blocks: HParams.n_trunk)."""
     extra = model.hparams.extra
     il = int(p.split(".")[1])
-    if il >= extra["n_trunk"]:
-        return x
     x = x + model.attention(model.norm(x, model.weight(p + "attn_norm.weight"), None), p)
     h = model.norm(x, model.weight(p + "post_attention_norm.weight"), None)
     return x + (dense_ffn(model, h, p) if il < extra["dense_lead"] else moe(model, h, p))

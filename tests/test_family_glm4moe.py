@@ -341,7 +341,7 @@ def test_evaluator_logits_equal_llama_cpps(case: dict[str, Any]) -> None:
 
     want = llama_cpp_logits(case["ours"])
     with load_model(case["ours"], device="cpu") as m:
-        assert m.hparams.extra["n_trunk"] == N_LAYER and m.hparams.extra["n_group"] == 2
+        assert m.hparams.n_trunk == N_LAYER and m.hparams.extra["n_group"] == 2
         got = m.logits(torch.tensor([TOKENS]))[0].numpy()
     assert (got.argmax(-1) == want.argmax(-1)).all()
     assert np.abs(got - want).max() < 1e-4 * (want.max() - want.min())
