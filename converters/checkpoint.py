@@ -326,7 +326,13 @@ class Checkpoint:
     def read(self, name: str) -> np.ndarray:
         """One tensor as numpy (a read-only memmap view for safetensors; BF16 as uint16 bits)."""
         derived = self.derived.get(name)
-        return derived() if derived is not None else self.read_stored(name)
+        if derived is not None:
+            return derived()
+        dtype = self.stored[name].dtype
+        if dtype.startswith("F8_"):  # its bytes are not its values: never read as numbers
+            raise CheckpointError(f"tensor {name!r} is stored as {dtype}; only the conversion of the text model "
+                                  "dequantizes FP8 checkpoints", path=self.model_dir)
+        return self.read_stored(name)
 
     def read_stored(self, name: str) -> np.ndarray:
         """One tensor's stored data, as :meth:`read` returns it for a tensor nothing derives."""
