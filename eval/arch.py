@@ -305,7 +305,7 @@ def read_hparams(model: GGUFModel) -> HParams:
         rope_scale = key(model, f"{a}.rope.scaling.factor", float, 1.0)
     elif f"{a}.rope.scale_linear" in model.kv:
         rope_scale = key(model, f"{a}.rope.scale_linear", float)
-    elif scaling not in ("none", "") and not (scaling == "yarn" and a == "gpt-oss"):  # eval/family_gpt_oss.py's
+    elif scaling not in ("none", "") and not (scaling == "yarn" and a in ("gpt-oss", "deepseek2")):  # eval/family_gpt_oss.py's
         raise EvaluationError(f"rope scaling {scaling!r} is not supported by the evaluator", path=model.path)
     if tr.norm == "layer":
         eps = key(model, f"{a}.attention.layer_norm_epsilon", float, 1e-5)

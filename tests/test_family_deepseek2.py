@@ -435,3 +435,32 @@ def test_release_end_to_end(tmp_path: Path) -> None:
     reported = manifest["steps"]["eval-master"]["results"]["ppl"]
     theirs, _ = llama_perplexity(master, text, 64, 2, *F32_PATH)
     assert abs(reported / theirs - 1) < 1e-3, (reported, theirs)
+
+
+def test_yarn_rope_scaling_as_llama_cpp(tmp_path: Path) -> None:
+    """YaRN as DeepSeek-V2-Lite's release config spells it (``rope_scaling`` type yarn with mscale = mscale_all_dim
+    0.707): the keys llama.cpp's converter writes (yarn_log_multiplier 0.1 * mscale_all_dim), llama.cpp runs
+    transformers' model, and the evaluator computes llama.cpp's rope_yarn angles, attention factor and the
+    mscale-squared attention scale ([TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])."""
+    import torch
+    from fixtures_models import TOKENS
+    from test_convert_archs import llama_cpp_convert
+
+    from ggufkit.eval.model import load_model
+
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
+    d = make_deepseek(tmp_path / "m", "v2", "release", rope_parameters=rope)
+    ours = convert(d, tmp_path / "ours.gguf", outtype="f32").outputs[0]
+    assert_same_file(llama_cpp_convert(d, tmp_path / "theirs.gguf"), ours)
+    with open_gguf(ours) as f:
+        assert f.get("deepseek2.rope.scaling.type") == "yarn"
+        assert abs(f.get("deepseek2.rope.scaling.yarn_log_multiplier") - 0.0707) < 1e-7
+    want = transformers_logits(d)
+    got = llama_cpp_logits(ours)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < 1e-3 * (want.max() - want.min())
+    with load_model(ours, device="cpu") as m:
+        ev = m.logits(torch.tensor([TOKENS]))[0].numpy()
+    assert (ev.argmax(-1) == got.argmax(-1)).all()
+    assert np.abs(ev - got).max() < 1e-4 * (got.max() - got.min())
