@@ -464,3 +464,34 @@ def test_yarn_rope_scaling_as_llama_cpp(tmp_path: Path) -> None:
         ev = m.logits(torch.tensor([TOKENS]))[0].numpy()
     assert (ev.argmax(-1) == got.argmax(-1)).all()
     assert np.abs(ev - got).max() < 1e-4 * (got.max() - got.min())
+
+
+def test_v2_lite_layout_without_q_lora(tmp_path: Path) -> None:
+    """DeepSeek-V2-Lite's queries through one q_proj (``q_lora_rank`` null) -> ``attn_q``: llama.cpp's loader reads
+    no q LoRA rank only at V2-Lite's 26/27 layers, so the tiny model has 26 (all but the first MoE). The file equals
+    llama.cpp's converter's, llama.cpp runs transformers' model, the evaluator llama.cpp's; with 3 layers the
+    converter refuses (llama.cpp's loader would demand attention.q_lora_rank)."""
+    import torch
+    from fixtures_models import TOKENS
+    from test_convert_archs import llama_cpp_convert
+
+    from ggufkit.errors import UnsupportedArchitectureError
+    from ggufkit.eval.model import load_model
+
+    d = make_deepseek(tmp_path / "m", "v2", "tf5", q_lora_rank=None, num_hidden_layers=26)
+    ours = convert(d, tmp_path / "ours.gguf", outtype="f32").outputs[0]
+    assert_same_file(llama_cpp_convert(d, tmp_path / "theirs.gguf"), ours)
+    with open_gguf(ours) as f:
+        assert f["blk.0.attn_q.weight"].ne == (64, 96) and "blk.0.attn_q_a.weight" not in f
+        assert "deepseek2.attention.q_lora_rank" not in f.kv
+    want = transformers_logits(d)
+    got = llama_cpp_logits(ours)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() < 1e-3 * (want.max() - want.min())
+    with load_model(ours, device="cpu") as m:
+        ev = m.logits(torch.tensor([TOKENS]))[0].numpy()
+    assert np.abs(ev - got).max() < 1e-4 * (got.max() - got.min())
+    short = make_deepseek(tmp_path / "short", "v2", "tf5", q_lora_rank=None)
+    with pytest.raises(UnsupportedArchitectureError, match="no q_lora_rank with 3 layers"):
+        convert(short, tmp_path / "x.gguf", outtype="f32")
+    assert not (tmp_path / "x.gguf").exists()
