@@ -317,7 +317,27 @@ def _load_hf_tokenizer(model_dir: Path) -> Any:
         return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     except Exception as exc:  # transformers raises many unrelated types for unreadable tokenizers
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TokenizerError(f"transformers cannot load the tokenizer: {first}", path=model_dir) from None
+        tokenizer = _load_named_fast_tokenizer(model_dir)
+        if tokenizer is None:
+            raise TokenizerError(f"transformers cannot load the tokenizer: {first}", path=model_dir) from None
+        return tokenizer
+
+
+def _load_named_fast_tokenizer(model_dir: Path) -> Any:
+    """The fast tokenizer class tokenizer_config.json names (a transformers class, never the checkpoint's code),
+    loaded without config.json; None if that fails too. AutoTokenizer also reads config.json, which
+    transformers 5's strict configs refuse for some released spellings (Llama 4's ``"attn_temperature_tuning":
+    4`` where Llama4TextConfig wants a bool), though the tokenizer files are fine."""
+    import transformers
+
+    name = (_read_json(model_dir / "tokenizer_config.json") or {}).get("tokenizer_class")
+    cls = getattr(transformers, name, None) if isinstance(name, str) and name.endswith("Fast") else None
+    if cls is None or not (model_dir / "tokenizer.json").is_file():
+        return None
+    try:
+        return cls.from_pretrained(str(model_dir))
+    except Exception:  # the first error is the one reported
+        return None
 
 
 def _bpe_merges(model_dir: Path) -> list[str]:
