@@ -10,14 +10,14 @@ converters/pretokenizer.py) has no vocab file in llama.cpp's tree and cannot be 
 
 Layouts:
 
-* ``tf5``: transformers 5's ``save_pretrained`` (``rope_parameters``, ``swiglu_alpha``);
 * ``release``: config.json as openai/gpt-oss-20b spells it (``rope_scaling`` and ``rope_theta`` at the root,
   ``experts_per_token``, ``initial_context_length``, no ``swiglu_alpha``), float weights;
 * ``mxfp4``: the release config with ``quantization_config.quant_method`` ``mxfp4`` and the experts as released
   (``*_blocks`` / ``*_scales``; random codes and exponents), the rest BF16: written as GGUF MXFP4 tensors,
   byte-identical to llama.cpp's repacking;
 * ``dequantized``: what transformers 5 saves after loading the MXFP4 checkpoint with ``Mxfp4Config(dequantize=
-  True)`` (float experts, no quantization_config).
+  True)`` (float experts, no quantization_config; transformers 5's spelling: ``rope_parameters``,
+  ``swiglu_alpha``, the spelling of the ``tf5`` checkpoint the others are made from).
 
 llama.cpp and transformers disagree on one thing: YaRN with ``truncate: false`` (gpt-oss's configs). transformers
 then keeps the correction range unrounded, as OpenAI's reference RotaryEmbedding does; llama.cpp's
@@ -43,7 +43,7 @@ from fixtures_models import TOKENS, llama_cpp_logits, make_checkpoint
 from llama_cpp_sources import llama_cpp_dir
 
 HF_CLASS = "GptOssForCausalLM"
-LAYOUTS = ("tf5", "release", "mxfp4", "dequantized")
+LAYOUTS = ("release", "mxfp4", "dequantized")
 
 fixtures_models._BASE.setdefault(HF_CLASS, dict(
     hidden_size=64, intermediate_size=64, head_dim=16, num_hidden_layers=4, num_attention_heads=4,
@@ -142,9 +142,11 @@ def case(request: pytest.FixtureRequest, models: dict[str, Path]) -> dict[str, A
     return {"layout": request.param, "dir": d, "theirs": llama_cpp_convert(d, d.parent / f"{d.name}.gguf")}
 
 
-@pytest.fixture(scope="module")
-def case_mxfp4(models: dict[str, Path]) -> dict[str, Any]:
-    return {"layout": "mxfp4", "dir": models["mxfp4"]}
+def converted(models: dict[str, Path], layout: str) -> Path:
+    """llama.cpp's F32 file of ``layout`` (the one ``case`` made, when it ran first)."""
+    d = models[layout]
+    out = d.parent / f"{d.name}.gguf"
+    return out if out.exists() else llama_cpp_convert(d, out)
 
 
 def test_the_layouts_are_spelled_as_released_and_as_transformers_5_saves_them(case: dict[str, Any]) -> None:
@@ -189,15 +191,21 @@ def test_ggufkit_converts_each_layout_as_llama_cpps_converter(case: dict[str, An
     assert_types(ours, case["layout"], "f32")
 
 
-def test_an_mxfp4_checkpoint_to_bf16_keeps_its_mxfp4_experts(case_mxfp4: dict[str, Any], tmp_path: Path) -> None:
-    """Another float outtype: the MXFP4 experts stay MXFP4 (not dequantized, not requantized), the file type is
-    MXFP4_MOE, the rest BF16: llama.cpp's file."""
+def test_an_mxfp4_checkpoint_to_bf16_keeps_its_mxfp4_experts(models: dict[str, Path], tmp_path: Path) -> None:
+    """Another float outtype: the MXFP4 experts stay MXFP4 (not dequantized, not requantized: the bytes of
+    llama.cpp's F32 file), the file type is MXFP4_MOE whatever the float outtype (ModelBase.prepare_metadata),
+    the other matrices BF16. (llama.cpp's own BF16 conversion is left out for CI time: the float encodings are
+    the shared ones every family's tests compare.)"""
     from ggufkit.converters import convert
+    from ggufkit.format import open_gguf
 
-    theirs = llama_cpp_convert(case_mxfp4["dir"], tmp_path / "t.gguf", "bf16")
-    ours = convert(case_mxfp4["dir"], tmp_path / "ours.gguf", outtype="bf16").outputs[0]
-    assert_same_file(theirs, ours)
+    ours = convert(models["mxfp4"], tmp_path / "ours.gguf", outtype="bf16").outputs[0]
     assert_types(ours, "mxfp4", "bf16")
+    with open_gguf(converted(models, "mxfp4")) as a, open_gguf(ours) as b:
+        assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+        for t in a.tensors:
+            if t.ggml_type.name == "MXFP4":
+                assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
 
 
 def assert_types(ours: Path, layout: str, outtype: str) -> None:
@@ -269,9 +277,8 @@ def test_llama_cpp_runs_transformers_model(case: dict[str, Any]) -> None:
 def test_yarn_truncate_false_is_where_transformers_and_llama_cpp_differ(models: dict[str, Path]) -> None:
     """With gpt-oss's ``truncate: false`` transformers rounds nothing (as OpenAI's reference rope); llama.cpp
     floors / ceils the correction dims: the logits move by more than the tolerance (0.4 % of the range here)."""
-    d = models["tf5"]
-    ours = llama_cpp_logits(d.parent / "tf5.gguf" if (d.parent / "tf5.gguf").exists()
-                            else llama_cpp_convert(d, d.parent / "tf5.gguf"))
+    d = models["dequantized"]
+    ours = llama_cpp_logits(converted(models, "dequantized"))
     rel = [np.abs(ours - reference_logits(d, t)).max() / np.ptp(ours) for t in (True, False)]
     assert rel[0] < 1e-5 < 1e-3 < rel[1]
 
@@ -341,14 +348,7 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     return text, path
 
 
-def converted(models: dict[str, Path], layout: str) -> Path:
-    """llama.cpp's F32 file of ``layout`` (the one ``case`` made, when it ran first)."""
-    d = models[layout]
-    out = d.parent / f"{d.name}.gguf"
-    return out if out.exists() else llama_cpp_convert(d, out)
-
-
-@pytest.mark.parametrize("layout", ["tf5", "mxfp4"])
+@pytest.mark.parametrize("layout", ["dequantized", "mxfp4"])
 def test_evaluator_logits_equal_llama_cpps(models: dict[str, Path], layout: str) -> None:
     """eval/family_gpt_oss.py on llama.cpp's file: YaRN, sinks, the window, the biased router and clamped SwiGLU;
     the MXFP4 experts read as they are, with ggml's Q8_0 rounding of their inputs (--ggml-rounding)."""
@@ -372,9 +372,11 @@ def test_ppl_equals_llama_perplexity(models: dict[str, Path], sample: tuple[str,
     from ggufkit.eval.perplexity import perplexity
 
     text, path = sample
-    mx = converted(models, "mxfp4")
-    f16 = llama_cpp_convert(models["mxfp4"], mx.parent / "mxfp4-f16.gguf", "f16")
-    for model, rounding in ((converted(models, "tf5"), False), (f16, True)):
+    from ggufkit.converters import convert
+
+    # ggufkit's F16 conversion: llama.cpp's MXFP4 bytes (test_an_mxfp4_checkpoint_to_bf16_keeps_its_mxfp4_experts)
+    f16 = convert(models["mxfp4"], models["mxfp4"].parent / "mxfp4-f16.gguf", outtype="f16").outputs[0]
+    for model, rounding in ((converted(models, "dequantized"), False), (f16, True)):
         ours = perplexity(model, text=text, ctx=64, chunks=4, device="cpu", ggml_rounding=rounding, kv_cache="f32")
         theirs, n_chunks = llama_perplexity(model, path, 64, 4, *F32_PATH)
         assert ours.chunks == n_chunks == 4
@@ -387,7 +389,7 @@ def test_imatrix_equals_llama_imatrix(models: dict[str, Path], sample: tuple[str
     from test_eval_imatrix import F32_ATTENTION, llama_imatrix, ours, relative_l2
     from test_eval_imatrix_archs import CHUNKS, CTX, F32_TOLERANCE, _collectable
 
-    model = converted(models, "tf5")
+    model = converted(models, "dequantized")
     ref, mine = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
     common = ["-f", sample[1], "-c", CTX, "--chunks", CHUNKS, "--process-output"]
     llama_imatrix("-m", model, "-o", ref, *common, *F32_ATTENTION)
@@ -519,7 +521,7 @@ def test_whole_files_equal_llama_quantize(quant_models: dict[str, Path], source:
 
 def test_release_end_to_end(models: dict[str, Path], tmp_path: Path) -> None:
     """``ggufkit release`` of a gpt-oss checkpoint as released in floats: BF16 master, importance matrix collected by
-    the evaluator, MXFP4_MOE (experts MXFP4, the rest Q8_0) and Q8_0 files, each loaded by llama.cpp; the master's
+    the evaluator, an MXFP4_MOE file (experts MXFP4, the rest Q8_0), each loaded by llama.cpp; the master's
     perplexity is llama-perplexity's."""
     from test_eval_archs_vs_llama_perplexity import F32_PATH, llama_perplexity
 
@@ -529,7 +531,7 @@ def test_release_end_to_end(models: dict[str, Path], tmp_path: Path) -> None:
 
     ckpt = Path(shutil.copytree(models["dequantized"], tmp_path / "gpt-oss-tiny"))
     out = tmp_path / "release"
-    result = release(ckpt, out, types=["mxfp4_moe", "q8_0"], master="bf16", ctx=64, chunks=2, imatrix_chunks=2,
+    result = release(ckpt, out, types=["mxfp4_moe"], master="bf16", ctx=64, chunks=2, imatrix_chunks=2,
                      device="cpu")
     assert result.ok, result.failures
     master = next(out / f for f in result.files if f.endswith("-BF16.gguf"))
