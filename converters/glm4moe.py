@@ -58,10 +58,6 @@ def check_config(config: Mapping[str, Any]) -> None:
                         "needs topk_group < n_group and the experts split evenly)")
     if str(config.get("hidden_act", "silu")) != "silu":
         problems.append(f"hidden_act {config.get('hidden_act')!r} (llama.cpp's glm4moe FFNs are SiLU-gated)")
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, Mapping) else "default"
-    if kind not in ("default", None):
-        problems.append(f"rope_type {kind!r} (Glm4MoeModel writes no rope scaling for it)")
     head = config.get("head_dim") or _get(config, "hidden_size") // _get(config, "num_attention_heads")
     if int(head * partial_rotary_factor(config)) % 2:
         problems.append(f"an odd rotary dimension {int(head * partial_rotary_factor(config))}")
