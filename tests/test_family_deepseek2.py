@@ -495,3 +495,16 @@ def test_v2_lite_layout_without_q_lora(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedArchitectureError, match="no q_lora_rank with 3 layers"):
         convert(short, tmp_path / "x.gguf", outtype="f32")
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("case", [("v3", "tf5")], indirect=True, ids=lambda p: "-".join(p))
+def test_check_passes_and_fails_on_other_weights(case: dict[str, Any], tmp_path: Path) -> None:
+    """``convert --check``: transformers' model against the evaluator's forward of the file."""
+    from ggufkit.eval.convert_check import check_conversion
+
+    ok = check_conversion(case["dir"], case["ours"], case["plan"], device="cpu")
+    assert ok.status == "passed", ok.failures
+    other = make_deepseek(tmp_path / "other", "v3", "tf5", seed=7)
+    bad = check_conversion(case["dir"], convert(other, tmp_path / "other.gguf", outtype="f32").outputs[0],
+                           case["plan"], device="cpu")
+    assert bad.status == "failed" and any(f.startswith("logits differ by") for f in bad.failures)
