@@ -74,7 +74,7 @@ _FAMILY_FILES = {"GraniteMoeHybridForCausalLM": "test_family_granite4.py",
                  "Ernie4_5ForCausalLM": "test_family_ernie.py", "Ernie4_5_ForCausalLM": "test_family_ernie.py",
                  "Ernie4_5_MoeForCausalLM": "test_family_ernie.py",
                  "DeepseekV2ForCausalLM": "test_family_deepseek2.py", "DeepseekV3ForCausalLM": "test_family_deepseek2.py",
-                 "Glm4MoeLiteForCausalLM": "test_family_glm4moelite.py"}
+                 "Glm4MoeLiteForCausalLM": "test_family_glm4moelite.py", "GptOssForCausalLM": "test_family_gpt_oss.py"}
 
 
 @pytest.fixture(scope="module")
