@@ -211,13 +211,17 @@ def test_the_options_are_refused_for_a_class_without_mtp_layers(tmp_path: Path) 
 
 def test_a_checkpoint_without_mtp_layers(tmp_path: Path) -> None:
     """Converts without a flag to llama.cpp's --no-mtp file (llama.cpp's converter asserts on such a Qwen3-Next
-    without --no-mtp; tests/test_family_qwen3next.py compares the files); --mtp is refused, --no-mtp accepted."""
+    without --no-mtp; tests/test_family_qwen3next.py compares the files), also where the config announces MTP
+    layers as the Qwen3.5 release configs do (``mtp_num_hidden_layers: 1``; llama.cpp's converter would write
+    block_count + 1 and nextn_predict_layers with no MTP tensors); --mtp is refused, --no-mtp accepted."""
     from ggufkit.format import open_gguf
 
     d = qwen3next.make_model(tmp_path / "m", qwen3next.HF_CLASS, "tf5", qwen3next.to_release_config)
-    with open_gguf(convert(d, tmp_path / "default.gguf", "default")) as f:
+    set_config(d, mtp_num_hidden_layers=1)
+    default = convert(d, tmp_path / "default.gguf", "default")
+    with open_gguf(default) as f:
         assert f.get("qwen3next.block_count") == 4 and "qwen3next.nextn_predict_layers" not in f.kv
-    convert(d, tmp_path / "no-mtp.gguf", "no-mtp")
+    assert default.read_bytes() == convert(d, tmp_path / "no-mtp.gguf", "no-mtp").read_bytes()
     code, err = _cli(str(d), "--mtp", "-o", str(tmp_path / "x.gguf"))
     assert code == 2 and "--mtp: the checkpoint has no multi-token-prediction layers (mtp.layers.*)" in err, err
 
