@@ -547,3 +547,20 @@ def test_release_end_to_end(models: dict[str, Path], tmp_path: Path) -> None:
     text.write_text(TextInput.bundled("evaluation").text, encoding="utf-8")
     theirs, _ = llama_perplexity(master, text, 64, 2, *F32_PATH)
     assert result.master is not None and abs(result.master["ppl"] / theirs - 1) < 5e-3, (result.master, theirs)
+
+
+def test_mxfp4_on_another_class_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp's converter repacks MXFP4 only for gpt-oss (its base dequant_model raises "Quant method is not
+    yet supported: 'mxfp4'" for any other class): exit 2, one line, nothing written."""
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM")
+    config = json.loads((d / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (d / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "LlamaForCausalLM: quantization_config.quant_method 'mxfp4' is not supported" in err
+    assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
