@@ -170,17 +170,17 @@ def _reference_logits(d: Path) -> np.ndarray:
 
 
 # -- conversion ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("outtype", ["f32", "half"])
+@pytest.mark.parametrize(("case", "outtype"), [("tf5", "f32"), ("tf5", "f16"), ("release", "f32")],
+                         indirect=["case"])
 def test_ggufkit_converts_each_layout_as_llama_cpps_converter(case: dict[str, Any], outtype: str,
                                                               tmp_path: Path) -> None:
     """Every tensor byte-identical and every key equal: the experts split and transposed, rope_freqs, the dense
     layers' feed_forward_length from intermediate_size_mlp, the experts' from intermediate_size, the MoE step; the
-    ConditionalGeneration's text half only. ``half``: F16 (transformers 5's float32 save), BF16 (as released)."""
+    ConditionalGeneration's text half only (its BF16 weights widened to F32 as llama.cpp widens them; F16 on the
+    other layout, whose llama.cpp file the ppl test reuses)."""
     from ggufkit.converters import convert
     from ggufkit.format import open_gguf
 
-    if outtype == "half":
-        outtype = "bf16" if case["layout"] == "release" else "f16"
     ours = convert(case["ref"], tmp_path / "ours.gguf", outtype=outtype).outputs[0]
     assert_same_file(llama_cpp_file(case, outtype), ours)
     with open_gguf(ours) as f:
@@ -430,3 +430,34 @@ def tiny_f32(d: Path) -> Path:
 
     ckpt = make_checkpoint(d / "ckpt", CAUSAL, vocab="llama-bpe")
     return Path(convert(ckpt, d / "f32.gguf", outtype="f32").outputs[0])
+
+
+@pytest.mark.parametrize("rope", [SCOUT_ROPE, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}],
+                         ids=["scout", "smoothed-band"])
+def test_rope_freqs_are_llama_cpps_converters_bit_for_bit(rope: dict[str, Any]) -> None:
+    """``rope_freqs.weight`` as LlamaModel.generate_extra_tensors computes it (its own code run here on the
+    config), the smoothed band between the two wavelengths included (torch float32 arithmetic)."""
+    import sys
+    from types import SimpleNamespace
+
+    import gguf  # noqa: F401  (the installed gguf stays the one imported: llama.cpp's gguf-py is only a fallback)
+    from llama_cpp_sources import llama_cpp_dir
+
+    from ggufkit.converters import llama4
+
+    root = llama_cpp_dir()
+    sys.path[:0] = [str(root / "gguf-py"), str(root)]
+    try:
+        from conversion.llama import LlamaModel
+    finally:
+        del sys.path[:2]
+    for theta, head_dim in ((500000.0, 128), (10000.0, 64)):
+        params = {"rope_theta": theta, **rope}
+        fake = SimpleNamespace(rope_parameters=params, hparams={"head_dim": head_dim},
+                               format_tensor_name=lambda *_: "rope_freqs.weight")
+        [(_, want)] = list(LlamaModel.generate_extra_tensors(fake))  # type: ignore[arg-type]
+        [(name, got)] = llama4.extra_tensors({"rope_parameters": params, "head_dim": head_dim, "hidden_size": 256,
+                                              "num_attention_heads": 2})
+        assert name == "rope_freqs.weight" and got.dtype == np.float32
+        assert np.array_equal(got.view(np.uint32), want.numpy().view(np.uint32))
