@@ -87,3 +87,19 @@ def test_general_keys_from_the_model_card_equal_llama_cpp_converters(tmp_path: P
                 assert list(got) == list(want), key
             else:
                 assert got == want, key
+
+
+def test_llama3_rope_factors_are_llama_cpps_bits(tmp_path: Path) -> None:
+    """Llama 3.1/3.2's rope scaling: ``rope_freqs`` as llama.cpp's LlamaModel.generate_extra_tensors computes it
+    in torch float32, the factors in the smoothed band between the low and high frequency wavelengths included
+    (head size 16, theta 500000: a frequency falls in the band; float64 arithmetic rounds some of them one bit
+    away)."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM", rope_scaling=scaling, rope_theta=500000.0)
+    theirs = _llama_cpp_convert(d, tmp_path / "theirs.gguf", "f32")
+    ours = convert(d, tmp_path / "ours.gguf", outtype="f32").outputs[0]
+    with open_gguf(theirs) as a, open_gguf(ours) as b:
+        want = np.asarray(a.raw(a["rope_freqs.weight"]))
+        assert ((want != 1.0) & (want != 8.0)).any()  # the smoothed band is exercised
+        assert bytes(b.raw(b["rope_freqs.weight"])) == want.tobytes()
