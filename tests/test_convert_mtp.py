@@ -292,3 +292,16 @@ def test_release_of_an_mtp_checkpoint(dense: dict[str, Any], tmp_path: Path) -> 
     imatrix = next(out / f for f in result.files if "imatrix" in f)
     with open_gguf(imatrix) as f:
         assert not any(t.name.startswith("blk.4.") for t in f.tensors)
+
+
+def test_the_draft_is_written_by_the_cli_and_its_check_skipped(dense: dict[str, Any], tmp_path: Path) -> None:
+    """``convert --mtp`` (check on by default): the draft file, exit 0, and the check skipped and said so (the
+    draft has no trunk, transformers no MTP block)."""
+    from cli_helpers import invoke
+
+    out = tmp_path / "draft.gguf"
+    result = invoke("convert", str(dense["dir"]), "--mtp", "--outtype", "f32", "-o", str(out), "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["check"] == "skipped" and "--mtp draft" in data["check_reason"]
+    assert out.read_bytes() == convert(dense["dir"], tmp_path / "api.gguf", "mtp").read_bytes()

@@ -164,7 +164,7 @@ def convert(model: str | None, output: str | None, outtype: str, predictor: Path
     for warning in report.warnings:
         out.warn(warning)
     if check and report.outputs:
-        report.check = _check(report, merged=merge)
+        report.check = _check(report, merged=merge, draft=mtp is True)
     data = report.as_dict()
     # "check": passed, failed, skipped (with check_reason) or off; a skipped check is never a pass.
     data["check"] = report.check["status"] if report.check else "off"
@@ -217,9 +217,12 @@ def _convert_mmproj(model: str, output: str | None, outtype: str, dry_run: bool,
     out.result(data, _render_mmproj)
 
 
-def _check(report: Any, merged: bool = False) -> dict[str, Any]:
+def _check(report: Any, merged: bool = False, draft: bool = False) -> dict[str, Any]:
     from ggufkit.eval.convert_check import SKIPPED, CheckResult, check_conversion
 
+    if draft:
+        return CheckResult(SKIPPED, reason="a --mtp draft holds the multi-token-prediction layers without the model "
+                           "they draft for; transformers does not run them").as_dict()
     if merged:
         return CheckResult(SKIPPED, reason="a merged adapter has no transformers checkpoint of its own to "
                            "compare with").as_dict()
