@@ -213,3 +213,18 @@ def test_fp8_one_pass_q4_k_m_equals_llama_quantize(cases: Cases) -> None:
         assert [(t.name, t.ggml_type) for t in a.tensors] == [(t.name, t.ggml_type) for t in b.tensors]
         for t in a.tensors:
             assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+
+
+def test_fp8_bytes_are_never_read_as_values(cases: Cases) -> None:
+    """A reader that does not dequantize (a projector's, the check's) gets a one-line refusal for an FP8 tensor,
+    never its bytes as numbers; the conversion's checkpoint reads it dequantized."""
+    from ggufkit.converters.checkpoint import Checkpoint
+    from ggufkit.converters.plan import open_source
+    from ggufkit.errors import CheckpointError
+
+    d = cases["llama-channel-tensor"]["dir"]
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with pytest.raises(CheckpointError, match="stored as F8_E4M3"):
+        Checkpoint(d).read(name)
+    src = open_source(d, vocab_only=False)
+    assert src.checkpoint is not None and src.checkpoint.read(name).dtype == np.float32
