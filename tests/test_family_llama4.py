@@ -216,16 +216,64 @@ def test_evaluator_logits_equal_llama_cpps(case: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A Llama4ForCausalLM with a 400-token BPE and ggufkit's F32 file of it."""
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
+    """A Llama4ForCausalLM with a 400-token BPE, ggufkit's F32 file of it and the conversion's plan."""
     from ggufkit.converters import convert
 
     d = tmp_path_factory.mktemp("llama4-tiny")
     ckpt = make_checkpoint(d / "m", CAUSAL, vocab="llama-bpe")
-    return ckpt, Path(convert(ckpt, d / "f32.gguf", outtype="f32").outputs[0])
+    report = convert(ckpt, d / "f32.gguf", outtype="f32")
+    return ckpt, Path(report.outputs[0]), report.plan
 
 
-def test_chunks_and_temperature_are_transformers_own(tiny: tuple[Path, Path]) -> None:
+def test_check_passes_and_fails_on_other_weights(tiny: tuple[Path, Path, Any], tmp_path: Path) -> None:
+    """``convert --check``: transformers' model against the evaluator's forward of the file."""
+    from ggufkit.converters import convert
+    from ggufkit.eval.convert_check import check_conversion
+
+    ok = check_conversion(tiny[0], tiny[1], tiny[2], device="cpu")
+    assert ok.status == "passed", ok.failures
+    other = make_checkpoint(tmp_path / "other", CAUSAL, vocab="llama-bpe", seed=7)
+    bad = check_conversion(tiny[0], convert(other, tmp_path / "other.gguf", outtype="f32").outputs[0], tiny[2],
+                           device="cpu")
+    assert bad.status == "failed" and any(f.startswith("logits differ by") for f in bad.failures)
+
+
+def test_kld_equals_llama_perplexitys(tiny: tuple[Path, Path, Any], sample: tuple[str, Path],
+                                      tmp_path: Path) -> None:
+    """KL divergence of a Q8_0 file from the F32 one as ``llama-perplexity --kl-divergence`` reports it (its 8-bit
+    activation rounding reproduced): within 3 % (tests/test_family_lfm2.py); 4 chunks of 64 tokens (with fewer its
+    summary is not printed)."""
+    from llama_cpp_sources import tool_path
+    from test_eval_archs_vs_llama_perplexity import F32_PATH
+
+    from ggufkit.eval import kl_divergence
+    from ggufkit.quant import quantize_file
+
+    text, path = sample
+    q8, base = tmp_path / "q8.gguf", tmp_path / "base.kld"
+    quantize_file(tiny[1], q8, "q8_0")
+
+    def run(*args: str | Path) -> str:
+        cmd = [str(tool_path("llama-perplexity")), "-f", str(path), "-c", "64", "-b", "64", "--chunks", "4", "-t",
+               "2", "-nr", *F32_PATH, *map(str, args)]
+        for _ in range(10):  # its asynchronous log sometimes loses the last lines
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr[-2000:]
+            if "Minimum KLD" in r.stdout + r.stderr or "Final estimate" in r.stdout + r.stderr:
+                return r.stdout + r.stderr
+        raise AssertionError(r.stderr[-2000:])
+
+    run("-m", tiny[1], "--kl-divergence-base", base)
+    m = re.search(r"Mean\s+KLD:\s+([0-9.]+)", run("-m", q8, "--kl-divergence-base", base, "--kl-divergence"))
+    assert m is not None
+    got = kl_divergence(q8, tiny[1], text=text, ctx=64, chunks=4, device="cpu", ggml_rounding=True,
+                        kv_cache="f32").kld
+    assert got is not None
+    assert abs(got["mean_kld"] / float(m.group(1)) - 1) < 3e-2, (got["mean_kld"], m.group(1))
+
+
+def test_chunks_and_temperature_are_transformers_own(tiny: tuple[Path, Path, Any]) -> None:
     """The evaluator's chunked mask and NoPE temperature against transformers', at a chunk and floor of 4 tokens
     (llama.cpp fixes 8192, so no llama.cpp file can say 4: the evaluator's constants are set after loading)."""
     import torch
@@ -237,7 +285,7 @@ def test_chunks_and_temperature_are_transformers_own(tiny: tuple[Path, Path]) ->
     assert chunk_mask(6, 4).tolist()[5] == [False, False, False, False, True, True]
     assert torch.allclose(temperature(9, 4, 0.1), torch.tensor(
         [1.0, 1.0, 1.0] + [1 + 0.1 * np.log(2)] * 4 + [1 + 0.1 * np.log(3)] * 2, dtype=torch.float32))
-    d, f32 = tiny
+    d, f32, _ = tiny
     ref = transformers.Llama4ForCausalLM.from_pretrained(d, dtype=torch.float32, attention_chunk_size=4,
                                                          floor_scale=4).eval()
     with torch.no_grad():
@@ -250,7 +298,7 @@ def test_chunks_and_temperature_are_transformers_own(tiny: tuple[Path, Path]) ->
     assert np.abs(full - want).max() > 1e-2 * (want.max() - want.min())  # the chunks and temperature matter
 
 
-def test_the_router_weights_the_expert_input(tiny: tuple[Path, Path]) -> None:
+def test_the_router_weights_the_expert_input(tiny: tuple[Path, Path, Any]) -> None:
     """build_moe_ffn for llama4: the top-k router logits choose, their sigmoids weight the experts' INPUT (not
     their output; SiLU-gated experts are not linear, so the two differ)."""
     import torch
