@@ -16,8 +16,8 @@ vocab file of it to rebuild. Three layouts:
   too, a vision tower and projector llama.cpp's converter leaves out) as
   meta-llama/Llama-4-Scout-17B-16E-Instruct's config spells its text_config (``rope_theta`` and ``rope_scaling`` at its root, ``no_rope_layers: []`` for the default,
   ``attn_temperature_tuning: 4``, ``moe_layers`` listed, no ``layer_types``), bf16 weights. transformers 5.24's
-  strict config refuses the int ``4``, so transformers, llama.cpp's converter and ggufkit's (whose BPE vocabulary
-  is read by AutoTokenizer, which loads config.json) read a copy saying ``true`` (``as_bool_tuning``).
+  strict config refuses the int ``4``, so transformers and llama.cpp's converter (through AutoConfig) read a copy
+  saying ``true`` (``as_bool_tuning``); ggufkit converts the released spelling.
 
 The text half converts to the llama4 file llama.cpp's converter writes (every tensor and key). llama.cpp fixes
 the chunk size (8192), the NoPE step (4) and the temperature constants (floor 8192, scale 0.1): at 64-token
@@ -123,9 +123,8 @@ def as_bool_tuning(d: Path) -> Path:
     """A copy of the release checkpoint ``d`` whose ``attn_temperature_tuning`` is ``true``, not Scout's ``4``:
     transformers 5's strict config refuses the int, so neither transformers nor llama.cpp's converter (through
     AutoConfig) loads the released spelling here; both read the value only as a truth value (Llama4TextAttention,
-    and llama.cpp not at all). ggufkit's own config reading takes the int (test_configs_llama_cpp_computes_pass),
-    but its BPE vocabulary is read by transformers' AutoTokenizer, which loads config.json and fails the same way
-    (converters/vocab.py ``_load_hf_tokenizer``), so both converters read this copy."""
+    and llama.cpp not at all). ggufkit converts the released spelling itself (its tokenizer loaded without
+    config.json where AutoTokenizer fails on it, converters/vocab.py)."""
     out = d.parent / "m-bool"
     out.mkdir()
     for f in d.iterdir():
@@ -181,7 +180,7 @@ def test_ggufkit_converts_each_layout_as_llama_cpps_converter(case: dict[str, An
     from ggufkit.converters import convert
     from ggufkit.format import open_gguf
 
-    ours = convert(case["ref"], tmp_path / "ours.gguf", outtype=outtype).outputs[0]
+    ours = convert(case["dir"], tmp_path / "ours.gguf", outtype=outtype).outputs[0]  # the released spelling
     assert_same_file(llama_cpp_file(case, outtype), ours)
     with open_gguf(ours) as f:
         assert f.architecture == "llama4" and f.get("llama4.interleave_moe_layer_step") == 2
