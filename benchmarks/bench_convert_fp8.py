@@ -19,7 +19,10 @@ Each converter runs in its own fresh process under a small Python parent that re
 ``ru_maxrss``. The CPU (model, AVX2 / AVX-512) is printed beside every ratio.
 
 Run: ``python -m pytest benchmarks/bench_convert_fp8.py --benchmark-enable -s -p no:cacheprovider`` (not part of
-CI; about 30 GB in the temporary folder and several minutes). Targets (issue 32): time and peak RSS at most half
+CI; about 25 GB in the temporary folder; on 2 shared cores the whole run takes about an hour, give it no
+shorter timeout: a first run killed at 50 min had ggufkit bf16 in ~6.5 min vs llama.cpp's ~10 min and ggufkit
+q4_k_m in ~11 min vs llama.cpp's bf16 + llama-quantize unfinished after ~22 min, from file times under a load
+of 7-10). Targets (issue 32): time and peak RSS at most half
 of llama.cpp's.
 """
 
