@@ -17,6 +17,7 @@ A registry entry declares its MTP layers with the ``mtp`` field (:class:`MtpSpec
       count: [mtp_num_hidden_layers]                   # config fields saying how many (else counted)
       draft: [model.embed_tokens, model.norm, lm_head] # trunk tensors --mtp keeps
       keep: true                                       # false: always dropped, --mtp / --no-mtp refused
+      declared: 1                                      # optional: blocks announced even without tensors
 
 A ``blocks`` source with ``{mid}`` is a separate MTP namespace renumbered after the trunk (``bid = n_layer +
 mid``); a source with ``{bid}`` names the trunk's own prefix, whose blocks at and beyond ``num_hidden_layers``
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from ggufkit.format.values import VT
 
 _SUFFIX = re.compile(r"\.(weight|bias)$")
-_SPEC_FIELDS = {"blocks", "head", "count", "draft", "keep"}
+_SPEC_FIELDS = {"blocks", "head", "count", "draft", "keep", "declared"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class MtpSpec:
     draft: tuple[str, ...] = ()
     #: llama.cpp keeps the layers by default and accepts --mtp / --no-mtp; false: always dropped, both refused
     keep: bool = True
+    #: where llama.cpp's converter announces the config's count (``count``, else this default: AutoConfig's)
+    #: even when the checkpoint holds none of the layers (GLM: block_count + n, nextn_predict_layers, no
+    #: tensors); None: a checkpoint without MTP tensors converts as --no-mtp
+    declared: int | None = None
 
     @property
     def trailing(self) -> bool:
@@ -92,9 +97,12 @@ def parse_mtp(parser: Any, value: Any) -> MtpSpec | None:
         parser.typed("mtp", renamed, str, "head names as strings")
         if "{bid}" not in renamed:
             raise parser.fail("mtp", f"head: {renamed!r} needs {{bid}}")
+    declared = value.get("declared")
+    if declared is not None and (isinstance(declared, bool) or not isinstance(declared, int) or declared < 0):
+        raise parser.fail("mtp", f"declared: expected a non-negative integer, got {declared!r}")
     return MtpSpec(source, target, tuple(head.items()), parser.str_list("mtp", value.get("count", [])),
                    parser.str_list("mtp", value.get("draft", [])),
-                   parser.typed("mtp", value.get("keep", True), bool, "keep: true or false"))
+                   parser.typed("mtp", value.get("keep", True), bool, "keep: true or false"), declared)
 
 
 @dataclass
@@ -195,5 +203,9 @@ def mtp_layers(spec: MtpSpec | None, hf_class: str, strip_prefix: str, config: M
                               f"the checkpoint has {n_mtp}")
     if mtp and not n_mtp:
         raise UsageError(f"--mtp: the checkpoint has no multi-token-prediction layers ({spec.source.split('{')[0]}*)")
+    if not n_mtp and spec.declared is not None and spec.keep and mtp is None:
+        # announced without tensors, as llama.cpp's converter writes it (spec.declared)
+        announced = declared if isinstance(declared, int) and not isinstance(declared, bool) else spec.declared
+        return MtpLayers("keep" if announced > 0 else "drop", n_trunk, max(announced, 0), strip_prefix)
     mode = "drop" if not spec.keep or mtp is False or not n_mtp else "only" if mtp else "keep"
     return MtpLayers(mode, n_trunk, n_mtp, strip_prefix, renamed, frozenset(spec.draft))

@@ -305,3 +305,33 @@ def test_the_draft_is_written_by_the_cli_and_its_check_skipped(dense: dict[str, 
     data = json.loads(result.stdout)
     assert data["check"] == "skipped" and "--mtp draft" in data["check_reason"]
     assert out.read_bytes() == convert(dense["dir"], tmp_path / "api.gguf", "mtp").read_bytes()
+
+
+def test_declared_layers_without_tensors() -> None:
+    """``mtp.declared`` (GLM: llama.cpp's converter announces the config's NextN count, AutoConfig's default 1
+    where config.json has none, even when the checkpoint holds no NextN tensors): block_count + n and
+    nextn_predict_layers without tensors; --no-mtp drops the announcement, --mtp is refused; without
+    ``declared`` such a checkpoint converts as --no-mtp. A malformed value is a registry error."""
+    from ggufkit.converters.mtp import MtpSpec, mtp_layers
+    from ggufkit.converters.registry import parse_registry
+    from ggufkit.errors import RegistryError, UsageError
+    from ggufkit.format.values import VT
+
+    spec = MtpSpec("model.layers.{bid}", "model.layers.{bid}", count=("num_nextn_predict_layers",), declared=1)
+    names = ["model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"]
+    hp = {"glm4moe.block_count": (VT.UINT32, 2)}
+    for config, n in (({}, 1), ({"num_nextn_predict_layers": 2}, 2), ({"num_nextn_predict_layers": 0}, 0)):
+        layers = mtp_layers(spec, "Glm4MoeForCausalLM", "", config, names, 2, None)
+        assert layers.n_mtp == n and layers.split(names) == (names, [])
+        want = {"glm4moe.block_count": (VT.UINT32, 2 + n), "glm4moe.nextn_predict_layers": (VT.UINT32, n)}
+        assert layers.hparams(hp, "glm4moe") == (want if n else hp)
+    assert mtp_layers(spec, "Glm4MoeForCausalLM", "", {}, names, 2, False).hparams(hp, "glm4moe") == hp
+    with pytest.raises(UsageError, match="--mtp: the checkpoint has no multi-token-prediction layers"):
+        mtp_layers(spec, "Glm4MoeForCausalLM", "", {}, names, 2, True)
+    plain = MtpSpec("model.layers.{bid}", "model.layers.{bid}", count=("num_nextn_predict_layers",))
+    assert mtp_layers(plain, "X", "", {"num_nextn_predict_layers": 1}, names, 2, None).hparams(hp, "glm4moe") == hp
+    text = ("X:\n  arch: llama\n  vocab: [bpe]\n  hparams: {block_count: [num_hidden_layers]}\n"
+            "  tensors: {model.embed_tokens: TOKEN_EMBD}\n"
+            "  mtp: {blocks: {'model.layers.{bid}': 'model.layers.{bid}'}, declared: -1}\n")
+    with pytest.raises(RegistryError, match="declared: expected a non-negative integer"):
+        parse_registry(text)
