@@ -313,18 +313,22 @@ def test_release_default_keeps_the_nextn_layer_as_llama_cpps_converter(release: 
 
 
 
-def test_without_nextn_weights_no_flag_writes_the_no_mtp_file(checkpoints: dict[str, dict[str, Any]],
-                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_without_nextn_weights_no_flag_writes_llama_cpps_default(checkpoints: dict[str, dict[str, Any]],
+                                                                tmp_path_factory: pytest.TempPathFactory,
+                                                                tmp_path: Path) -> None:
     """A transformers-5 save has no NextN weights (Glm4MoeForCausalLM drops them) though its config says
-    num_nextn_predict_layers 1: without a flag ggufkit writes llama.cpp's --no-mtp file. llama.cpp's converter
-    without a flag writes that file with block_count 4 and nextn_predict_layers 1 but no blk.3 tensors (its loader
-    then runs the trunk only: glm4-moe.cpp ``trunk_only``); ggufkit does not announce a NextN layer it does not
-    write (converters/mtp.py: a checkpoint without MTP tensors converts as --no-mtp; the keys llama.cpp adds
-    need a registry option asked of its owner)."""
+    num_nextn_predict_layers 1: without a flag llama.cpp's converter writes block_count 4 and nextn_predict_layers
+    1 but no blk.3 tensors (its loader then runs the trunk only: glm4-moe.cpp ``trunk_only``), and so does
+    ggufkit (the registry's ``mtp.declared``); the evaluator runs the 3 trunk blocks."""
     from test_family_olmo2 import assert_same_file
 
+    from ggufkit.format import open_gguf
+
     tf5 = _case(checkpoints, tmp_path_factory, "tf5")
-    assert_same_file(tf5["theirs_no_mtp"], tf5["ours"])
+    assert_same_file(llama_cpp_convert(tf5["dir"], tmp_path / "theirs.gguf"), tf5["ours"])
+    with open_gguf(tf5["ours"]) as f:
+        assert f.get("glm4moe.block_count") == N_LAYER + 1 and f.get("glm4moe.nextn_predict_layers") == 1
+        assert not any(t.name.startswith("blk.3.") for t in f.tensors)
 
 def test_mtp_alone_equals_llama_cpps_draft_file(release: dict[str, Any], tmp_path: Path) -> None:
     """``--mtp``: the NextN block alone with the embedding, output norm and head, as llama.cpp's converter
