@@ -208,16 +208,22 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
     if outtype not in OUTTYPES:
         raise UsageError(f"unknown outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
     hp = resolve_hparams(entry, config)
-    layers = mtp_layers(entry.mtp, entry.hf_class, entry.strip_prefix, config,
-                        src.checkpoint.tensors if src.checkpoint is not None and not vocab_only else (),
-                        int(hp[f"{entry.arch}.block_count"][1]), mtp)
-    hp = layers.hparams(hp, entry.arch)
+    tensor_names = src.checkpoint.tensors if src.checkpoint is not None and not vocab_only else {}
+
+    def mtp_plan(n_trunk: int) -> MtpLayers:
+        return mtp_layers(entry.mtp, entry.hf_class, entry.strip_prefix, config, tensor_names, n_trunk, mtp)
+
+    # MTP blocks count before the family's hooks see the keys (Qwen3-Next's recurrent_layers covers them); a
+    # family whose hooks write the block count (Nemotron-H) has no MTP layers
+    layers = mtp_plan(int(hp[f"{entry.arch}.block_count"][1])) if f"{entry.arch}.block_count" in hp else None
+    if layers is not None:
+        hp = layers.hparams(hp, entry.arch)
     more_hparams = hooks_for(entry.hooks).get("hparams")
     if more_hparams is not None:
-        names = tuple(src.checkpoint.tensors) if src.checkpoint is not None and not vocab_only else ()
-        hp = more_hparams(config, hp, names)
+        hp = more_hparams(config, hp, tuple(tensor_names))
     arch = entry.arch
     n_layer = int(hp[f"{arch}.block_count"][1])
+    layers = layers or mtp_plan(n_layer)
     heads = _heads(hp, arch)
     powerinfer = predictor is not None
     if powerinfer and not entry.powerinfer:
@@ -228,6 +234,7 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
     entries: list[PlanEntry] = []
     loaders: dict[str, Callable[[], np.ndarray]] = {}
     ignored: list[str] = []
+    rewritten: frozenset[str] = frozenset()  # tensors a family hook computes itself (ConvertPlan.rewritten)
     raw: list[tuple[str, str, str, tuple[int, ...], str, str | None]] = []  # gguf, source, kind, shape, dtype, tf
     extra = hooks_for(entry.hooks).get("extra_tensors")
     if not vocab_only:
@@ -259,7 +266,9 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
             loaders.setdefault(r[0], _loader(ckpt, r[1], r[5], heads))
         rewrite = hooks_for(entry.hooks).get("rewrite_tensors")
         if rewrite is not None:
+            plain = {id(load) for load in loaders.values()}
             raw = rewrite(raw, loaders, config)
+            rewritten = frozenset(r[0] for r in raw if id(loaders[r[0]]) not in plain)
         kinds = {r[2] for r in raw}
         # A tied head where the loader needs output.weight (PowerInfer's llama loader too): write the embedding
         # again under that name.
@@ -311,7 +320,7 @@ def build_plan(src: Source, *, outtype: str, predictor: Path | None, vocab_only:
     if metadata_file is not None:
         inputs.append(Path(metadata_file))
     return ConvertPlan(entry.hf_class, arch, resolved, file_type, POWERINFER_MAGIC if powerinfer else GGUF_MAGIC,
-                       meta, entries, ignored, out, loaders, pre_match, inputs)
+                       meta, entries, ignored, out, loaders, pre_match, inputs, rewritten)
 
 
 def _expert_of(rule: TensorRule, local: str) -> tuple[int, int, str]:

@@ -83,6 +83,9 @@ class ConvertPlan:
     pre_tokenizer: PreTokenizerMatch | None = None
     #: every file the conversion reads (checkpoint, predictor, --metadata): no output may be one of them
     inputs: list[Path] = field(default_factory=list)
+    #: GGUF tensors whose values a family hook computes from its source (split, fused, transposed, repacked),
+    #: not the source read as it is with the entry's transform
+    rewritten: frozenset[str] = frozenset()
 
     @property
     def n_params(self) -> int:

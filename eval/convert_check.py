@@ -166,7 +166,21 @@ def _unroundable(ckpt: Any, plan: ConvertPlan) -> str | None:
                 and e.ggml_type != Q.F32:
             return (f"{e.name} is built from several checkpoint tensors ({e.source}) and stored as "
                     f"{e.ggml_type.name}; the reference cannot round it (check an f32 conversion instead)")
+        if e.name in plan.rewritten and e.ggml_type not in (Q.F32, Q.F16, Q.BF16):  # blocks span a row
+            return (f"{e.name} is computed from {e.source} by the {plan.arch} converter's hooks and stored as "
+                    f"{e.ggml_type.name}; the reference cannot round it (check an f32 conversion instead)")
     return None
+
+
+def _as_llama_cpp_computes(config: Any) -> Any:
+    """``config`` with the switches transformers honours and llama.cpp's graph has no form for set as llama.cpp
+    computes: YaRN's ``truncate: false`` (gpt-oss; transformers then leaves the correction range unrounded, as
+    OpenAI's reference does), where ggml always rounds it (ggml-cpu/ops.cpp ggml_rope_yarn_corr_dims: floor/ceil).
+    The check compares the file's meaning in llama.cpp, so the reference follows it."""
+    rope = getattr(config.get_text_config(), "rope_parameters", None)
+    if isinstance(rope, dict) and rope.get("truncate") is False:
+        config.get_text_config().rope_parameters = {**rope, "truncate": True}
+    return config
 
 
 def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
@@ -181,7 +195,9 @@ def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
         why = _unroundable(ckpt, plan)
         if why is not None:
             return why
-        reference = getattr(transformers, arch).from_pretrained(model_dir, dtype=torch.float32).eval()
+        config = _as_llama_cpp_computes(transformers.AutoConfig.from_pretrained(model_dir))
+        reference = getattr(transformers, arch).from_pretrained(model_dir, config=config,
+                                                                dtype=torch.float32).eval()
         params = dict(reference.named_parameters(remove_duplicate=False))
         outputs: list[np.ndarray] = []
         with torch.no_grad():
