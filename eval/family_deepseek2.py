@@ -23,7 +23,7 @@ from ggufkit.eval import shapes
 from ggufkit.eval.family_forward import FamilyForward
 from ggufkit.eval.family_lfm2 import _int_key, dense_ffn
 from ggufkit.eval.layers_mla import mla_attention, yarn_params
-from ggufkit.eval.moe import route, routed_experts, shared_expert
+from ggufkit.eval.moe import routed_moe
 
 if TYPE_CHECKING:
     import torch
@@ -119,16 +119,8 @@ def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
 def moe(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
     """Block ``p``'s routed experts plus its ungated shared experts on ``h`` ``[B, T, n_embd]``."""
     x = model.hparams.extra
-    flat = h.reshape(-1, h.shape[-1])
-    model.observe(h, p + "ffn_gate_inp.weight")
-    logits = model.linear(flat, model.weight(p + "ffn_gate_inp.weight"))
-    weights, selected = route(logits, model.hparams.n_expert_used, gating=x["gating"],
-                              bias=model.optional_weight(p + "exp_probs_b.bias"), n_group=x["n_group"],
-                              topk_group=x["topk_group"], norm=x["norm"], scale=x["scale"])
-    out = routed_experts(model, h, p, weights, selected)
-    if model.optional_weight(p + "ffn_up_shexp.weight") is not None:
-        out = out + shared_expert(model, h, p, gated=False)
-    return out.reshape(h.shape)
+    return routed_moe(model, h, p, gating=x["gating"], n_group=x["n_group"], topk_group=x["topk_group"],
+                      norm=x["norm"], scale=x["scale"])
 
 
 def block(model: GGUFCausalLM, x: torch.Tensor, p: str) -> torch.Tensor:

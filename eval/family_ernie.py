@@ -22,7 +22,7 @@ from ggufkit.errors import MetadataKeyNotFoundError, MetadataValueError
 from ggufkit.eval import shapes
 from ggufkit.eval.family_forward import FamilyForward
 from ggufkit.eval.family_lfm2 import dense_ffn
-from ggufkit.eval.moe import route, routed_experts, shared_expert
+from ggufkit.eval.moe import routed_moe
 
 if TYPE_CHECKING:
     from ggufkit.eval.arch import HParams
@@ -78,16 +78,7 @@ def block_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
 
 def moe(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
     """Block ``p``'s experts and shared expert on the normed stream ``h`` ``[B, T, n_embd]`` (module docstring)."""
-    x = h.reshape(-1, h.shape[-1])
-    model.observe(h, p + "ffn_gate_inp.weight")
-    logits = model.linear(x, model.weight(p + "ffn_gate_inp.weight"))
-    bias = model.optional_weight(p + "exp_probs_b.bias")
-    weights, selected = route(logits, model.hparams.n_expert_used, gating="softmax",
-                              bias=None if bias is None else bias.reshape(-1), norm=True)
-    out = routed_experts(model, h, p, weights, selected)
-    if p + "ffn_up_shexp.weight" in model.tensors:
-        out = out + shared_expert(model, h, p, gated=False)
-    return out.reshape(h.shape)
+    return routed_moe(model, h, p, gating="softmax", norm=True)
 
 
 def block(model: GGUFCausalLM, x: torch.Tensor, p: str) -> torch.Tensor:

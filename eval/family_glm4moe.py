@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ggufkit.errors import MetadataValueError
 from ggufkit.eval.family_forward import FamilyForward
 from ggufkit.eval.family_lfm2 import dense_ffn
-from ggufkit.eval.moe import route, routed_experts, shared_expert
+from ggufkit.eval.moe import routed_moe
 from ggufkit.eval.shapes import attention_shapes, ffn_shapes, global_shapes
 
 if TYPE_CHECKING:
@@ -89,16 +89,8 @@ def moe(model: GGUFCausalLM, h: torch.Tensor, p: str) -> torch.Tensor:
     """Block ``p``'s routed experts and ungated shared expert on ``h`` ``[B, T, n_embd]`` (module docstring)."""
     hp = model.hparams
     extra = hp.extra
-    x = h.reshape(-1, h.shape[-1])
-    model.observe(h, p + "ffn_gate_inp.weight")
-    logits = model.linear(x, model.weight(p + "ffn_gate_inp.weight"))
-    weights, selected = route(logits, hp.n_expert_used, gating=extra["gating"],
-                              bias=model.optional_weight(p + "exp_probs_b.bias"), n_group=extra["n_group"],
-                              topk_group=extra["topk_group"], norm=extra["norm"], scale=extra["scale"])
-    out = routed_experts(model, h, p, weights, selected)
-    if model.optional_weight(p + "ffn_up_shexp.weight") is not None:
-        out = out + shared_expert(model, h, p, gated=False)
-    return out.reshape(h.shape)
+    return routed_moe(model, h, p, gating=extra["gating"], n_group=extra["n_group"],
+                      topk_group=extra["topk_group"], norm=extra["norm"], scale=extra["scale"])
 
 
 def block(model: GGUFCausalLM, x: torch.Tensor, p: str) -> torch.Tensor:

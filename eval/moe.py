@@ -9,7 +9,7 @@ each selected expert's SiLU-gated FFN weighted by its probability and summed. A 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,23 @@ def route(logits: torch.Tensor, n_used: int, *, gating: str = "softmax", bias: t
     if scale not in (0.0, 1.0):
         weights = weights * scale
     return weights, selected
+
+
+def routed_moe(model: GGUFCausalLM, h: torch.Tensor, p: str, **router: Any) -> torch.Tensor:
+    """Block ``p``'s experts picked by :func:`route` (``router``: its gating, groups, renormalisation, scale)
+    over ``ffn_gate_inp``'s logits with the file's selection bias (``exp_probs_b``), plus its ungated shared
+    experts where the file has them, on ``h`` ``[B, T, n_embd]`` (build_moe_ffn and the shared-expert sum of
+    src/models/deepseek2.cpp, glm4-moe.cpp, ernie4-5-moe.cpp)."""
+    flat = h.reshape(-1, h.shape[-1])
+    model.observe(h, p + "ffn_gate_inp.weight")
+    logits = model.linear(flat, model.weight(p + "ffn_gate_inp.weight"))
+    bias = model.optional_weight(p + "exp_probs_b.bias")
+    weights, selected = route(logits, model.hparams.n_expert_used, bias=None if bias is None else bias.reshape(-1),
+                              **router)
+    out = routed_experts(model, h, p, weights, selected)
+    if p + "ffn_up_shexp.weight" in model.tensors:
+        out = out + shared_expert(model, h, p, gated=False)
+    return out.reshape(h.shape)
 
 
 def routed_experts(model: GGUFCausalLM, h: torch.Tensor, p: str, weights: torch.Tensor, selected: torch.Tensor,
