@@ -19,13 +19,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from ggufkit.converters.hparams import DERIVE, first_of, rope_scaling
 from ggufkit.converters.llama import extra_tensors as llama3_rope_freqs
 from ggufkit.converters.rewrite import Raw
 from ggufkit.errors import UnsupportedArchitectureError
@@ -131,35 +129,8 @@ def check_config(config: Mapping[str, Any]) -> None:
 
 
 def extra_tensors(config: Mapping[str, Any]) -> list[tuple[str, np.ndarray]]:
-    """``rope_freqs.weight`` for llama3 rope scaling (Llama4Model inherits LlamaModel.generate_extra_tensors),
-    computed as that function does: in torch float32 where torch is installed (the smoothed band between the low
-    and high frequency wavelengths otherwise differs in the last bit; Llama-4-Scout's low == high factors have
-    none), else :func:`ggufkit.converters.llama.extra_tensors`' float64."""
-    out = llama3_rope_freqs(config)
-    if not out:
-        return out
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - the [torch] extra is not installed
-        return out
-    scaling = rope_scaling(config) or {}
-    base = float(first_of(config, ["rope_parameters.rope_theta", "rope_theta"]) or 10000.0)
-    dim = int(DERIVE["head_dim"](config))
-    factor = scaling.get("factor", 8.0)
-    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-    old_ctx = scaling.get("original_max_position_embeddings", 8192)
-    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-    factors: list[Any] = []
-    for freq in 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)):
-        wavelen = 2 * math.pi / freq
-        if wavelen < high_wavelen:
-            factors.append(1)
-        elif wavelen > low_wavelen:
-            factors.append(factor)
-        else:
-            smooth = (old_ctx / wavelen - low) / (high - low)
-            factors.append(1 / ((1 - smooth) / factor + smooth))
-    return [(out[0][0], torch.tensor(factors, dtype=torch.float32).numpy())]
+    """``rope_freqs.weight`` for llama3 rope scaling (Llama4Model inherits LlamaModel.generate_extra_tensors)."""
+    return llama3_rope_freqs(config)
 
 
 def _transposed(load: Loader, part: slice | None = None) -> Loader:

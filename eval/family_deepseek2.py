@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from ggufkit.errors import MetadataValueError
 from ggufkit.eval import shapes
-from ggufkit.eval.family_forward import FamilyForward
-from ggufkit.eval.family_lfm2 import _int_key, dense_ffn
+from ggufkit.eval.family_forward import FamilyForward, uint_key
+from ggufkit.eval.family_lfm2 import dense_ffn
 from ggufkit.eval.layers_mla import mla_attention, yarn_params
 from ggufkit.eval.moe import routed_moe
 
@@ -45,20 +45,20 @@ def _float_key(file: GGUFModel, name: str, default: float) -> float:
 
 def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
     """The MLA sizes, the leading dense layers, the router's settings and the trunk's length."""
-    n_mtp = _int_key(file, f"{arch}.nextn_predict_layers", 0)
+    n_mtp = uint_key(file, f"{arch}.nextn_predict_layers", 0)
     n_trunk = n_layer - n_mtp
     if n_trunk <= 0:
         raise MetadataValueError(f"{n_mtp} NextN layers of {n_layer} blocks", key=f"{arch}.nextn_predict_layers",
                                  path=file.path)
-    kv_lora = _int_key(file, f"{arch}.attention.kv_lora_rank")
-    k_mla = _int_key(file, f"{arch}.attention.key_length_mla")
-    rope = _int_key(file, f"{arch}.rope.dimension_count")
+    kv_lora = uint_key(file, f"{arch}.attention.kv_lora_rank")
+    k_mla = uint_key(file, f"{arch}.attention.key_length_mla")
+    rope = uint_key(file, f"{arch}.rope.dimension_count")
     if k_mla <= rope:
         raise MetadataValueError(f"key_length_mla {k_mla} leaves no dims without rope ({rope})",
                                  key=f"{arch}.attention.key_length_mla", path=file.path)
-    gating = _int_key(file, f"{arch}.expert_gating_func", 0)
+    gating = uint_key(file, f"{arch}.expert_gating_func", 0)
     if gating == 0:
-        n_vocab = _int_key(file, f"{arch}.vocab_size", 0) or len(file.kv["tokenizer.ggml.tokens"].value)
+        n_vocab = uint_key(file, f"{arch}.vocab_size", 0) or len(file.kv["tokenizer.ggml.tokens"].value)
         gating = 2 if n_trunk in GLM_LITE_LAYERS and n_vocab == GLM_LITE_VOCAB else 1
     if gating not in GATING:
         raise MetadataValueError(f"gating function {gating} (the evaluator runs softmax 1 and sigmoid 2)",
@@ -75,11 +75,11 @@ def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
     log_mul = _float_key(file, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1
     yarn = yarn_params(number, str(file.get(f"{arch}.rope.scaling.type", "none")), log_mul)
     norm_field = file.kv.get(f"{arch}.expert_weights_norm")
-    return {"n_trunk": n_trunk, "n_dense": _int_key(file, f"{arch}.leading_dense_block_count", 0),
+    return {"n_trunk": n_trunk, "n_dense": uint_key(file, f"{arch}.leading_dense_block_count", 0),
             "kv_lora": kv_lora, "nope": k_mla - rope, "rope": rope,
-            "v_dim": _int_key(file, f"{arch}.attention.value_length_mla"),
-            "gating": GATING[gating], "n_group": _int_key(file, f"{arch}.expert_group_count", 0),
-            "topk_group": _int_key(file, f"{arch}.expert_group_used_count", 0),
+            "v_dim": uint_key(file, f"{arch}.attention.value_length_mla"),
+            "gating": GATING[gating], "n_group": uint_key(file, f"{arch}.expert_group_count", 0),
+            "topk_group": uint_key(file, f"{arch}.expert_group_used_count", 0),
             "norm": bool(norm_field.value) if norm_field is not None else False,
             "scale": _float_key(file, f"{arch}.expert_weights_scale", 0.0), "yarn": yarn}
 

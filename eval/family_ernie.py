@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ggufkit.errors import MetadataKeyNotFoundError, MetadataValueError
+from ggufkit.errors import MetadataValueError
 from ggufkit.eval import shapes
-from ggufkit.eval.family_forward import FamilyForward
+from ggufkit.eval.family_forward import FamilyForward, uint_key
 from ggufkit.eval.family_lfm2 import dense_ffn
 from ggufkit.eval.moe import routed_moe
 
@@ -30,26 +30,14 @@ if TYPE_CHECKING:
     from ggufkit.format.reader import GGUFModel
 
 
-def _uint(file: GGUFModel, name: str, default: int | None) -> int:
-    field = file.kv.get(name)
-    if field is None:
-        if default is None:
-            raise MetadataKeyNotFoundError(name, path=file.path, hint="the evaluator needs it")
-        return default
-    value = field.value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise MetadataValueError(f"expected a non-negative integer, got {value!r}", key=name, path=file.path)
-    return int(value)
-
-
 def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
     """Which layers are MoE (llama_model_ernie4_5::load_arch_hparams: the step required and positive, the dense
     lead optional, default 0)."""
-    step = _uint(file, f"{arch}.interleave_moe_layer_step", None)
+    step = uint_key(file, f"{arch}.interleave_moe_layer_step", None)
     if step == 0:
         raise MetadataValueError("expected a positive integer, got 0", key=f"{arch}.interleave_moe_layer_step",
                                  path=file.path)
-    n_dense = _uint(file, f"{arch}.leading_dense_block_count", 0)
+    n_dense = uint_key(file, f"{arch}.leading_dense_block_count", 0)
     return {"moe": tuple(il >= n_dense and (il + 1) % step == 0 for il in range(n_layer))}
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ggufkit.errors import MetadataKeyNotFoundError, MetadataValueError
+
 if TYPE_CHECKING:
     import torch
 
@@ -45,3 +47,22 @@ class FamilyForward:
     block: Callable[[GGUFCausalLM, Any, str], Any]
     embed: Callable[[GGUFCausalLM, torch.Tensor, torch.Tensor], Any] | None = None
     finish: Callable[[GGUFCausalLM, Any], torch.Tensor] | None = None
+
+
+def uint_key(file: GGUFModel, name: str, default: int | None = None) -> int:
+    """A family's non-negative integer key, ``default`` when the file has none (required when None), as the
+    loaders' ``get_key(..., required)`` read them.
+
+    Raises:
+        MetadataKeyNotFoundError: a required key is missing.
+        MetadataValueError: the value is not a non-negative integer.
+    """
+    field = file.kv.get(name)
+    if field is None:
+        if default is None:
+            raise MetadataKeyNotFoundError(name, path=file.path, hint="the evaluator needs it")
+        return default
+    value = field.value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MetadataValueError(f"expected a non-negative integer, got {value!r}", key=name, path=file.path)
+    return int(value)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ggufkit.errors import MetadataValueError
-from ggufkit.eval.family_forward import FamilyForward
+from ggufkit.eval.family_forward import FamilyForward, uint_key
 from ggufkit.eval.family_lfm2 import dense_ffn
 from ggufkit.eval.moe import routed_moe
 from ggufkit.eval.shapes import attention_shapes, ffn_shapes, global_shapes
@@ -40,29 +40,19 @@ if TYPE_CHECKING:
 _GATING = {0: "sigmoid", 1: "softmax", 2: "sigmoid"}
 
 
-def _int(file: GGUFModel, name: str, default: int) -> int:
-    field = file.kv.get(name)
-    if field is None:
-        return default
-    value = field.value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise MetadataValueError(f"expected a non-negative integer, got {value!r}", key=name, path=file.path)
-    return int(value)
-
-
 def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
     """The dense lead and the router's gating, groups, renormalisation and scale
     (llama_model_glm4_moe::load_arch_hparams and llama_model::load_hparams' defaults)."""
-    gating = _int(file, f"{arch}.expert_gating_func", 0)
+    gating = uint_key(file, f"{arch}.expert_gating_func", 0)
     if gating not in _GATING:
         raise MetadataValueError(f"unknown expert gating function {gating}", key=f"{arch}.expert_gating_func",
                                  path=file.path)
     norm = file.kv.get(f"{arch}.expert_weights_norm")
     scale = file.kv.get(f"{arch}.expert_weights_scale")
-    n_group = _int(file, f"{arch}.expert_group_count", 0)
-    return {"dense_lead": _int(file, f"{arch}.leading_dense_block_count", 0),
+    n_group = uint_key(file, f"{arch}.expert_group_count", 0)
+    return {"dense_lead": uint_key(file, f"{arch}.leading_dense_block_count", 0),
             "gating": _GATING[gating], "n_group": n_group,
-            "topk_group": _int(file, f"{arch}.expert_group_used_count", 0) if n_group > 1 else 0,
+            "topk_group": uint_key(file, f"{arch}.expert_group_used_count", 0) if n_group > 1 else 0,
             "norm": bool(norm.value) if norm is not None else False,
             "scale": float(scale.value) if scale is not None else 0.0}
 

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ggufkit.errors import EvaluationError, MetadataKeyNotFoundError, MetadataValueError
+from ggufkit.errors import EvaluationError, MetadataValueError
 from ggufkit.eval import shapes
-from ggufkit.eval.family_forward import FamilyForward
+from ggufkit.eval.family_forward import FamilyForward, uint_key
 from ggufkit.eval.layers_conv import causal_conv1d
 from ggufkit.eval.moe import routed_experts
 
@@ -45,18 +45,6 @@ GATING_SIGMOID = 2
 _MIN_WEIGHT_SUM = 6.103515625e-5
 
 
-def _int_key(file: GGUFModel, name: str, default: int | None = None) -> int:
-    field = file.kv.get(name)
-    if field is None:
-        if default is None:
-            raise MetadataKeyNotFoundError(name, path=file.path, hint="the evaluator needs it")
-        return default
-    value = field.value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise MetadataValueError(f"expected a non-negative integer, got {value!r}", key=name, path=file.path)
-    return int(value)
-
-
 def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
     """Which layers are short convolutions (KV heads 0), the conv kernel size, and (MoE) the dense lead layers."""
     name = f"{arch}.attention.head_count_kv"
@@ -69,14 +57,14 @@ def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
         recurrent = tuple(v == 0 for v in kv)
     else:
         recurrent = (False,) * n_layer
-    l_cache = _int_key(file, f"{arch}.shortconv.l_cache")
+    l_cache = uint_key(file, f"{arch}.shortconv.l_cache")
     if l_cache < 2:
         raise MetadataValueError(f"expected at least 2, got {l_cache}", key=f"{arch}.shortconv.l_cache",
                                  path=file.path)
     n_dense = n_layer
     if arch == "lfm2moe":  # llama_model_lfm2moe::load_arch_hparams: optional, default 0
-        n_dense = _int_key(file, f"{arch}.leading_dense_block_count", 0)
-        gating = _int_key(file, f"{arch}.expert_gating_func")
+        n_dense = uint_key(file, f"{arch}.leading_dense_block_count", 0)
+        gating = uint_key(file, f"{arch}.expert_gating_func")
         if gating != GATING_SIGMOID:
             raise EvaluationError(f"{arch}: expert gating function {gating} is not supported (only sigmoid, "
                                   f"{GATING_SIGMOID})", path=file.path)

@@ -29,7 +29,7 @@ PACKAGE_DIRS = {"ggufkit": "ggufkit", "converters": "ggufkit/converters", "quant
 #: Extras and the source files allowed to import their modules (besides the core dependencies).
 EXTRA_SCOPES = {
     # The evaluator, the .bin/.pt checkpoint loader, and the demo (which builds a checkpoint and scores it).
-    "torch": ("eval/", "converters/checkpoint.py", "converters/ssm_values.py", "ggufkit/demo.py"),
+    "torch": ("eval/", "converters/checkpoint.py", "converters/ssm_values.py", "converters/llama.py", "ggufkit/demo.py"),
 }
 #: Core dependencies nothing imports directly, each with the reason it is still needed at run time.
 INDIRECT = {
