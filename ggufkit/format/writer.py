@@ -8,7 +8,7 @@ Files go through :func:`ggufkit.format.atomic.atomic_write`. The same inputs giv
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +188,24 @@ def _as_bytes(chunk: Any, spec: TensorSpec) -> memoryview:
     return view
 
 
+def _views(chunk: Any, spec: TensorSpec) -> Iterator[memoryview]:
+    """A tensor's bytes as they arrive: one buffer, or an iterator of buffers whose bytes, in order, make it
+    (a stacked expert tensor converted one expert at a time, ``ggufkit.converters.stream``)."""
+    if isinstance(chunk, (np.ndarray, bytes, bytearray, memoryview)):
+        yield _as_bytes(chunk, spec)
+        return
+    total = 0
+    for piece in chunk:
+        view = (np.ascontiguousarray(piece).data if isinstance(piece, np.ndarray) else memoryview(piece)).cast("B")
+        total += view.nbytes
+        if total > spec.nbytes:
+            break
+        yield view
+    if total != spec.nbytes:
+        raise GGUFKitError(f"tensor {spec.name!r}: got {'more than ' if total > spec.nbytes else ''}{total} bytes "
+                           f"of data, expected {spec.nbytes} for {spec.ggml_type.name} {list(spec.shape)}")
+
+
 def _complete_headers(files: Sequence[Any], headers: Sequence[tuple[Metadata, list[TensorSpec]]],
                       written: Sequence[bytes], magic: bytes, alignment: int) -> None:
     """Rewrite in place the headers written with a :class:`PendingString`'s placeholder, now that it is known."""
@@ -207,9 +225,9 @@ def _complete_headers(files: Sequence[Any], headers: Sequence[tuple[Metadata, li
         f.seek(0, 2)
 
 
-def _write_tensor(f: BinaryIO, view: memoryview, padding: int, writeback: EarlyWriteback) -> None:
-    f.write(view)
+def _write_tensor(f: BinaryIO, padding: int, view: memoryview, writeback: EarlyWriteback) -> None:
     f.write(b"\0" * padding)
+    f.write(view)
     writeback.wrote(view.nbytes)
 
 
@@ -224,7 +242,8 @@ def write_gguf(path: str | Path, metadata: Mapping[str, EncodableValue], tensors
         metadata: KV pairs in the order to write them (``general.architecture`` first, by convention).
         tensors: what will be written, in order.
         data: one buffer per tensor, in the same order (numpy array, bytes or memoryview of exactly
-            ``spec.nbytes`` bytes). Consumed lazily: produce each tensor only when asked.
+            ``spec.nbytes`` bytes), or for a tensor an iterator of such buffers whose bytes, in order, make
+            its ``spec.nbytes``. Consumed lazily: produce each tensor (each piece) only when asked.
         magic: ``b"GGUF"``, or ``b"PWRI"`` for PowerInfer files.
         split_max_size: start a new shard before a tensor that would take a shard past this many bytes.
         split_max_tensors: at most this many tensors per shard.
@@ -278,27 +297,31 @@ def write_gguf(path: str | Path, metadata: Mapping[str, EncodableValue], tensors
             f.write(header)
             f.write(b"\0" * (align_up(len(header), alignment) - len(header)))
             # Tensor i is written by a helper thread while the caller's iterator reads and quantizes tensor
-            # i + 1 (a write syscall runs without the GIL); at most two tensors' bytes are held at a time.
+            # i + 1 (a write syscall runs without the GIL); at most two tensors' bytes are held at a time, or
+            # two pieces of a tensor given in pieces. A tensor's alignment padding goes before the next write.
             with EarlyWriteback(f) as writeback, ThreadPoolExecutor(1) as writer:
                 pending: Future[None] | None = None
                 pending_bytes = 0
+                padding = 0
                 for spec in shard_tensors:
                     try:
                         chunk = next(data_iter)
                     except StopIteration:
                         raise GGUFKitError(f"data ended before tensor {spec.name!r}") from None
-                    view = _as_bytes(chunk, spec)
+                    views = _views(chunk, spec)
                     del chunk
-                    if pending is not None:
-                        pending.result()  # re-raises the write's error here
-                        progress.advance(pending_bytes)
-                    pending = writer.submit(_write_tensor, f, view, align_up(spec.nbytes, alignment) - spec.nbytes,
-                                            writeback)
-                    pending_bytes = spec.nbytes
-                    del view
+                    for view in views:
+                        if pending is not None:
+                            pending.result()  # re-raises the write's error here
+                            progress.advance(pending_bytes)
+                        pending = writer.submit(_write_tensor, f, padding, view, writeback)
+                        pending_bytes, padding = view.nbytes, 0
+                        del view
+                    padding += align_up(spec.nbytes, alignment) - spec.nbytes
                 if pending is not None:
                     pending.result()
                     progress.advance(pending_bytes)
+                f.write(b"\0" * padding)
         if next(data_iter, None) is not None:
             raise GGUFKitError("more tensor data than tensors")
         _complete_headers(files, headers, written, magic, alignment)
