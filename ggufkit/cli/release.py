@@ -50,8 +50,9 @@ def _render(d: Mapping[str, Any]) -> str:
 
 @click.command("release")
 @click.argument("model", type=str)
-@click.option("-o", "--outdir", required=True, type=click.Path(file_okay=False, path_type=str),
-              help="The release directory (created; a rerun resumes it).")
+@click.option("-o", "--outdir", default=None, type=click.Path(file_okay=False, path_type=str),
+              help="The release directory (created; a rerun resumes it). Required, except with --matrix, which "
+                   "writes nothing.")
 @click.option("--types", default=None, metavar="LIST",
               help="Comma-separated llama-quantize types (default: Q2_K,Q3_K_M,Q4_K_M,Q5_K_M,Q6_K,Q8_0 and, with "
                    "an importance matrix, IQ2_M,IQ3_M,IQ4_XS), and size-budget entries, case-insensitive: "
@@ -109,7 +110,7 @@ def _render(d: Mapping[str, Any]) -> str:
 @dry_run_option
 @device_option
 @common_options
-def release(model: str, outdir: str, types: str | None, master: str, imatrix_text: str | None,
+def release(model: str, outdir: str | None, types: str | None, master: str, imatrix_text: str | None,
             imatrix: str | None, no_imatrix: bool, eval_text: str | None, ctx: int, chunks: int | None,
             imatrix_chunks: int | None, kld_top_k: int | None, max_kld: tuple[str, ...], split_max_size: int | None,
             only: tuple[str, ...], card_only: bool, matrix: bool, shared_only: bool, exchange: str | None,
@@ -131,13 +132,13 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
       ggufkit release ./my-model -o my-model-GGUF --base-model meta-llama/Llama-3.2-1B
       ggufkit release ./my-model -o out --only q4_k_m      # one type per machine, then --card-only
       ggufkit release ./my-model -o my-model-GGUF --push me/my-model-GGUF
-      ggufkit release ./my-model -o out --matrix                   # CI: the per-type jobs' matrix
+      ggufkit release ./my-model --matrix                          # CI: the per-type jobs' matrix
       ggufkit release ./my-model -o out --shared-only --exchange x  # first job: master + imatrix
       ggufkit release ./my-model -o out --only q4_k_m --exchange x  # one job per type
       ggufkit release ./my-model -o out --card-only --exchange x    # last: card and manifest
     """
     from ggufkit.cli._malloc import keep_freed_memory
-    from ggufkit.errors import CheckFailedError
+    from ggufkit.errors import CheckFailedError, UsageError
     from ggufkit.release import release as run_release
 
     keep_freed_memory()
@@ -145,7 +146,6 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
     if matrix:
         import json
 
-        from ggufkit.errors import UsageError
         from ggufkit.release import release_matrix
 
         given = [n for n, v in (("--only", only), ("--card-only", card_only), ("--shared-only", shared_only),
@@ -159,6 +159,9 @@ def release(model: str, outdir: str, types: str | None, master: str, imatrix_tex
                               mmproj_type=mmproj_type, no_mmproj=no_mmproj, base_model=base_model)
         click.echo(json.dumps(jobs, separators=(",", ":")))
         return
+    if outdir is None:
+        raise UsageError("release needs -o/--outdir, the release directory (only --matrix, which writes nothing, "
+                         "goes without it)")
     result = run_release(model, outdir, types=type_list, master=master, imatrix_text=imatrix_text,
                          imatrix=imatrix, no_imatrix=no_imatrix, eval_text=eval_text, ctx=ctx, chunks=chunks,
                          imatrix_chunks=imatrix_chunks, kld_top_k=kld_top_k, max_kld=max_kld,

@@ -128,6 +128,9 @@ def release(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *, ty
     from ggufkit.release.manifest import State
 
     state = State(options.outdir)
+    if options.exchange is not None and (options.only or options.card_only):
+        # the shared job hashed the checkpoint: its hashes stand for the files it saw (steps.trust_shared_hashes)
+        fan_out.trust_shared_hashes(options.model, state.cache, options.exchange)
     plan = build_plan(options, state.cache)
     notes = list(plan.notes)
     if dry_run:
@@ -192,7 +195,7 @@ def _options(model: str | os.PathLike[str], outdir: str | os.PathLike[str], **kw
         exchange=path(kw["exchange"]), shared_only=kw["shared_only"])
 
 
-def release_matrix(model: str | os.PathLike[str], outdir: str | os.PathLike[str], *,
+def release_matrix(model: str | os.PathLike[str], outdir: str | os.PathLike[str] | None = None, *,
                    types: Sequence[str] | None = None, no_imatrix: bool = False, **kw: Any) -> dict[str, Any]:
     """GitHub Actions' ``strategy.matrix`` of a release spread over a CI's jobs: one job per type
     (``{"include": [{"type": "Q4_K_M"}, ...]}``), each running ``release --only TYPE --exchange DIR`` after
@@ -200,7 +203,10 @@ def release_matrix(model: str | os.PathLike[str], outdir: str | os.PathLike[str]
     :func:`release` plans it (bad input raises UsageError); nothing is written.
 
     Args:
-        model, outdir, types, no_imatrix, kw: as :func:`release` (its other keyword arguments).
+        model, types, no_imatrix, kw: as :func:`release` (its other keyword arguments).
+        outdir: the release directory the jobs will use, checked as :func:`release` checks it (another model's
+            release there is refused); None: no directory is checked. The matrix names no file, so it is the
+            same either way.
     """
     from ggufkit.release.manifest import State
     from ggufkit.release.steps import matrix
@@ -214,6 +220,12 @@ def release_matrix(model: str | os.PathLike[str], outdir: str | os.PathLike[str]
     unknown = set(kw) - set(defaults)
     if unknown:
         raise TypeError(f"release_matrix() got unexpected keyword arguments {sorted(unknown)}")
+    if outdir is None:
+        import tempfile
+
+        # planned against a folder that does not exist (and is never made): no earlier release to check
+        with tempfile.TemporaryDirectory(prefix="ggufkit-matrix-") as tmp:
+            return release_matrix(model, Path(tmp) / "release", types=types, no_imatrix=no_imatrix, **kw)
     options = _options(model, outdir, types=types, no_imatrix=no_imatrix, **{**defaults, **kw, "dry_run": True})
     return matrix(build_plan(options, State(options.outdir).cache))
 

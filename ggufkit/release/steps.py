@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ggufkit.errors import UsageError
+from ggufkit.errors import GGUFKitError, UsageError
 from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.release.manifest import State, dumps, write_bytes
 from ggufkit.release.mix import CACHE_DIR, PROXY, candidates, is_mix, parse_mix, recipe_file
@@ -395,6 +396,7 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
 
 EXCHANGE_FORMAT = "ggufkit-release-exchange/1"
 SHARED = "shared.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def part_name(qtype: str) -> str:
@@ -468,7 +470,74 @@ def export_shared(plan: ReleasePlan, records: dict[str, dict[str, Any]], exchang
             if name.endswith(".gguf") and step in ("master", "mmproj"):
                 bpw[name] = gguf_bpw(plan.outdir / name)
     write_bytes(exchange / SHARED, dumps({"format": EXCHANGE_FORMAT, "source": plan.source_id, "records": recs,
-                                          "bpw": bpw}))
+                                          "bpw": bpw, "checkpoint": _checkpoint_stats(plan)}))
+
+
+def _checkpoint_stats(plan: ReleasePlan) -> dict[str, dict[str, Any]]:
+    """The checkpoint's files as the shared job hashed them: name -> sha256, size and mtime (ns), for
+    :func:`trust_shared_hashes`."""
+    out = {}
+    for name, h in plan.source_files.items():
+        st = (plan.model_dir / name).stat()
+        out[name] = {"sha256": h["sha256"], "size": h["size"], "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+def _hub_sha256(model_dir: Path, name: str) -> str | None:
+    """The sha256 the Hugging Face hub addressed this file by, when it came from the hub and is unchanged since
+    (None otherwise): a hub cache snapshot links each LFS file to ``blobs/<sha256>``, and a ``hf download
+    --local-dir`` keeps ``.cache/huggingface/download/<name>.metadata`` (commit, etag = the LFS sha256, time),
+    valid while the file is not newer than that time (huggingface_hub ``_local_folder.read_download_metadata``'s
+    own rule). Small files stored in git have a 40-digit git etag and are not taken."""
+    path = model_dir / name
+    target = path.resolve()
+    if path.is_symlink() and target.parent.name == "blobs" and _SHA256.fullmatch(target.name):
+        return target.name
+    meta = model_dir / ".cache" / "huggingface" / "download" / f"{name}.metadata"
+    try:
+        _commit, etag, stamp = meta.read_text(encoding="utf-8").splitlines()[:3]
+        fresh = path.stat().st_mtime - 1 <= float(stamp)
+    except (OSError, ValueError):
+        return None
+    etag = etag.strip().strip('"')
+    return etag if fresh and _SHA256.fullmatch(etag) else None
+
+
+def trust_shared_hashes(model: str, hash_cache: dict[str, Any], exchange: Path) -> int:
+    """A fan-out job after the shared one (``--only``, ``--card-only``) takes the checkpoint's hashes from
+    ``shared.json`` rather than reading the whole checkpoint again (an hour per job for a model of 700 GB):
+    each file of the same name and size whose mtime is the one the shared job saw (the same disk, or a cache
+    restored with its times), or that the hub addresses by the recorded sha256 (:func:`_hub_sha256`: a
+    download of the same file on another machine), gets the recorded sha256 in ``hash_cache``; any other file
+    is hashed as before. The file list itself is still this machine's, so a file added or removed here
+    changes the checkpoint's identity and the job is refused as made from another checkpoint.
+
+    Returns:
+        How many files were trusted (0 when there is no readable ``shared.json``: the job then refuses later).
+    """
+    from ggufkit.converters.checkpoint import resolve_model
+
+    try:
+        data = json.loads((exchange / SHARED).read_text(encoding="utf-8"))
+        recorded = data["checkpoint"]
+        model_dir = resolve_model(model)[0]
+    except (OSError, ValueError, KeyError, TypeError, GGUFKitError):
+        return 0
+    trusted = 0
+    for name, rec in sorted(recorded.items()) if isinstance(recorded, dict) else []:
+        path = model_dir / name
+        try:
+            st = path.stat()
+            size, sha, mtime = int(rec["size"]), str(rec["sha256"]), int(rec["mtime_ns"])
+        except (OSError, KeyError, TypeError, ValueError):
+            continue
+        if not path.is_file() or st.st_size != size:
+            continue
+        if st.st_mtime_ns == mtime or _hub_sha256(model_dir, name) == sha:
+            # the entry file_hash (release/plan.py) looks up: keyed by the resolved path, its size and mtime
+            hash_cache[str(path.resolve())] = {"size": size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+            trusted += 1
+    return trusted
 
 
 def export_parts(plan: ReleasePlan, records: dict[str, dict[str, Any]], exchange: Path) -> None:
