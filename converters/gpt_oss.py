@@ -150,4 +150,15 @@ def rewrite_tensors(raw: list[Raw], loaders: dict[str, Loader], config: Mapping[
     return first + out
 
 
-__all__ = ["check_config", "hparams", "layer_types", "rewrite_tensors"]
+def reference_rows(gguf: str, source: str) -> tuple[bool, slice | None] | None:
+    """Where the rows of GGUF tensor ``gguf`` lie in its checkpoint tensor ``source``, for ``convert --check``'s
+    reference (eval/convert_check.py) to round a quantized expert tensor in the GGUF's own rows: (the source's
+    last two axes swapped, the rows taken from it: even for gate, odd for up, all for down), as
+    :func:`rewrite_tensors` computes them; None for every other tensor (biases are never block-quantized)."""
+    if not gguf.endswith(".weight") or not source.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return None
+    kind = gguf.split(".")[-2]
+    return {"ffn_gate_exps": (True, _EVEN), "ffn_up_exps": (True, _ODD), "ffn_down_exps": (True, None)}.get(kind)
+
+
+__all__ = ["check_config", "hparams", "layer_types", "reference_rows", "rewrite_tensors"]

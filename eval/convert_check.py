@@ -142,31 +142,59 @@ def _as_stored(w: np.ndarray, ggml_type: Any, transform: str | None) -> np.ndarr
     return x if x.flags.writeable else x.copy()  # torch shares the memory: never a read-only memmap
 
 
-def _stored_weights(ckpt: Any, plan: ConvertPlan) -> Iterator[tuple[str, bool, np.ndarray]]:
+def _kept(ckpt: Any, e: Any) -> bool:
+    """Whether GGUF tensor ``e`` holds its source's values unrounded: MXFP4 experts repacked bit for bit from a
+    checkpoint released in MXFP4 (converters/mxfp4_source.py); the reference dequantizes the same codes."""
+    return e.ggml_type.name == "MXFP4" and e.source + "_blocks" in ckpt.tensors
+
+
+def _stored_weights(ckpt: Any, plan: ConvertPlan, rows: Any = None) -> Iterator[tuple[str, bool, np.ndarray]]:
     """(HF name, whether it is the output projection, values as stored) for each checkpoint tensor the
     GGUF rounds. F32 tensors hold the checkpoint's values exactly, as transformers' float32 model does
     (however transformers renames them on load); generated and predictor tensors have no transformers
-    counterpart."""
+    counterpart. ``rows`` (a family's ``reference_rows``) places the rows of the tensors its hooks compute
+    in their source, where those are rounded (each such source yielded once, every entry of it rounded)."""
     from gguf import GGMLQuantizationType as Q
 
+    by_source: dict[str, list[Any]] = {}
     for e in plan.entries:
+        if _kept(ckpt, e) or e.source not in ckpt.tensors:
+            continue
+        if e.name in plan.rewritten and rows is not None and rows(e.name, e.source) is not None:
+            by_source.setdefault(e.source, []).append(e)
         # the output projection always: a tied head must be untied when the embedding is rounded
-        if e.source in ckpt.tensors and (e.ggml_type != Q.F32 or e.kind == "OUTPUT"):
+        elif e.ggml_type != Q.F32 or e.kind == "OUTPUT":
             w = _widen(ckpt.read(e.source), ckpt.tensors[e.source].dtype)
             yield e.source, e.kind == "OUTPUT", _as_stored(w, e.ggml_type, e.transform)
+    for source, entries in by_source.items():
+        w = _widen(ckpt.read(source), ckpt.tensors[source].dtype).copy()
+        for e in entries:
+            transpose, sel = rows(e.name, source)
+            view = np.swapaxes(w, -1, -2) if transpose else w
+            part = view[..., sel, :] if sel is not None else view
+            part = np.ascontiguousarray(part)
+            values = _as_stored(part, e.ggml_type, None) if e.ggml_type != Q.F32 else part
+            if sel is not None:
+                view[..., sel, :] = values
+            else:
+                view[...] = values
+        yield source, False, w
 
 
-def _unroundable(ckpt: Any, plan: ConvertPlan) -> str | None:
+def _unroundable(ckpt: Any, plan: ConvertPlan, rows: Any = None) -> str | None:
     """Why the reference cannot hold the GGUF's values (a rounded tensor built from several checkpoint
     tensors, such as stacked experts), or None."""
     from gguf import GGMLQuantizationType as Q
 
     for e in plan.entries:
+        if _kept(ckpt, e):
+            continue
         if e.source not in ckpt.tensors and e.source != "generated" and e.kind not in ("FC1", "FC2") \
                 and e.ggml_type != Q.F32:
             return (f"{e.name} is built from several checkpoint tensors ({e.source}) and stored as "
                     f"{e.ggml_type.name}; the reference cannot round it (check an f32 conversion instead)")
-        if e.name in plan.rewritten and e.ggml_type not in (Q.F32, Q.F16, Q.BF16):  # blocks span a row
+        if e.name in plan.rewritten and e.ggml_type not in (Q.F32, Q.F16, Q.BF16) \
+                and (rows is None or rows(e.name, e.source) is None):  # blocks span a row
             return (f"{e.name} is computed from {e.source} by the {plan.arch} converter's hooks and stored as "
                     f"{e.ggml_type.name}; the reference cannot round it (check an f32 conversion instead)")
     return None
@@ -183,25 +211,83 @@ def _as_llama_cpp_computes(config: Any) -> Any:
     return config
 
 
+class _Deferred:
+    """One checkpoint tensor as transformers' loader takes a safetensors slice (``tensor[...]`` reads it): read
+    through ggufkit's reader, a quantized source's weight dequantized, only when transformers loads it, so the
+    dequantized model is never held beside transformers' copy of it."""
+
+    def __init__(self, ckpt: Any, name: str) -> None:
+        self.ckpt, self.name = ckpt, name
+
+    def __getitem__(self, index: Any) -> Any:
+        import torch
+
+        t = self.ckpt.tensors[self.name]
+        arr = self.ckpt.read(self.name)
+        arr = _widen(arr, t.dtype) if t.dtype in ("BF16", "F16", "F32", "F64") else np.asarray(arr)
+        return torch.from_numpy(np.array(arr))[index]  # a copy: never a read-only memmap
+
+
+def _open_source(model_dir: Path, plan: ConvertPlan) -> tuple[Any, str | None]:
+    """(checkpoint reader, quant_method): a quantized source's reader dequantizes as the conversion does
+    (converters/quantized_source.py), an unquantized one reads the files as they are."""
+    from ggufkit.converters.checkpoint import Checkpoint, read_config
+    from ggufkit.converters.quantized_source import open_checkpoint, quantization_method
+    from ggufkit.converters.registry import load_registry
+
+    config = read_config(model_dir)
+    method, _ = quantization_method(config, model_dir)
+    if method is None:
+        return Checkpoint(model_dir), None
+    return open_checkpoint(model_dir, config, load_registry().get(plan.hf_class)), method
+
+
+def _reference_rows(plan: ConvertPlan) -> Any:
+    """The family's ``reference_rows`` (converters/gpt_oss.py): where the rows of the tensors its hooks compute
+    lie in their checkpoint source, so the reference rounds them in the GGUF's own rows; None when it has none."""
+    from ggufkit.converters.hooks import hooks_module
+    from ggufkit.converters.registry import load_registry
+
+    family = load_registry().get(plan.hf_class).hooks
+    return getattr(hooks_module(family), "reference_rows", None) if family else None
+
+
 def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
-    """transformers' float32 model with the GGUF's weight values, or a str saying why it cannot be built."""
+    """transformers' float32 model with the GGUF's weight values, or a str saying why it cannot be built.
+
+    A source released quantized: FP8 and compressed-tensors weights come from ggufkit's dequantizing reader (the
+    one the conversion reads: llama.cpp's ``dequant_model``), each read when transformers loads it, into the
+    unquantized model of the class; gpt-oss's MXFP4 experts are dequantized by transformers itself
+    (``Mxfp4Config(dequantize=True)``), as the GGUF keeps their codes."""
     import torch
     import transformers
 
-    from ggufkit.converters.checkpoint import Checkpoint
+    from ggufkit.converters.quantized_source import QUANT_METHODS
 
-    ckpt = Checkpoint(model_dir)
+    ckpt, method = _open_source(model_dir, plan)
     try:
-        why = _unroundable(ckpt, plan)
+        rows = _reference_rows(plan)
+        why = _unroundable(ckpt, plan, rows)
         if why is not None:
             return why
         config = _as_llama_cpp_computes(transformers.AutoConfig.from_pretrained(model_dir))
-        reference = getattr(transformers, arch).from_pretrained(model_dir, config=config,
-                                                                dtype=torch.float32).eval()
+        kwargs: dict[str, Any] = {}
+        if method in QUANT_METHODS:
+            for c in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
+                if hasattr(c, "quantization_config"):
+                    delattr(c, "quantization_config")
+            kwargs["state_dict"] = {name: _Deferred(ckpt, name) for name in ckpt.tensors}
+        elif method == "mxfp4":
+            from transformers import Mxfp4Config  # type: ignore[attr-defined]
+
+            kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+        where = None if "state_dict" in kwargs else model_dir  # transformers takes the files or the tensors
+        reference = getattr(transformers, arch).from_pretrained(where, config=config, dtype=torch.float32,
+                                                                **kwargs).eval()
         params = dict(reference.named_parameters(remove_duplicate=False))
         outputs: list[np.ndarray] = []
         with torch.no_grad():
-            for name, is_output, values in _stored_weights(ckpt, plan):
+            for name, is_output, values in _stored_weights(ckpt, plan, rows):
                 if is_output:
                     outputs.append(values)  # after the others: a tied head must not overwrite the embedding
                     continue

@@ -1,0 +1,115 @@
+"""``convert --check`` on checkpoints as released (issue 32): FP8, compressed-tensors and gpt-oss's MXFP4 sources,
+and gpt-oss's block-quantized outtypes.
+
+The check's reference is transformers' float32 model holding the GGUF's own weight values (eval/convert_check.py):
+- an FP8 / compressed-tensors source: the weights come from ggufkit's dequantizing reader (llama.cpp's
+  ``dequant_model``), read as transformers loads them into the unquantized model of the class;
+- an MXFP4 source: transformers dequantizes the experts itself (``Mxfp4Config(dequantize=True)``) and the GGUF
+  keeps their MXFP4 codes;
+- gpt-oss's expert tensors, which its hooks compute (transposed, gate and up from the even and odd columns of
+  ``gate_up_proj``), are rounded in the GGUF's own rows (``converters/gpt_oss.py reference_rows``).
+Before, each of these checks was skipped (transformers could not load the FP8 source; the MXFP4 and rewritten
+expert tensors had no reference). The bound asserted is far tighter than :data:`TOLERANCE`: the two sides hold
+the same numbers, so a reference dequantized or rounded otherwise would show.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fixtures_models import make_checkpoint
+from test_convert_compressed_tensors import store_compressed
+from test_convert_fp8 import store_fp8
+
+from ggufkit.cli import cli
+from ggufkit.converters import convert
+from ggufkit.eval.convert_check import check_conversion
+
+#: the largest difference between the two sides, relative to the largest logit: float32 summation order only
+EXACT = 1e-4
+
+
+def assert_exact(result: Any) -> None:
+    assert result.status == "passed", result.as_dict()
+    assert result.rel_diff is not None and result.rel_diff < EXACT and result.top1_agreement == 1.0
+
+
+def test_convert_check_of_an_fp8_source_runs_against_the_dequantized_weights(tmp_path: Path) -> None:
+    """``ggufkit convert --check`` of an FP8 checkpoint (128x128-style blocks with partial edge blocks) to
+    q8_0: transformers runs the weights dequantized as the conversion reads them, rounded to Q8_0."""
+    d = make_checkpoint(tmp_path / "m", "Qwen3ForCausalLM", dtype="bfloat16", vocab="real:gpt-2")
+    store_fp8(d, scheme="block", block=(24, 40))
+    result = CliRunner().invoke(cli, ["convert", str(d), "-o", str(tmp_path / "m.gguf"), "--outtype", "q8_0",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["check"] == "passed", data.get("check_reason")
+
+
+@pytest.mark.parametrize("hf_class,outtype,store", [
+    ("Qwen3MoeForCausalLM", "f32", lambda d: store_fp8(d, scheme="block", block=(24, 40))),  # experts fused by tf5
+    ("LlamaForCausalLM", "bf16", lambda d: store_fp8(d, scheme="mixed", block=(0, 0))),  # per-channel, per-tensor
+    ("LlamaForCausalLM", "q8_0", lambda d: store_compressed(d, "pack-quantized", zero_point=True)),  # INT4
+])
+def test_check_of_quantized_sources_compares_the_dequantized_model(tmp_path: Path, hf_class: str, outtype: str,
+                                                                   store: Any) -> None:
+    vocab = {"vocab": "real:gpt-2"} if hf_class.startswith("Qwen") else {}
+    d = make_checkpoint(tmp_path / "m", hf_class, **vocab)
+    store(d)
+    report = convert(d, tmp_path / "m.gguf", outtype=outtype)
+    assert_exact(check_conversion(d, report.outputs[0], report.plan))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny GptOssForCausalLM as transformers 5 saves it and as released in MXFP4 (tests/test_family_gpt_oss.py)."""
+    import test_family_gpt_oss as g
+
+    root = tmp_path_factory.mktemp("gpt-oss")
+    tf5 = g.make_checkpoint(root / "tf5", g.HF_CLASS)
+    release = Path(shutil.copytree(tf5, root / "release"))
+    g.to_release_config(release / "config.json")
+    return {"tf5": tf5, "mxfp4": g.to_mxfp4(release, root / "mxfp4")}
+
+
+def test_check_of_an_mxfp4_source_runs_against_transformers_dequantizing_it(gpt_oss: dict[str, Path],
+                                                                            tmp_path: Path) -> None:
+    """The default conversion (bf16, the experts kept MXFP4) of gpt-oss as released."""
+    d = gpt_oss["mxfp4"]
+    report = convert(d, tmp_path / "m.gguf")
+    assert {e.ggml_type.name for e in report.plan.entries if "_exps.weight" in e.name} == {"MXFP4"}
+    assert_exact(check_conversion(d, report.outputs[0], report.plan))
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_k_m"])
+def test_check_of_gpt_oss_block_quantized_experts_rounds_them_in_the_gguf_rows(gpt_oss: dict[str, Path],
+                                                                               tmp_path: Path, outtype: str) -> None:
+    d = gpt_oss["tf5"]
+    report = convert(d, tmp_path / "m.gguf", outtype=outtype)
+    assert any(e.name.endswith("ffn_gate_exps.weight") and e.ggml_type.name not in ("F32", "F16", "BF16")
+               for e in report.plan.entries)
+    assert_exact(check_conversion(d, report.outputs[0], report.plan))
+
+
+def test_gpt_oss_reference_rows_are_the_hooks_rows() -> None:
+    """The rows reference_rows names are those rewrite_tensors writes: gate the even, up the odd columns of
+    gate_up_proj, down all of down_proj, each transposed; no other tensor is placed."""
+    import numpy as np
+
+    from ggufkit.converters.gpt_oss import reference_rows, rewrite_tensors
+
+    w = np.arange(2 * 6 * 8, dtype=np.float32).reshape(2, 6, 8)  # [n_expert, n_embd, 2 * n_ff]
+    source = "model.layers.0.mlp.experts.gate_up_proj"
+    raw = [("blk.0.gate_up", source, "GPT_OSS_GATE_UP_PROJ", (2, 6, 8), "F32", None)]
+    loaders = {"blk.0.gate_up": lambda: w}
+    for name, *_ in rewrite_tensors(raw, loaders, {}):  # type: ignore[arg-type]
+        transpose, rows = reference_rows(name, source) or (False, None)
+        view = np.swapaxes(w, -1, -2) if transpose else w
+        assert np.array_equal(loaders[name](), view[:, rows] if rows is not None else view)
+    assert reference_rows("blk.0.ffn_gate_exps.bias", source + "_bias") is None
+    assert reference_rows("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight") is None
