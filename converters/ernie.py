@@ -79,8 +79,13 @@ def check_config(config: Mapping[str, Any]) -> None:
 def hparams(config: Mapping[str, Any], values: dict[str, tuple[VT, Any]],
             tensor_names: tuple[str, ...]) -> dict[str, tuple[VT, Any]]:
     """Key and value lengths (``head_dim`` as transformers reads it), rope theta when the config has none, and
-    (MoE) the shared expert's width (module docstring)."""
+    (MoE) the shared expert's width (module docstring).
+
+    Raises:
+        UnsupportedArchitectureError: a PaddlePaddle-layout checkpoint (:func:`check_paddle_layout`).
+    """
     arch = "ernie4_5-moe" if _moe(config) else "ernie4_5"
+    check_paddle_layout(arch, tensor_names)
     out = dict(values)
     if out and "num_attention_heads" in config:  # empty for --vocab-only
         if not _moe(config) or config.get("head_dim") is not None:  # the MoE loader's default is hidden / heads
@@ -91,6 +96,22 @@ def hparams(config: Mapping[str, Any], values: dict[str, tuple[VT, Any]],
             width = int(_get(config, "moe_num_shared_experts")) * int(_get(config, "moe_intermediate_size"))
             out[f"{arch}.expert_shared_feed_forward_length"] = (VT.UINT32, width)
     return out
+
+
+def check_paddle_layout(arch: str, tensor_names: tuple[str, ...]) -> None:
+    """Refuse Baidu's ``-Paddle`` releases: PaddlePaddle's layout, tensors under ``ernie.`` with q/k/v fused into
+    ``qkv_proj`` and gate/up into ``up_gate_proj``, every linear weight stored [in, out] (``nn.Linear``'s layout
+    in Paddle; the ``-PT`` releases hold the same weights as transformers lays them out). llama.cpp's converter
+    renames ``ernie.`` to ``model.`` but splits the fused weights along their first axis as transformers'
+    [out, in] (conversion/ernie.py Ernie4_5Model.filter_tensors, modify_tensors), so on these files it stops with
+    a torch error; there is no llama.cpp file to match, and the ``-PT`` release converts."""
+    paddle = sorted(n for n in tensor_names if n.startswith("ernie."))
+    if paddle:
+        raise UnsupportedArchitectureError(
+            f"{arch}: a PaddlePaddle-layout checkpoint ({paddle[0]} and {len(paddle) - 1} more tensors under "
+            "'ernie.', fused qkv_proj/up_gate_proj, weights stored [in, out]), as Baidu's -Paddle releases ship "
+            "it; llama.cpp's converter cannot read it either: convert the PyTorch release of the same model, the "
+            "-PT repository (e.g. baidu/ERNIE-4.5-0.3B-PT for baidu/ERNIE-4.5-0.3B-Paddle)")
 
 
 Raw = tuple[str, str, str, tuple[int, ...], str, "str | None"]

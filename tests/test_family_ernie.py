@@ -297,6 +297,49 @@ def test_a_refused_checkpoint_exits_2_in_one_line(tmp_path: Path, capsys: pytest
     assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
 
 
+def to_paddle(src: Path, dst: Path) -> Path:
+    """``src`` (a -PT layout) as Baidu's -Paddle releases store it: tensors under ``ernie.``, q/k/v fused into
+    ``qkv_proj`` and gate/up into ``up_gate_proj``, every linear weight [in, out] (Paddle's nn.Linear; a -Paddle
+    shard lists ``ernie.layers.N.self_attn.qkv_proj.weight`` as [hidden, (heads + 2 kv heads) * head_dim])."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    w = load_file(dst / "model.safetensors")
+    fused = {"q_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")), "gate_proj": ("up_gate_proj", ("gate_proj", "up_proj"))}
+    out = {}
+    for name, t in w.items():
+        stem, _, leaf = name.removesuffix(".weight").rpartition(".")
+        if leaf in ("k_proj", "v_proj", "up_proj"):
+            continue
+        if leaf in fused:
+            into, parts = fused[leaf]
+            name, t = f"{stem}.{into}.weight", torch.cat([w[f"{stem}.{p}.weight"] for p in parts])
+        if t.ndim == 2 and "embed_tokens" not in name and name != "lm_head.weight":
+            t = t.T.contiguous()
+        out[name.replace("model.", "ernie.", 1) if name.startswith("model.") else name] = t
+    save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_a_paddle_layout_checkpoint_is_refused_naming_the_pt_release(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A -Paddle release: llama.cpp's converter stops on it with a torch error (it splits the [in, out] qkv_proj
+    along the wrong axis: conversion/ernie.py Ernie4_5Model.modify_tensors), so there is no file to match; ggufkit
+    refuses it in one line naming the -PT release (before: "no rule for source tensors ...; add them to
+    registry.yaml"), nothing written."""
+    from ggufkit.cli import cli
+    from ggufkit.cli._errors import run_cli
+
+    d = to_paddle(make_ernie(tmp_path / "ERNIE-Tiny-PT", DENSE, "release"), tmp_path / "ERNIE-Tiny-Paddle")
+    capsys.readouterr()
+    code = run_cli(cli, ["convert", str(d), "-o", str(tmp_path / "x.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "ernie4_5: a PaddlePaddle-layout checkpoint" in err and "-PT repository" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
+
 # -- quantization ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def quant_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
