@@ -34,6 +34,7 @@ from ggufkit.converters.metadata import (
 from ggufkit.converters.mmproj_registry import ARCH, ProjectorSpec
 from ggufkit.converters.plan import match_rules, resolve_outtype
 from ggufkit.converters.plan_types import ConvertPlan, PlanEntry
+from ggufkit.converters.quantized_source import open_checkpoint
 from ggufkit.converters.registry import ArchEntry, load_registry
 from ggufkit.converters.transforms import TRANSFORMS, Heads, transformed_dtype
 from ggufkit.converters.write import ConvertReport, write_plan
@@ -434,8 +435,10 @@ def convert_mmproj(model: str | Path, output: str | Path | None = None, *, outty
     start = time.perf_counter()
     model_dir, repo, _ = resolve_model(model)
     config = read_config(model_dir)
-    projector_entry(config, model_dir)  # refuse before listing weights
-    ckpt = Checkpoint(model_dir)
+    entry, _ = projector_entry(config, model_dir)  # refuse before listing weights
+    # a checkpoint released quantized (FP8, compressed-tensors) read dequantized, one tensor at a time, as the text
+    # model is (converters/quantized_source.py); another quant_method is refused in one line
+    ckpt = open_checkpoint(model_dir, config, entry)
     try:
         plan = build_mmproj_plan(model_dir, repo, config, ckpt, outtype=outtype, output=output)
         assert plan.output is not None

@@ -113,3 +113,32 @@ def test_gpt_oss_reference_rows_are_the_hooks_rows() -> None:
         assert np.array_equal(loaders[name](), view[:, rows] if rows is not None else view)
     assert reference_rows("blk.0.ffn_gate_exps.bias", source + "_bias") is None
     assert reference_rows("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight") is None
+
+
+def _vision_or_text_linear(name: str, shape: tuple[int, ...]) -> bool:
+    """The text layers' linear weights (as the FP8 releases store them) and, here, the vision tower's too."""
+    vision = ".blocks." in name and name.endswith(("qkv.weight", "attn.proj.weight", "linear_fc1.weight",
+                                                   "linear_fc2.weight"))
+    return len(shape) == 2 and (vision or (".layers." in name and name.endswith("proj.weight")))
+
+
+def test_projector_of_an_fp8_checkpoint_reads_it_dequantized(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``convert --mmproj`` of a Qwen3-VL FP8 checkpoint whose vision tower is FP8 as well (block scales): the
+    projector of the dequantized weights, the file llama.cpp's converter writes from the same checkpoint
+    dequantized (its own --mmproj stops at the first ``weight_scale_inv``: MmprojModel maps it as a tensor).
+    Before, ggufkit refused the checkpoint in one line (no rule for the ``*_scale_inv`` tensors)."""
+    import test_convert_fp8
+    from fixtures_mmproj import llama_cpp_mmproj, make_vlm, projector_keys, projector_tensors
+
+    from ggufkit.converters import convert_mmproj
+
+    d = make_vlm(tmp_path / "m", "Qwen3VLForConditionalGeneration", dtype="bfloat16")
+    monkeypatch.setattr(test_convert_fp8, "quantized_linear", _vision_or_text_linear)
+    store_fp8(d, scheme="block", block=(24, 40), dequantized=tmp_path / "dequantized")
+    theirs = tmp_path / "theirs.gguf"
+    run = llama_cpp_mmproj(tmp_path / "dequantized", theirs, "q8_0")
+    assert run.returncode == 0, run.stderr[-2000:]
+    ours = convert_mmproj(d, tmp_path / "ours.gguf", outtype="q8_0").outputs[0]
+    a, b = projector_tensors(theirs), projector_tensors(ours)
+    assert "v.blk.0.attn_qkv.weight" in a and a == b
+    assert projector_keys(theirs) == projector_keys(ours)
