@@ -7,6 +7,8 @@
 - A checkpoint as released (``quant_method`` ``mxfp4``): ``*_blocks`` / ``*_scales`` repacked into GGUF MXFP4
   bytes (:func:`ggufkit.converters.mxfp4_source.repack_mxfp4`), gate and up from the even and odd rows, and, as
   llama.cpp's ``generate_extra_tensors`` writes them straight away, placed before every other tensor.
+- ``reference_rows``: where the rows of those expert tensors lie in their checkpoint source, for ``convert --check``
+  to round a quantized one in the GGUF's own rows (eval/convert_check.py).
 - Keys llama.cpp's converter reads through AutoConfig, which fills GptOssConfig's defaults where a config leaves
   a field out: the YaRN rope scaling (factor 32 over 4096 positions).
 - Refused: what the openai-moe graph cannot compute (a layer schedule other than sliding/full alternating from a

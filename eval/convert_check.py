@@ -11,6 +11,13 @@ Two comparisons, each against transformers' own classes:
   tight tolerance then holds for every outtype, and a swapped tensor or a wrong Q/K permutation - which
   a quantization-sized tolerance would let through - fails.
 
+A checkpoint released quantized is compared as it was converted: FP8 and compressed-tensors weights are read
+through the conversion's dequantizing reader (converters/quantized_source.py) into transformers' unquantized
+model of the class, one tensor as transformers loads it; gpt-oss's MXFP4 experts, which the GGUF keeps bit for
+bit, are dequantized by transformers itself. Tensors a family hook computes are rounded in the GGUF's own rows
+where the family says where those rows lie in their source (``reference_rows``: gpt-oss's experts); elsewhere
+a block-quantized computed tensor skips the check, saying why.
+
 The check is skipped, with the reason, when it cannot run: PyTorch is not installed, transformers has no
 class for the checkpoint (it would need remote code), the evaluator does not run the architecture or one
 of its features, the two models would not fit in available memory, or transformers cannot load the
