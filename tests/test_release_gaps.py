@@ -118,3 +118,30 @@ def test_mix_entries_on_a_master_with_mxfp4_experts_are_refused_before_any_work(
     ok = invoke("release", str(ck), "-o", str(out), "--types", "q4_k_m,mxfp4_moe", "--no-imatrix", "--ctx", "32",
                 "--chunks", "1", "--device", "cpu", "--dry-run")
     assert ok.exit_code == 0, ok.stderr
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read() system calls so far (Linux's /proc/self/io ``rchar``)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").is_file(), reason="counts read() bytes through Linux's /proc/self/io")
+def test_matrix_reads_no_tensor_bytes(tmp_path: Path) -> None:
+    """`--matrix` needs the types alone: it lists the checkpoint's files and reads their headers, not the tensor
+    bytes a release hashes (an hour for 700 GB; the shared job hashes them). Before, it hashed every file."""
+    import fixtures_models as fm
+
+    from ggufkit.release import release_matrix
+
+    big = fm.make_checkpoint(tmp_path / "wide", "LlamaForCausalLM", hidden_size=512, intermediate_size=4096,
+                             num_hidden_layers=2, max_position_embeddings=128)
+    shard = (big / "model.safetensors").stat().st_size
+    assert shard > 40 * 2**20
+    # a first plan imports the converters and reads the tokenizer files (tens of MB): the second one is measured
+    release_matrix(big, types=["q8_0"], no_imatrix=True, ctx=32, chunks=1)
+    before = _bytes_read()
+    assert release_matrix(big, types=["q8_0"], no_imatrix=True, ctx=32, chunks=1) == {"include": [{"type": "Q8_0"}]}
+    assert _bytes_read() - before < shard // 4

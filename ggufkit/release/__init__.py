@@ -205,8 +205,10 @@ def release_matrix(model: str | os.PathLike[str], outdir: str | os.PathLike[str]
     Args:
         model, types, no_imatrix, kw: as :func:`release` (its other keyword arguments).
         outdir: the release directory the jobs will use, checked as :func:`release` checks it (another model's
-            release there is refused); None: no directory is checked. The matrix names no file, so it is the
-            same either way.
+            release there is refused, known by its files' names and sizes); None: no directory is checked. The
+            matrix names no file, so it is the same either way.
+
+    The checkpoint's files are listed, not read (``build_plan``'s ``hash_source``): the shared job hashes them.
     """
     from ggufkit.release.manifest import State
     from ggufkit.release.steps import matrix
@@ -227,7 +229,7 @@ def release_matrix(model: str | os.PathLike[str], outdir: str | os.PathLike[str]
         with tempfile.TemporaryDirectory(prefix="ggufkit-matrix-") as tmp:
             return release_matrix(model, Path(tmp) / "release", types=types, no_imatrix=no_imatrix, **kw)
     options = _options(model, outdir, types=types, no_imatrix=no_imatrix, **{**defaults, **kw, "dry_run": True})
-    return matrix(build_plan(options, State(options.outdir).cache))
+    return matrix(build_plan(options, State(options.outdir).cache, hash_source=False))
 
 
 def _load_records(ctx: Any) -> None:

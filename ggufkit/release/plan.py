@@ -263,9 +263,14 @@ def _check_tokens(vocab_file: Path, text: TextInput, ctx: int, what: str, chunks
         raise UsageError(f"{what} {text.name}: {exc}") from None
 
 
-def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None) -> ReleasePlan:
+def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None, *,
+               hash_source: bool = True) -> ReleasePlan:
     """Resolve and validate a release; nothing is written (a vocabulary-only GGUF goes to a temporary
     directory to tokenize the texts).
+
+    ``hash_source`` False (``--matrix``, which needs the types alone): the checkpoint's files are listed by
+    name and size, not read (its tensor bytes are the hour-long part of a 700 GB model's plan); an OUTDIR
+    holding another model's release is then known by those names and sizes.
 
     Raises:
         UsageError: any bad input named in the module docstring.
@@ -333,7 +338,7 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
 
     model_dir, repo, revision = resolve_model(o.model)
     _check_not_in_source(outdir, model_dir)
-    source_files = source_file_hashes(model_dir, hash_cache)
+    source_files = source_file_hashes(model_dir, hash_cache) if hash_source else source_file_sizes(model_dir)
     card_path = model_dir / "README.md"
     source_card = card_path.read_text(encoding="utf-8", errors="replace") if card_path.is_file() else None
     _check_outdir(outdir, source_files)
@@ -406,15 +411,24 @@ def _n_vocab(master_plan: Any) -> int:
 def source_file_hashes(model_dir: Path, hash_cache: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """The checkpoint's files (name -> sha256 and size), without GGUF files (a ``convert`` output left in the
     folder), temporary files, the hub cache and whatever an earlier release made there."""
+    return {name: file_hash(model_dir / name, hash_cache) for name in _source_names(model_dir)}
+
+
+def _source_names(model_dir: Path) -> list[str]:
     own = release_own_files(model_dir)
-    out = {}
+    out = []
     for p in sorted(model_dir.rglob("*")):
         name = p.relative_to(model_dir).as_posix()
         if not p.is_file() or ".cache" in p.parts or STATE_DIR in p.parts or name in own \
                 or p.name.endswith((".gguf", ".ggufkit-part")):
             continue
-        out[name] = file_hash(p, hash_cache)
+        out.append(name)
     return out
+
+
+def source_file_sizes(model_dir: Path) -> dict[str, dict[str, Any]]:
+    """:func:`source_file_hashes`' files, name -> size only (nothing read)."""
+    return {name: {"size": (model_dir / name).stat().st_size} for name in _source_names(model_dir)}
 
 
 def release_own_files(folder: Path) -> set[str]:
@@ -525,6 +539,8 @@ def _check_outdir(outdir: Path, source_files: dict[str, dict[str, Any]]) -> None
             recorded = json.loads(manifest.read_text())["source"]["files"]
     except (ValueError, KeyError, TypeError):
         raise UsageError(f"{outdir}: holds a manifest ggufkit cannot read; use an empty directory") from None
+    if recorded is not None and any("sha256" not in h for h in source_files.values()) and isinstance(recorded, dict):
+        recorded = {k: {"size": v.get("size")} if isinstance(v, dict) else v for k, v in recorded.items()}
     if recorded is not None and recorded != source_files:
         changed = sorted(set(recorded) ^ set(source_files)) or \
             sorted(k for k in source_files if recorded.get(k) != source_files[k])
