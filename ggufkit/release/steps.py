@@ -381,11 +381,13 @@ def planned_steps(plan: ReleasePlan, state: State) -> list[StepStatus]:
 #
 # 1. ``release --matrix`` prints the matrix: ``{"include": [{"type": "Q4_K_M"}, ...]}``, one job per type.
 # 2. ``release --shared-only --exchange XCHG`` (one job) converts the master, collects the importance matrix (and
-#    writes a projector), then puts those files and ``XCHG/shared.json`` (their step records) in XCHG.
+#    writes a projector), then puts those files and ``XCHG/shared.json`` (their step records, and the checkpoint's
+#    files as it hashed them: sha256, size, mtime) in XCHG.
 # 3. ``release --only TYPE --exchange XCHG`` (one job per type, after 2) takes the master and imatrix from XCHG
-#    (hard-linked into OUTDIR where the file system allows, else copied), quantizes and evaluates TYPE, and
-#    writes its manifest part ``XCHG/part-TYPE.json`` (the records of ``quantize-TYPE``, ``eval-TYPE`` and
-#    ``eval-master``).
+#    (hard-linked into OUTDIR where the file system allows, else copied), takes the checkpoint's hashes from
+#    ``shared.json`` where its files are those the shared job saw (:func:`trust_shared_hashes`), quantizes and
+#    evaluates TYPE, and writes its manifest part ``XCHG/part-TYPE.json`` (the records of ``quantize-TYPE``,
+#    ``eval-TYPE`` and ``eval-master``).
 # 4. ``release --card-only --exchange XCHG`` (last) reads ``shared.json`` and every part, checks that each was
 #    made from this checkpoint with this run's options and that the jobs scored the master alike, and writes
 #    the card, plot and manifest: the bytes one plain ``release`` writes. The type files themselves need not be
