@@ -7,7 +7,7 @@ loader. The core applies :func:`stack_experts` (rules whose HF name holds ``{xid
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -65,7 +65,7 @@ def stack_experts(raw: list[Raw], experts: dict[int, tuple[int, int, str]], n_ex
         sources = [p[1] for p in parts]
         stacked[name] = (name, f"{sources[0]} .. {sources[-1]} (stacked)", first[2], (want, *first[3]), first[4],
                          first[5])
-        loaders[name] = _stack_loader(sources, first[5], read)
+        loaders[name] = StackLoader(sources, first[5], read)
     out: list[Raw] = []
     emit_at = {last: block for block, last in block_last.items()}
     for index, item in enumerate(raw):
@@ -79,15 +79,31 @@ def stack_experts(raw: list[Raw], experts: dict[int, tuple[int, int, str]], n_ex
     return out, loaders
 
 
-def _stack_loader(sources: list[str], transform: str | None,
-                  read: Callable[[str, str | None], np.ndarray]) -> Loader:
-    def load() -> np.ndarray:
-        first = read(sources[0], transform)
-        out = np.empty((len(sources), *first.shape), dtype=first.dtype)
+class StackLoader:
+    """A stacked expert tensor's loader: called, the whole ``[n_expert, rows, cols]`` array (what a family hook
+    that rewrites the stack gets); :meth:`pieces` gives it one expert at a time instead.
+
+    Experts are the outermost dimension, so each expert's rows are a contiguous slice of the stack's bytes in
+    every GGUF type, and :func:`ggufkit.converters.stream.tensor_stream` converts and writes them one by one:
+    the conversion holds one expert (dequantized to float32 for FP8 / INT4 sources), never the stack.
+    """
+
+    def __init__(self, sources: list[str], transform: str | None,
+                 read: Callable[[str, str | None], np.ndarray]) -> None:
+        self.sources, self.transform, self._read = sources, transform, read
+
+    def pieces(self) -> Iterator[np.ndarray]:
+        """Each expert's (transformed) tensor, in expert order, read only when asked for."""
+        for source in self.sources:
+            yield self._read(source, self.transform)
+
+    def __call__(self) -> np.ndarray:
+        parts = self.pieces()
+        first = next(parts)
+        out = np.empty((len(self.sources), *first.shape), dtype=first.dtype)
         out[0] = first
         del first
-        for i, source in enumerate(sources[1:], 1):
-            out[i] = read(source, transform)
+        for i, part in enumerate(parts, 1):
+            out[i] = part
         return out
 
-    return load

@@ -163,21 +163,35 @@ def _pool() -> ThreadPoolExecutor:
 
 
 
-def tensor_stream(plan: ConvertPlan, warnings: list[str]) -> Iterator[np.ndarray]:
-    """The plan's tensors in order, each loaded, transformed and encoded; f16 overflow noted in ``warnings``."""
+#: A tensor of more source elements than this is converted and handed to the writer in row blocks of about
+#: this many (32 MB of bf16, 64 MB of float32), each written before the next but one is made: the memory a
+#: tensor costs is two blocks, not the tensor (an embedding of 50k x 7168, a stacked expert tensor).
+PIECE_ELEMENTS = 1 << 24
+
+
+def tensor_stream(plan: ConvertPlan, warnings: list[str]) -> Iterator[np.ndarray | Iterator[np.ndarray]]:
+    """The plan's tensors in order, each loaded, transformed and encoded; f16 overflow noted in ``warnings``.
+
+    A tensor is one array, or (more than :data:`PIECE_ELEMENTS`, or a loader with ``pieces()``: a stacked
+    expert tensor, :class:`ggufkit.converters.rewrite.StackLoader`) an iterator of its row blocks in order, for
+    :func:`ggufkit.format.write_gguf`. Rows convert independently in every type, so the bytes are the same.
+    """
     for e in plan.entries:
-        arr = plan.loaders[e.name]()
+        load = plan.loaders[e.name]
         src_dtype = "F32" if e.source == "generated" or e.kind in ("FC1", "FC2") else e.src_dtype
+        pieces = getattr(load, "pieces", None)
+        if pieces is not None:
+            yield _blocks(e.name, pieces(), src_dtype, e.ggml_type, warnings)
+            continue
+        arr = load()
+        if arr.size > PIECE_ELEMENTS:
+            yield _blocks(e.name, iter([arr]), src_dtype, e.ggml_type, warnings)
+            del arr
+            continue
         out = encode(arr, src_dtype, e.ggml_type)
-        if e.ggml_type == Q.F16 and src_dtype != "F16":
-            # llama.cpp's converter overflows silently; values beyond +-65504 become inf.
-            # Cheap test on the f16 bits first (exponent all ones means inf or NaN); count only when needed.
-            n_inf = 0
-            if out.size and int((out.view(np.uint16) & np.uint16(0x7FFF)).max()) >= 0x7C00:
-                n_inf = int(np.isinf(out).sum()) - int(np.isinf(to_float32(arr, src_dtype)).sum())
-            if n_inf > 0:
-                warnings.append(f"{e.name}: {n_inf} values exceed f16's range and became inf; use --outtype "
-                                "bf16 or f32")
+        n_inf = _new_infs(out, arr, src_dtype, e.ggml_type)
+        if n_inf > 0:
+            warnings.append(_overflow(e.name, n_inf))
         # A passed-through memmap view is written after this yield: release its pages only then.
         release = page_releaser(arr) if arr.flags.c_contiguous else None
         del arr
@@ -185,3 +199,45 @@ def tensor_stream(plan: ConvertPlan, warnings: list[str]) -> Iterator[np.ndarray
         if release is not None:
             release(out)
         del out
+
+
+def _blocks(name: str, parts: Iterator[np.ndarray], src_dtype: str, ggml_type: GGMLQuantizationType,
+            warnings: list[str]) -> Iterator[np.ndarray]:
+    """``parts`` (a tensor's outermost slices, in order) encoded in row blocks of about :data:`PIECE_ELEMENTS`.
+
+    Holds one part and the block being made; the writer holds the block before it. Pages of a memory-mapped
+    part are released once its block is written (asked past), as :func:`tensor_stream` does for a tensor.
+    """
+    n_inf = 0
+    while (part := next(parts, None)) is not None:
+        row_len = part.shape[-1] if part.ndim else 1
+        rows = part.reshape(-1, row_len)
+        del part
+        step = max(1, PIECE_ELEMENTS // max(row_len, 1))
+        for start in range(0, rows.shape[0], step):
+            block = rows[start:start + step]
+            out = encode(block, src_dtype, ggml_type)
+            n_inf += _new_infs(out, block, src_dtype, ggml_type)
+            release = page_releaser(block) if block.flags.c_contiguous else None
+            del block
+            yield out
+            if release is not None:
+                release(out)
+            del out
+        del rows
+    if n_inf > 0:
+        warnings.append(_overflow(name, n_inf))
+
+
+def _new_infs(out: np.ndarray, src: np.ndarray, src_dtype: str, ggml_type: GGMLQuantizationType) -> int:
+    """Values an f16 encode made infinite (llama.cpp's converter overflows silently; beyond +-65504 is inf)."""
+    if ggml_type != Q.F16 or src_dtype == "F16":
+        return 0
+    # Cheap test on the f16 bits first (exponent all ones means inf or NaN); count only when needed.
+    if out.size and int((out.view(np.uint16) & np.uint16(0x7FFF)).max()) >= 0x7C00:
+        return int(np.isinf(out).sum()) - int(np.isinf(to_float32(src, src_dtype)).sum())
+    return 0
+
+
+def _overflow(name: str, n_inf: int) -> str:
+    return f"{name}: {n_inf} values exceed f16's range and became inf; use --outtype bf16 or f32"
