@@ -145,3 +145,35 @@ def test_matrix_reads_no_tensor_bytes(tmp_path: Path) -> None:
     before = _bytes_read()
     assert release_matrix(big, types=["q8_0"], no_imatrix=True, ctx=32, chunks=1) == {"include": [{"type": "Q8_0"}]}
     assert _bytes_read() - before < shard // 4
+
+
+def test_a_hub_cache_snapshot_is_known_by_its_blob_names(checkpoint: Path, tmp_path: Path) -> None:
+    """A checkpoint in huggingface_hub's cache (snapshots/REV/NAME -> blobs/SHA256 for LFS files), fetched on
+    another machine (other mtimes): the shard is known by its blob's name; a file that is no LFS blob (a 40-digit
+    git etag, or a plain copy) is hashed as before."""
+    import hashlib
+
+    from ggufkit.release.plan import file_hash
+    from ggufkit.release.steps import SHARED, trust_shared_hashes
+
+    recorded = {}
+    snapshot, blobs = tmp_path / "hub/snapshots/abc123", tmp_path / "hub/blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for p in sorted(checkpoint.iterdir()):
+        sha = hashlib.sha256(p.read_bytes()).hexdigest()
+        recorded[p.name] = {"sha256": sha, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns + 10**9}
+        if p.name == "model.safetensors":
+            shutil.copy(p, blobs / sha)
+            (snapshot / p.name).symlink_to(Path("../../blobs") / sha)
+        else:
+            shutil.copy(p, snapshot / p.name)
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / SHARED).write_text(json.dumps({"checkpoint": recorded}))
+    cache: dict[str, dict[str, object]] = {}
+    assert trust_shared_hashes(str(snapshot), cache, tmp_path / "x") == 1
+    assert list(cache) == [str((snapshot / "model.safetensors").resolve())]
+    # the blob's content is not what is trusted: its name is (the hub's address for it)
+    (blobs / recorded["model.safetensors"]["sha256"]).write_bytes(b"\0" * recorded["model.safetensors"]["size"])
+    os.utime(blobs / recorded["model.safetensors"]["sha256"], ns=(0, next(iter(cache.values()))["mtime_ns"]))
+    assert file_hash(snapshot / "model.safetensors", cache)["sha256"] == recorded["model.safetensors"]["sha256"]
