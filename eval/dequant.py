@@ -108,10 +108,16 @@ def _k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
 def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
     d, dmin = _f16(blocks, 0), _f16(blocks, 2)
     sc, mn = _k_scale_min(blocks[:, 4:16])
-    scale = (d * sc.to(torch.float32)).unsqueeze(-1)
-    shift = (dmin * mn.to(torch.float32)).unsqueeze(-1)
-    q = _k_low_nibbles(blocks[:, 16:144]).to(torch.float32)
-    return (scale * q - shift).reshape(-1, 256)
+    scale = (d * sc.to(torch.float32)).reshape(-1, 4, 2, 1)
+    shift = (dmin * mn.to(torch.float32)).reshape(-1, 4, 2, 1)
+    # Sub-block 2i is the low nibbles of bytes 32i.., 2i+1 their high nibbles (:func:`_k_low_nibbles`), written
+    # straight into the output and scaled there: the same two rounded operations, no intermediate copies
+    # (the evaluator dequantizes every expert it runs this way: its time is the MoE forward's).
+    qs = blocks[:, 16:144].reshape(-1, 4, 32)
+    out = torch.empty((blocks.shape[0], 4, 2, 32), dtype=torch.float32, device=blocks.device)
+    out[:, :, 0] = qs & 0x0F
+    out[:, :, 1] = qs >> 4
+    return out.mul_(scale).sub_(shift).reshape(-1, 256)
 
 
 def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -134,8 +140,9 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
     d = _f16(blocks, 208)
     scale = (d * scales).reshape(-1, 16, 1)
-    q = ((ql | (qh << 4)).to(torch.int8) - 32).reshape(-1, 16, 16).to(torch.float32)
-    return (scale * q).reshape(-1, 256)
+    q = ((ql | (qh << 4)).to(torch.int8) - 32).reshape(-1, 16, 16)
+    # widened into the output and scaled in place (one float32 array, not two: an output head is 100s of MB)
+    return torch.empty(q.shape, dtype=torch.float32, device=q.device).copy_(q).mul_(scale).reshape(-1, 256)
 
 
 def _two_bit(qs: torch.Tensor) -> torch.Tensor:
