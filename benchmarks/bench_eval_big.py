@@ -12,9 +12,35 @@ printed, and the two importance matrices compared (same entries; relative L2 of 
 runs once with its float cache off (``GGUFKIT_EVAL_FLOAT_CACHE_MB=0``: only the block in flight dequantized).
 Every step runs under ``flock /tmp/heavy.lock`` (one heavy job at a time on a shared machine).
 
-Measured (2026-11-28, AMD EPYC Zen 3, 2 cores, AVX2/FMA/F16C, no AVX-512, 2 threads, 23 GiB, the machine shared
-with eight other jobs; see the results printed by the run for the load average): see the table at the end of
-this docstring.
+Measured 2026-11-28 on the Q4_K_M file (2.30 GiB). The shared 2-core machine's heavy lock was held by another
+hour-long benchmark, so the comparison ran on a lent GPU machine's CPU: "Intel(R) Xeon(R) Processor" (AVX-512),
+16 cores, 128 GiB, load average 0.0-4.7, 16 threads, the file rebuilt there from a thin copy
+(``--thin`` / ``--compare-thin``: every tensor's first 64 rows repeated to its full shape, so every expert is
+alike; memory and time do not depend on the values), ggufkit's float cache set to what it takes by default on a
+24 GiB machine (``GGUFKIT_BENCH_FLOAT_CACHE_MB=5376``, a quarter of ~21 GiB available):
+
+=============================  ======  =======  ============
+run                            wall s  CPU s    peak RSS GiB
+=============================  ======  =======  ============
+llama-perplexity                  7.3     70.6          4.04
+ggufkit ppl                      15.1     87.8          8.34
+llama-imatrix                     9.9     96.9          4.14
+ggufkit imatrix                  14.7    100.2          8.01
+ggufkit ppl, float cache 0       12.9     89.2          5.06
+=============================  ======  =======  ============
+
+ppl / llama-perplexity: wall 2.06x, CPU 1.24x, peak RSS 2.06x (1.25x with the float cache off); imatrix /
+llama-imatrix: wall 1.49x, CPU 1.03x, RSS 1.93x (Intel Xeon, AVX-512, 16 threads). ggufkit's peak is 15.7 GiB
+(imatrix 16.0 GiB) under 24 GiB; 18.9 GiB under it without the float cache. PPL 104158.34 vs llama-perplexity's
+104810.19 (-0.62 %: llama.cpp rounds the activations to Q8_K for Q4_K/Q6_K weights, ggufkit multiplies float32;
+random tiled weights); the imatrix files hold the same entries, ``in_sum2`` relative L2 8.5e-3. The 3.3 GiB
+between the float-cache runs is the cache (every dense matrix and the head kept as float32 for the next forward
+pass; two chunks are one pass, so here it buys nothing). ``--device cuda`` on the H200 (``--cuda``): ppl 9.8 s,
+imatrix 10.1 s, peak CUDA allocation 4.02 GiB for the 2.30 GiB file (the rest: the head's 32768-row float chunk
+and its dequantization, the largest single step), host RSS 3.5 GiB; PPL 104158.3926 vs 104158.3416 on the CPU.
+Before eval/dequant.py's in-place Q4_K/Q6_K kernels the same runs peaked at 4.68 GiB CUDA, 6.05 GiB RSS (cache 0)
+and 9.35 GiB RSS (default). The run on the shared 2-core machine (AMD EPYC Zen 3, AVX2, no AVX-512) is the
+command below; its Q4_K_M conversion took 17:21 min wall at load 14-15, peak RSS 2.55 GiB.
 
 Run: ``python benchmarks/bench_eval_big.py /tmp/scaleeval`` (keeps the checkpoint and GGUF files there between
 runs; delete it afterwards: ~4 GB checkpoint, 2.3 GB Q4_K_M, 8 GB BF16) or ``python -m pytest
@@ -56,8 +82,9 @@ _RUN = ("import json, resource, subprocess, sys, time\n"
 
 @contextlib.contextmanager
 def heavy() -> Iterator[None]:
-    """Hold /tmp/heavy.lock (the lock ``flock /tmp/heavy.lock`` takes) while a heavy step runs."""
-    with open("/tmp/heavy.lock", "a") as f:
+    """Hold /tmp/heavy.lock (the lock ``flock /tmp/heavy.lock`` takes; ``GGUFKIT_BENCH_LOCK``: another file)
+    while a heavy step runs."""
+    with open(os.environ.get("GGUFKIT_BENCH_LOCK", "/tmp/heavy.lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -119,30 +146,46 @@ def imatrix_difference(ours: Path, theirs: Path) -> tuple[bool, float]:
     return sorted(a) == sorted(b), float(np.linalg.norm(x - y) / np.linalg.norm(y))
 
 
-def run(work: Path, outtypes: list[str] = OUTTYPES, report: Callable[[str], None] = print) -> dict[str, dict]:
-    """Measure both tools on each outtype's file; returns ``{outtype: {run name: numbers}}``."""
-    from bench_convert_fp8 import cpu_name
+def llama_tool(name: str) -> Path:
+    """llama.cpp's built tool ``name`` (``GGUFKIT_BENCH_LLAMA_BIN``: another folder of them)."""
     from llama_cpp_sources import tool_path
+
+    folder = os.environ.get("GGUFKIT_BENCH_LLAMA_BIN")
+    return Path(folder) / name if folder else tool_path(name)
+
+
+def run(work: Path, outtypes: list[str] = OUTTYPES, report: Callable[[str], None] = print) -> dict[str, dict]:
+    """Build the files (when missing) and measure both tools on each; returns ``{outtype: {run: numbers}}``."""
+    work.mkdir(parents=True, exist_ok=True)
+    return compare(prepare(work, outtypes), work, report)
+
+
+def compare(files: dict[str, Path], work: Path, report: Callable[[str], None] = print) -> dict[str, dict]:
+    """Both tools on each file, alternating (module docstring); ``GGUFKIT_BENCH_FLOAT_CACHE_MB`` sets ggufkit's
+    float cache for its main runs (default: its own, a quarter of the available RAM)."""
+    from bench_convert_fp8 import cpu_name
 
     from ggufkit.eval.perplexity import sample_text
 
-    work.mkdir(parents=True, exist_ok=True)
-    files = prepare(work, outtypes)
     text = work / "text.txt"
     text.write_text(sample_text() + "\n", encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
+    ours_env = dict(env)
+    if os.environ.get("GGUFKIT_BENCH_FLOAT_CACHE_MB"):
+        ours_env["GGUFKIT_EVAL_FLOAT_CACHE_MB"] = os.environ["GGUFKIT_BENCH_FLOAT_CACHE_MB"]
     no_cache = {**env, "GGUFKIT_EVAL_FLOAT_CACHE_MB": "0"}
     common = ["-f", str(text), "-c", str(CTX), "--chunks", str(CHUNKS)]
     cpu, results = cpu_name(), {}
     for outtype, model in files.items():
         m = str(model)
         steps: list[tuple[str, list[str], dict[str, str]]] = [
-            ("llama-perplexity", [str(tool_path("llama-perplexity")), "-m", m, *common, "-t", str(THREADS)], env),
-            ("ggufkit ppl", [sys.executable, "-m", "ggufkit", "ppl", m, *common, "--device", "cpu", "--json"], env),
-            ("llama-imatrix", [str(tool_path("llama-imatrix")), "-m", m, *common, "-t", str(THREADS), "-o",
+            ("llama-perplexity", [str(llama_tool("llama-perplexity")), "-m", m, *common, "-t", str(THREADS)], env),
+            ("ggufkit ppl", [sys.executable, "-m", "ggufkit", "ppl", m, *common, "--device", "cpu", "--json"],
+             ours_env),
+            ("llama-imatrix", [str(llama_tool("llama-imatrix")), "-m", m, *common, "-t", str(THREADS), "-o",
                                str(work / f"theirs-{outtype}.imatrix.gguf")], env),
             ("ggufkit imatrix", [sys.executable, "-m", "ggufkit", "imatrix", m, *common, "--device", "cpu", "--json",
-                                 "-o", str(work / f"ours-{outtype}.imatrix.gguf")], env),
+                                 "-o", str(work / f"ours-{outtype}.imatrix.gguf")], ours_env),
             ("ggufkit ppl, float cache 0", [sys.executable, "-m", "ggufkit", "ppl", m, *common, "--device", "cpu",
                                             "--json"], no_cache)]
         got: dict[str, dict] = {}
@@ -157,10 +200,10 @@ def run(work: Path, outtypes: list[str] = OUTTYPES, report: Callable[[str], None
         ppl_theirs = _llama_ppl(Path(got["llama-perplexity"]["log"]))
         same, rel = imatrix_difference(work / f"ours-{outtype}.imatrix.gguf", work / f"theirs-{outtype}.imatrix.gguf")
         got["summary"] = {"ppl_ggufkit": ppl_ours, "ppl_llama": ppl_theirs, "imatrix_same_entries": same,
-                          "imatrix_rel_l2": rel}
+                          "imatrix_rel_l2": rel, "cpu": cpu, "threads": THREADS}
         for ours, theirs in (("ggufkit ppl", "llama-perplexity"), ("ggufkit imatrix", "llama-imatrix")):
             a, b = got[ours], got[theirs]
-            report(f"{outtype} {ours} / {theirs} on {cpu}: wall {a['wall'] / b['wall']:.2f}x, CPU "
+            report(f"{outtype} {ours} / {theirs} on {cpu}, {THREADS} threads: wall {a['wall'] / b['wall']:.2f}x, CPU "
                    f"{a['cpu'] / b['cpu']:.2f}x, peak RSS {a['rss'] / b['rss']:.2f}x; ggufkit's peak "
                    f"{(LIMIT - a['rss']) / 2**30:.1f} GiB under 24 GiB")
         report(f"{outtype}: PPL ggufkit {ppl_ours:.4f} vs llama-perplexity {ppl_theirs:.4f} "
@@ -264,7 +307,12 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--thin"]:  # python bench_eval_big.py --thin MODEL.gguf THIN.gguf
         thin_copy(Path(sys.argv[2]), Path(sys.argv[3]))
         sys.exit(0)
-    if sys.argv[1:2] == ["--cuda"]:  # python bench_eval_big.py --cuda THIN.gguf WORKDIR (on the GPU machine)
+    if sys.argv[1:2] == ["--compare-thin"]:  # python bench_eval_big.py --compare-thin THIN.gguf WORKDIR
+        work = Path(sys.argv[3])
+        work.mkdir(parents=True, exist_ok=True)
+        expand(Path(sys.argv[2]), work / "tiled.gguf")
+        out = compare({"q4_k_m-tiled": work / "tiled.gguf"}, work)
+    elif sys.argv[1:2] == ["--cuda"]:  # python bench_eval_big.py --cuda THIN.gguf WORKDIR (on the GPU machine)
         out = run_cuda(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
         out = run(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/bench-eval-big"))
