@@ -52,14 +52,20 @@ def test_convert_check_of_an_fp8_source_runs_against_the_dequantized_weights(tmp
 
 
 @pytest.mark.parametrize("hf_class,outtype,store", [
-    ("Qwen3MoeForCausalLM", "f32", lambda d: store_fp8(d, scheme="block", block=(24, 40))),  # experts fused by tf5
+    # DeepSeek V3 as released in FP8 (MLA, routed experts that transformers 5 fuses on load): F32, as for a
+    # bf16 source (stacked experts stored rounded have no single checkpoint tensor to round)
+    ("DeepseekV3ForCausalLM", "f32", lambda d: store_fp8(d, scheme="block", block=(24, 40))),
     ("LlamaForCausalLM", "bf16", lambda d: store_fp8(d, scheme="mixed", block=(0, 0))),  # per-channel, per-tensor
     ("LlamaForCausalLM", "q8_0", lambda d: store_compressed(d, "pack-quantized", zero_point=True)),  # INT4
 ])
 def test_check_of_quantized_sources_compares_the_dequantized_model(tmp_path: Path, hf_class: str, outtype: str,
                                                                    store: Any) -> None:
-    vocab = {"vocab": "real:gpt-2"} if hf_class.startswith("Qwen") else {}
-    d = make_checkpoint(tmp_path / "m", hf_class, **vocab)
+    if hf_class == "DeepseekV3ForCausalLM":
+        from test_family_deepseek2 import make_deepseek
+
+        d = make_deepseek(tmp_path / "m", "v3")
+    else:
+        d = make_checkpoint(tmp_path / "m", hf_class)
     store(d)
     report = convert(d, tmp_path / "m.gguf", outtype=outtype)
     assert_exact(check_conversion(d, report.outputs[0], report.plan))
