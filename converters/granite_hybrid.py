@@ -177,8 +177,9 @@ def rewrite_tensors(raw: list[Raw], loaders: dict[str, Callable[[], Any]], confi
         fn: Callable[[np.ndarray], np.ndarray] | None = None
         if kind == "SSM_DT" and not name.endswith((".weight", ".bias")):
             name += ".bias"
-        elif kind == "SSM_A":
-            shape, fn = (int(np.prod(shape)), 1), lambda a: neg_exp(a).reshape(-1, 1)
+        elif kind == "SSM_A":  # llama.cpp's converter widens bf16 to float32 before modify_tensors
+            shape, fn = (int(np.prod(shape)), 1), lambda a, d=dtype: neg_exp(a, d).reshape(-1, 1)
+            dtype = "F32" if dtype == "BF16" else dtype
         elif kind == "SSM_D":
             shape, fn = (int(np.prod(shape)), 1), lambda a: a.reshape(-1, 1)
         elif kind == "SSM_CONV1D" and name.endswith(".weight") and len(shape) == 3:

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from ggufkit.converters.ssm_values import neg_exp
-from ggufkit.converters.stream import to_float32
 from ggufkit.errors import UnsupportedArchitectureError
 from ggufkit.format.values import VT
 
@@ -182,7 +181,7 @@ def _wrap(loaders: dict[str, Callable[[], Any]], old: str, new: str, fn: Callabl
 def _a_from_log(src_dtype: str) -> Callable[[np.ndarray], np.ndarray]:
     """``A`` as ``[n_head, 1]`` from ``A_log`` stored as ``src_dtype`` (bf16 widened to float32 first)."""
     def load(a: np.ndarray) -> np.ndarray:
-        return neg_exp(to_float32(a, "BF16") if src_dtype == "BF16" else a).reshape(-1, 1)
+        return neg_exp(a, src_dtype).reshape(-1, 1)
 
     return load
 

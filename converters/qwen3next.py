@@ -107,16 +107,6 @@ def hparams(config: Mapping[str, Any], values: dict[str, Any], *_: Any) -> dict[
 
 
 # -- tensors ---------------------------------------------------------------------------------------
-def _neg_exp(arr: np.ndarray, dtype: str) -> np.ndarray:
-    """``-torch.exp(A_log)`` as llama.cpp's converter computes it (a BF16 source widened to float32 first).
-    (:func:`ggufkit.converters.ssm_values.neg_exp`)."""
-    from ggufkit.converters.stream import to_float32
-
-    if dtype == "BF16":
-        arr = to_float32(arr, "BF16")
-    return neg_exp(arr)
-
-
 def _tile_v_heads(arr: np.ndarray, axis: int, n_k: int, v_per_k: int, head: int) -> np.ndarray:
     """V heads from grouped (by K head: G0_v0..v{r-1}, G1_v0..) to tiled order (G0_v0, G1_v0, .., G0_v1, ..)
     along ``axis`` (_LinearAttentionVReorderBase._reorder_v_heads)."""
@@ -192,7 +182,7 @@ def rewrite_tensors(raw: list[Raw], loaders: dict[str, Loader], config: Mapping[
             rules.append(reorder)
         if kind == "SSM_A":
             src_dtype = dtype
-            rules.append(lambda a, s=src_dtype: _neg_exp(a, s))  # type: ignore[misc]
+            rules.append(lambda a, s=src_dtype: neg_exp(a, s))  # type: ignore[misc]
             dtype = "F32" if dtype == "BF16" else dtype
         if kind == "SSM_DT" and not gguf.endswith(".bias"):  # dt_bias -> dt_proj.bias
             gguf += ".bias"

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ggufkit.converters.stream import to_float32
 
-def neg_exp(arr: np.ndarray) -> np.ndarray:
-    """``-exp(arr)`` in ``arr``'s dtype, as ``-torch.exp`` computes it (float32 in, float32 out)."""
+
+def neg_exp(arr: np.ndarray, src_dtype: str = "F32") -> np.ndarray:
+    """``-exp(arr)`` as ``-torch.exp`` computes it (float32 in, float32 out). A ``BF16`` source (its bit
+    patterns) is widened to float32 first, as llama.cpp's converter widens bf16 before ``modify_tensors``."""
+    if src_dtype == "BF16":
+        arr = to_float32(arr, "BF16")
     try:
         import torch
     except ImportError:  # pragma: no cover - the [torch] extra is not installed

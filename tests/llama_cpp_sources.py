@@ -2,7 +2,8 @@
 
 The sources come from the llama-cpp-python 0.3.36 source distribution on PyPI. They are fetched at
 *install* time by the README's test command (``python tests/llama_cpp_sources.py``), never during a test
-run. The same command fetches the published GGUF files of :mod:`real_models`. ``GGUFKIT_LLAMA_CPP_SRC`` overrides the location.
+run. The same command fetches the published GGUF files of :mod:`real_models` and the released tokenizers of
+:mod:`real_tokenizers`. ``GGUFKIT_LLAMA_CPP_SRC`` overrides the location.
 
 ggml's shared libraries come from the installed ``llama-cpp-python`` wheel (``llama_cpp/lib``).
 """
@@ -108,8 +109,11 @@ def build_tools() -> Path:
 
 if __name__ == "__main__":
     import real_models
+    import real_tokenizers
 
     print(fetch())
     print(build_tools())
     for path in real_models.fetch_all():
+        print(path)
+    for path in real_tokenizers.fetch_all():
         print(path)

@@ -59,9 +59,11 @@ DENSE: dict[str, Any] = {**MOE, "num_local_experts": 0, "num_experts_per_tok": 0
 VARIANTS = {"moe": MOE, "dense": DENSE}
 
 
-def make_granite(d: Path, variant: str = "moe", layout: str = "v5", seed: int = 0, **overrides: Any) -> Path:
+def make_granite(d: Path, variant: str = "moe", layout: str = "v5", seed: int = 0, bf16: bool = False,
+                 **overrides: Any) -> Path:
     """A tiny random Granite 4 checkpoint in ``d``: transformers 5's save (``layout="v5"``), or that save's
-    config.json rewritten as the released configs spell it (``"release"``)."""
+    config.json rewritten as the released configs spell it (``"release"``); float32, or bf16 as released."""
+    import torch
     import transformers
 
     d.mkdir(parents=True, exist_ok=True)
@@ -72,6 +74,8 @@ def make_granite(d: Path, variant: str = "moe", layout: str = "v5", seed: int = 
     randomize(model, seed)
     if config.tie_word_embeddings:
         model.tie_weights()
+    if bf16:
+        model = model.to(torch.bfloat16)
     model.save_pretrained(d)
     if layout == "release":
         to_release_config(d / "config.json")
@@ -192,6 +196,18 @@ def test_f16_and_q8_0_conversions(files: dict[str, Path], variant: str) -> None:
     with open_gguf(files["moe-v5-q8_0"]) as f:
         assert f.architecture == "granitehybrid"
     assert np.isfinite(llama_cpp_logits(files["moe-v5-q8_0"])).all()
+
+
+def test_a_bf16_release_converts_to_llama_cpps_file(tmp_path: Path) -> None:
+    """Granite 4 is released in bf16. ``A = -exp(A_log)`` is taken on the values widened to float32 and written
+    F32, as llama.cpp's converter does; ggufkit once took the exp of the bf16 bit patterns (every A was -inf)."""
+    ckpt = make_granite(tmp_path / "ckpt", "dense", "release", bf16=True)
+    theirs = llama_cpp_convert(ckpt, tmp_path / "theirs.gguf", "bf16")
+    ours = Path(convert(ckpt, tmp_path / "ours.gguf", outtype="bf16").outputs[0])
+    assert_same_file(theirs, ours)
+    with open_gguf(ours) as f:
+        a = np.frombuffer(bytes(f.raw(f["blk.1.ssm_a"])), np.float32)
+        assert np.isfinite(a).all() and (a < 0).all()
 
 
 # -- evaluator -----------------------------------------------------------------------------------------------
