@@ -10,15 +10,16 @@ by block row, without a weight-sized expanded scale.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ggufkit.converters.checkpoint import Checkpoint, SourceTensor
+from ggufkit.converters.stream import page_releaser
 from ggufkit.errors import CheckpointError
 
-__all__ = ["FP8_DTYPES", "dequant_simple", "install_fp8", "install_scaled", "widen"]
+__all__ = ["FP8_DTYPES", "Dequantized", "dequant_simple", "install_fp8", "install_scaled", "widen"]
 
 
 def _fp8_table(exp_bits: int, man_bits: int, finite: bool) -> np.ndarray:
@@ -106,10 +107,41 @@ def install_scaled(ckpt: Checkpoint, weight_name: str, scale_name: str, block_si
 
 def _loader(ckpt: Checkpoint, w: SourceTensor, s: SourceTensor,
             block_size: Sequence[int] | None) -> Callable[[], np.ndarray]:
-    def load() -> np.ndarray:
-        return dequant_simple(ckpt.read_stored(w.name), w.dtype, ckpt.read_stored(s.name), s.dtype, block_size)
+    return Dequantized(ckpt, w, s, block_size)
 
-    return load
+
+#: Rows of a block-scaled weight are dequantized in pieces of about this many weights (16 MiB as float32).
+PIECE_WEIGHTS = 1 << 22
+
+
+class Dequantized:
+    """A scaled weight's loader: called, its float32 values (:func:`dequant_simple`); :meth:`pieces` gives them
+    block row by block row, for a stream that converts and writes rows as they come (an FP8 ``o_proj`` of
+    DeepSeek-V3, 7168 x 16384, is 470 MB as float32: the pieces are 16 MB)."""
+
+    def __init__(self, ckpt: Checkpoint, w: SourceTensor, s: SourceTensor,
+                 block_size: Sequence[int] | None) -> None:
+        self.ckpt, self.w, self.s, self.block_size = ckpt, w, s, block_size
+
+    def __call__(self) -> np.ndarray:
+        return dequant_simple(self.ckpt.read_stored(self.w.name), self.w.dtype, self.ckpt.read_stored(self.s.name),
+                              self.s.dtype, self.block_size)
+
+    def pieces(self) -> Iterator[np.ndarray]:
+        """The float32 values in row blocks, in order: the same products as :meth:`__call__`, row for row."""
+        weight, scale = self.ckpt.read_stored(self.w.name), self.ckpt.read_stored(self.s.name)
+        block = self.block_size
+        if block is None or weight.ndim != 2 or scale.ndim != 2 or len(block) != 2:
+            yield self()
+            return
+        b0 = int(block[0])
+        step = b0 * max(1, PIECE_WEIGHTS // max(1, b0 * weight.shape[1]))
+        release = page_releaser(weight)  # the FP8 pages of a piece leave this process once it is dequantized
+        for i in range(0, weight.shape[0], step):
+            rows = weight[i:i + step]
+            yield dequant_simple(rows, self.w.dtype, scale[i // b0:(i + step) // b0], self.s.dtype, block)
+            if release is not None:
+                release(rows)
 
 
 def install_fp8(ckpt: Checkpoint, quant: dict[str, Any]) -> set[str]:

@@ -58,7 +58,12 @@ def _convert_traced(d: Path, out: Path, outtype: str) -> int:
         src.checkpoint.close()
 
 
-def test_fp8_experts_stream_one_at_a_time(fp8_moe: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def theirs_bf16(fp8_moe: Path) -> Path:
+    return llama_cpp_convert(fp8_moe, fp8_moe.parent / "theirs-bf16.gguf", "bf16")
+
+
+def test_fp8_experts_stream_one_at_a_time(fp8_moe: Path, theirs_bf16: Path, tmp_path: Path) -> None:
     """FP8 -> BF16: the numpy memory of the write stays below one stacked float32 tensor (the old stream held
     that and its bf16 copy: 43.8 MB traced against 10.9 MB now), and the file is llama.cpp's converter's."""
     ours = tmp_path / "ours-bf16.gguf"
@@ -66,22 +71,21 @@ def test_fp8_experts_stream_one_at_a_time(fp8_moe: Path, tmp_path: Path) -> None
     with open_gguf(ours) as f:
         assert f["blk.0.ffn_gate_exps.weight"].shape == (N_EXPERT, EXPERT_FF, HIDDEN)
     assert peak < STACK_F32, (peak, STACK_F32)
-    assert_same_file(llama_cpp_convert(fp8_moe, tmp_path / "theirs-bf16.gguf", "bf16"), ours)
+    assert_same_file(theirs_bf16, ours)
 
 
-def test_blocks_of_every_tensor_equal_llama_cpp(fp8_moe: Path, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Q8_0 with blocks of 4096 elements: every tensor (embeddings, attention, each expert) reaches the writer in
-    several pieces, and the file is llama.cpp's converter's."""
+def test_blocks_of_every_tensor_give_the_same_bytes(fp8_moe: Path, theirs_bf16: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 4096 elements: every tensor (the bf16 embeddings passed through, the dequantized attention,
+    each expert) reaches the writer in several pieces. BF16 is llama.cpp's converter's file; Q8_0 is the file
+    of whole tensors (the experts' one at a time)."""
+    whole = tmp_path / "whole-q8_0.gguf"  # every tensor of this model is below PIECE_ELEMENTS: one buffer each
+    _convert_traced(fp8_moe, whole, "q8_0")
     monkeypatch.setattr(stream, "PIECE_ELEMENTS", 4096)
-    ours = tmp_path / "ours-q8_0.gguf"
-    _convert_traced(fp8_moe, ours, "q8_0")
-    theirs = llama_cpp_convert(fp8_moe, tmp_path / "theirs-q8_0.gguf", "q8_0")
-    with open_gguf(theirs) as a, open_gguf(ours) as b:  # a quantized outtype is in llama-quantize's order
-        assert sorted((t.name, t.ggml_type, t.ne) for t in a.tensors) == sorted(
-            (t.name, t.ggml_type, t.ne) for t in b.tensors)
-        for t in a.tensors:
-            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+    _convert_traced(fp8_moe, tmp_path / "ours-bf16.gguf", "bf16")
+    assert_same_file(theirs_bf16, tmp_path / "ours-bf16.gguf")
+    _convert_traced(fp8_moe, tmp_path / "ours-q8_0.gguf", "q8_0")
+    assert (tmp_path / "ours-q8_0.gguf").read_bytes() == whole.read_bytes()
 
 
 def test_writer_takes_a_tensor_in_pieces(tmp_path: Path) -> None:
@@ -99,3 +103,18 @@ def test_writer_takes_a_tensor_in_pieces(tmp_path: Path) -> None:
         with pytest.raises(GGUFKitError, match="tensor 'a'"):
             write_gguf(tmp_path / "bad.gguf", meta, specs, [iter(parts), b])
         assert not (tmp_path / "bad.gguf").exists()
+
+
+def test_fp8_weight_dequantizes_in_block_rows(fp8_moe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An FP8 weight's loader gives its float32 values block row by block row (one 128-row block at a time
+    here), the same bits as the whole tensor, so a stream need not hold a 470 MB float32 ``o_proj``."""
+    from ggufkit.converters import source_fp8
+
+    monkeypatch.setattr(source_fp8, "PIECE_WEIGHTS", 1)
+    src = open_source(fp8_moe, False)
+    assert src.checkpoint is not None
+    load = src.checkpoint.derived["model.layers.0.self_attn.q_proj.weight"]
+    assert isinstance(load, source_fp8.Dequantized)
+    parts = list(load.pieces())
+    assert [p.shape[0] for p in parts] == [128, 128]
+    assert np.concatenate(parts).tobytes() == load().tobytes()
