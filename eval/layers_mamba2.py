@@ -120,76 +120,100 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _masks(size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lower-triangular masks of a chunk, with and without the diagonal (made once per size and device)."""
-    tril = torch.ones(size, size, dtype=torch.bool, device=device).tril()
-    return tril, tril.tril(-1)
+def _masks(size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[s, l]`` masks of a chunk (made once per size and device): ``l > s`` (bool), ``l >= s`` (float32), and
+    the float32 1 that :func:`ssm_scan` fills the rest of its decay matrix with."""
+    upper = torch.ones(size, size, dtype=torch.bool, device=device).triu()
+    return upper.triu(1), upper.to(torch.float32), torch.ones((), device=device)
 
 
 def ssm_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-             chunk: int = SCAN_CHUNK) -> torch.Tensor:
+             chunk: int = SCAN_CHUNK, d: torch.Tensor | None = None) -> torch.Tensor:
     """The Mamba-2 selective scan of ``ggml_ssm_scan`` from a zero state, chunked over time.
 
     Args:
-        x: ``float32[B, T, n_head, head_dim]``.
+        x: ``float32[B, T, n_head, head_dim]`` (any strides).
         dt: ``float32[B, T, n_head]``, the time step with its bias added, before the softplus.
         a: ``float32[n_head]`` (``ssm_a``: ``-exp(A_log)``).
         b, c: ``float32[B, T, n_group, d_state]``; head ``h`` reads group ``h // (n_head / n_group)``.
         chunk: tokens per chunk.
+        d: ``float32[n_head]`` (``ssm_d``): when given, ``x * D`` is added to the result (the graph's
+            ``ggml_add(y, ggml_mul(x, ssm_d))``).
 
     Returns:
-        ``float32[B, T, n_head, head_dim]``: ``y_t = sum_{s <= t} exp(sum_{s < k <= t} dt'_k A) (C_t · B_s) dt'_s x_s``.
+        ``float32[B, T, n_head, head_dim]``:
+        ``y_t = sum_{s <= t} (prod_{s < k <= t} exp(dt'_k A)) (C_t · B_s) dt'_s x_s`` (``+ D x_t``).
+
+    The decays are products of the steps' ``exp(dt' A)``, as ggml's loop multiplies the state by each step's
+    decay (a running product per chunk: no exp of long sums, and no slow exp of the sums that underflow).
+    Inside a chunk the sums are one batched matmul per head of the decay-weighted ``C_l · B_s`` with
+    ``dt' x``; between chunks the state at each chunk's end (heads as columns: one matmul per chunk and
+    group) is carried, and read by the next chunk's ``C``.
     """
     bsz, t, nh, hd = x.shape
     ng, ns = b.shape[2], b.shape[3]
     r = nh // ng
-    dts = softplus(dt)
-    da = dts * a.reshape(1, 1, nh)  # [B, T, H] log decay per token
-    xdt = x * dts.unsqueeze(-1)
     size = max(1, min(chunk, t))
-    pad = (-t) % size
-    if pad:  # zero steps at the end: no input, decay 1; their outputs are dropped
-        xdt = F.pad(xdt, (0, 0, 0, 0, 0, pad))
-        da = F.pad(da, (0, 0, 0, pad))
+    pad = (-t) % size  # zero steps at the end: no input, decay 1; their outputs are dropped
+    nc = (t + pad) // size
+    dts = softplus(dt)  # [B, T, H]
+    # dt' x with the heads before the time axis ([B, H, T', P]: the intra-chunk matmul's batches)
+    xdt = (x.new_zeros if pad else x.new_empty)(bsz, nh, t + pad, hd)
+    torch.mul(x.transpose(1, 2), dts.transpose(1, 2).unsqueeze(-1), out=xdt[:, :, :t])
+    step = torch.exp(dts * a.reshape(1, 1, nh)).transpose(1, 2)  # [B, H, T]: each step's decay
+    if pad:
+        step = F.pad(step, (0, pad), value=1.0)
         b = F.pad(b, (0, 0, 0, 0, 0, pad))
         c = F.pad(c, (0, 0, 0, 0, 0, pad))
-    nc = (t + pad) // size
-    xdt = xdt.reshape(bsz, nc, size, ng, r, hd)
-    bm = b.reshape(bsz, nc, size, ng, ns)
-    cm = c.reshape(bsz, nc, size, ng, ns)
-    da = da.reshape(bsz, nc, size, ng, r).permute(0, 3, 4, 1, 2)  # [B, G, R, c, L]
-    # seg[..., l, s] = sum_{s < k <= l} da_k, summed from s + 1 (not a difference of two long cumsums)
-    tril, strict = _masks(size, x.device)
-    rep = da.unsqueeze(-1) * strict  # [..., l, s] = da_l where s < l, else 0
-    seg = rep.cumsum(dim=-2)
-    decay = torch.exp(seg).mul_(tril)  # [B, G, R, c, L, L]; seg <= 0 on and below the diagonal
-    cb = torch.einsum("bclgn,bcsgn->bgcls", cm, bm)  # [B, G, c, L, L]
-    y = torch.einsum("bgrcls,bcsgrp->bclgrp", decay * cb.unsqueeze(2), xdt)
-    if nc > 1:
-        # each chunk's own contribution to the state at its end, then the states carried chunk to chunk
-        to_end = decay[..., -1, :]  # [B, G, R, c, L]: exp(sum_{s < k <= L-1} da_k)
-        states = torch.einsum("bcsgn,bgrcs,bcsgrp->bcgrpn", bm, to_end, xdt)
-        total = torch.exp(seg[..., -1, 0] + da[..., 0])  # [B, G, R, c]: the whole chunk's decay
-        carried = [torch.zeros_like(states[:, 0])]
-        for i in range(nc - 1):
-            carried.append(carried[-1] * total[..., i, None, None] + states[:, i])
-        init = torch.stack(carried, dim=1)  # [B, c, G, R, P, N]: state before each chunk
-        from_start = torch.exp(da.cumsum(dim=-1))  # [B, G, R, c, L]: exp(sum_{k <= l} da_k)
-        y = y + torch.einsum("bclgn,bcgrpn,bgrcl->bclgrp", cm, init, from_start)
-    return y.reshape(bsz, nc * size, nh, hd)[:, :t]
+    step = step.reshape(bsz, nh, nc, size)
+    strict, upper, one = _masks(size, x.device)
+    # decay[..., s, l] = prod_{s < k <= l} step_k, 1 where l <= s: [B, H, c, L, L], made and used in place
+    decay = x.new_empty(bsz, nh, nc, size, size)
+    torch.where(strict, step.unsqueeze(-2), one, out=decay).cumprod_(-1)
+    # C_l · B_s of each chunk and group, 0 where l < s: [B, c, G, S, L]
+    bm = b.reshape(bsz, nc, size, ng, ns).transpose(2, 3)
+    cm = c.reshape(bsz, nc, size, ng, ns).transpose(2, 3)
+    cb = torch.matmul(bm, cm.transpose(-1, -2)).mul_(upper)
+    to_end = decay[:, :, :-1, :, -1].clone() if nc > 1 else None  # [B, H, c-1, S]: decay from s to the end
+    decay.view(bsz, ng, r, nc, size, size).mul_(cb.permute(0, 2, 1, 3, 4).unsqueeze(2))
+    y = torch.bmm(decay.view(-1, size, size).transpose(1, 2), xdt.view(-1, size, hd)).view(bsz, nh, nc * size, hd)
+    del decay
+    out = x.new_empty(bsz, nc * size, nh, hd)
+    if nc == 1:
+        out.copy_(y.transpose(1, 2))
+    else:
+        assert to_end is not None
+        # the state each chunk but the last leaves at its end, heads as columns: [B, c-1, G, R * P, N]
+        xs = xdt.view(bsz, nh, nc, size, hd)[:, :, :-1] * to_end.unsqueeze(-1)  # [B, H, c-1, L, P]
+        xs = xs.view(bsz, ng, r, nc - 1, size, hd).permute(0, 3, 1, 4, 2, 5).reshape(bsz, nc - 1, ng, size, r * hd)
+        states = torch.matmul(xs.transpose(-1, -2), bm[:, :-1])
+        from_start = torch.cumprod(step, dim=-1)  # [B, H, c, L]: decay from the chunk's start to l
+        total = from_start[:, :, :-1, -1].reshape(bsz, ng, r, nc - 1).permute(0, 3, 1, 2)  # [B, c-1, G, R]
+        carried = states.view(bsz, nc - 1, ng, r, hd, ns)
+        for i in range(1, nc - 1):  # the state entering chunk i + 1: its own plus the one carried in, decayed
+            carried[:, i].add_(carried[:, i - 1] * total[:, i, :, :, None, None])
+        # chunks 1 .. c-1 read the state carried in (C_l · state), decayed from the chunk's start to l
+        yi = torch.matmul(cm[:, 1:], states.transpose(-1, -2))  # [B, c-1, G, L, R * P]
+        yi = yi.view(bsz, nc - 1, ng, size, r, hd).transpose(2, 3).reshape(bsz, (nc - 1) * size, nh, hd)
+        decayed = from_start[:, :, 1:].reshape(bsz, nh, (nc - 1) * size).transpose(1, 2).unsqueeze(-1)
+        out[:, :size].copy_(y[:, :, :size].transpose(1, 2))
+        torch.addcmul(y[:, :, size:].transpose(1, 2), yi, decayed, out=out[:, size:])
+    out = out[:, :t]
+    if d is not None:
+        out.addcmul_(x, d.reshape(1, 1, nh, 1))
+    return out
 
 
 def gated_group_norm(y: torch.Tensor, z: torch.Tensor, w: torch.Tensor | None, n_group: int,
                      eps: float) -> torch.Tensor:
     """``y * silu(z)`` (``ggml_swiglu_split(z, y)``), then RMS-normed over each group's ``d_inner / n_group``
     channels and times ``w`` (numpy ``[n_group, d_inner / n_group]``) when given; ``[B, T, d_inner]``."""
-    g = y * F.silu(z)
+    g = F.silu(z).mul_(y)  # silu(z) * y, the same product
     if w is None:
         return g
     shape = g.shape
-    g = g.reshape(*shape[:-1], n_group, shape[-1] // n_group)
-    g = F.rms_norm(g, (shape[-1] // n_group,), None, eps)  # x / sqrt(mean(x^2) + eps), as ggml_rms_norm
-    return (g * w.reshape(n_group, -1)).reshape(shape)
+    g = F.rms_norm(g.reshape(*shape[:-1], n_group, shape[-1] // n_group), (shape[-1] // n_group,), None, eps)
+    return g.mul_(w.reshape(n_group, -1)).view(shape)  # x / sqrt(mean(x^2) + eps), then * w, as ggml_rms_norm
 
 
 def mamba2_mixer(model: GGUFCausalLM, h: torch.Tensor, p: str, d: Mamba2Dims) -> torch.Tensor:
@@ -204,8 +228,8 @@ def mamba2_mixer(model: GGUFCausalLM, h: torch.Tensor, p: str, d: Mamba2Dims) ->
     x, bm, cm = xbc.split([d.d_inner, d.n_group * d.d_state, d.n_group * d.d_state], dim=-1)
     x = x.reshape(bsz, t, d.n_head, d.head_dim)
     y = ssm_scan(x, dt + model.weight(p + "ssm_dt.bias"), model.weight(p + "ssm_a").reshape(-1),
-                 bm.reshape(bsz, t, d.n_group, d.d_state), cm.reshape(bsz, t, d.n_group, d.d_state))
-    y = y + x * model.weight(p + "ssm_d").reshape(1, 1, d.n_head, 1)
+                 bm.reshape(bsz, t, d.n_group, d.d_state), cm.reshape(bsz, t, d.n_group, d.d_state),
+                 d=model.weight(p + "ssm_d").reshape(-1))
     y = gated_group_norm(y.reshape(bsz, t, d.d_inner), z, model.optional_weight(p + "ssm_norm.weight"),
                          d.n_group, model.hparams.eps)
     model.observe(y, p + "ssm_out.weight")
