@@ -18,12 +18,16 @@ Outtypes:
 Each converter runs in its own fresh process under a small Python parent that reports the child's
 ``ru_maxrss``. The CPU (model, AVX2 / AVX-512) is printed beside every ratio.
 
-Run: ``python -m pytest benchmarks/bench_convert_fp8.py --benchmark-enable -s -p no:cacheprovider`` (not part of
-CI; about 25 GB in the temporary folder; on 2 shared cores the whole run takes about an hour, give it no
-shorter timeout: a first run killed at 50 min had ggufkit bf16 in ~6.5 min vs llama.cpp's ~10 min and ggufkit
-q4_k_m in ~11 min vs llama.cpp's bf16 + llama-quantize unfinished after ~22 min, from file times under a load
-of 7-10). Targets (issue 32): time and peak RSS at most half
-of llama.cpp's.
+Run: ``flock /tmp/heavy.lock python -m pytest benchmarks/bench_convert_fp8.py --benchmark-enable -s -p no:cacheprovider
+-n 0`` (not part of CI; about 25 GB in the temporary folder; each result is printed as it lands). Targets (issue
+32): time and peak RSS at most half of llama.cpp's.
+
+Measured (stop 41, one run, AMD EPYC Zen 3, AVX2, no AVX-512, 2 cores shared with other jobs, load average
+7.6-13.3; ggufkit at commit 2e1e160: stacked experts written one expert at a time, big tensors in row blocks):
+- bf16: ggufkit 322.3 s, peak RSS 1035 MiB; llama.cpp's converter 872.2 s, 5799 MiB: time 0.37x, peak RSS 0.18x.
+  ggufkit's peak was then the FP8 ``o_proj`` (7168 x 16384) dequantized whole to float32 (470 MB); its
+  block-row pieces (``source_fp8.Dequantized.pieces``) reach the stream once plan.py hands them over.
+- q4_k_m in one pass: see the run's output (the stop ended before llama-quantize finished).
 """
 
 from __future__ import annotations
@@ -206,18 +210,20 @@ def test_fp8_convert_time_and_peak_rss_vs_llama_cpp(benchmark: Callable[..., obj
         return [sys.executable, "-m", "ggufkit", "convert", str(checkpoint), "-o",
                 str(tmp_path / f"ours-{outtype}.gguf"), "--outtype", outtype, "--quiet", "--no-check"]
 
+    def timed(name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        results[name] = measure(cmd, env)  # printed as it lands: a run cut short still reports what it had
+        print(f"{name}: {results[name][0]:.1f} s, peak RSS {results[name][1] / 2**20:.0f} MiB, load average "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+
     def run_all() -> None:
-        results["ggufkit bf16"] = measure(ours("bf16"))
-        results["llama.cpp bf16"] = measure([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"),
-                                             str(checkpoint), "--outfile", str(tmp_path / "theirs-bf16.gguf"),
-                                             "--outtype", "bf16"], env)
+        timed("ggufkit bf16", ours("bf16"))
+        timed("llama.cpp bf16", [sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(checkpoint),
+                                 "--outfile", str(tmp_path / "theirs-bf16.gguf"), "--outtype", "bf16"], env)
         mismatched.extend(same_sample(tmp_path / "theirs-bf16.gguf", tmp_path / "ours-bf16.gguf"))
         (tmp_path / "ours-bf16.gguf").unlink()
-        results["ggufkit q4_k_m"] = measure(ours("q4_k_m"))
-        results["llama-quantize q4_k_m"] = measure([sys.executable, "-c", _LLAMA_QUANTIZE,
-                                                    str(tmp_path / "theirs-bf16.gguf"),
-                                                    str(tmp_path / "theirs-q4_k_m.gguf"),
-                                                    str(LLAMA_FTYPE_MOSTLY_Q4_K_M)])
+        timed("ggufkit q4_k_m", ours("q4_k_m"))
+        timed("llama-quantize q4_k_m", [sys.executable, "-c", _LLAMA_QUANTIZE, str(tmp_path / "theirs-bf16.gguf"),
+                                        str(tmp_path / "theirs-q4_k_m.gguf"), str(LLAMA_FTYPE_MOSTLY_Q4_K_M)])
         for p in tmp_path.glob("*.gguf"):
             p.unlink()
 
@@ -231,8 +237,6 @@ def test_fp8_convert_time_and_peak_rss_vs_llama_cpp(benchmark: Callable[..., obj
             "sample_mismatches": mismatched, "total_s": time.perf_counter() - start,
             **{f"{k} s": v[0] for k, v in results.items()}, **{f"{k} peak MiB": v[1] / 2**20 for k, v in results.items()}}
     benchmark.extra_info.update(info)  # type: ignore[attr-defined]
-    for k, (s, rss) in results.items():
-        print(f"{k}: {s:.1f} s, peak RSS {rss / 2**20:.0f} MiB")
     print(f"bf16:   time {info['bf16_time_ratio']:.2f}x, peak RSS {info['bf16_rss_ratio']:.2f}x of llama.cpp's "
           f"converter on {cpu}")
     print(f"q4_k_m: time {info['q4_k_m_time_ratio']:.2f}x, peak RSS {info['q4_k_m_rss_ratio']:.2f}x of llama.cpp's "
