@@ -344,6 +344,9 @@ def _loader(ckpt: Checkpoint, source: str, transform: str | None, heads: Heads) 
         arr = ckpt.read(source)
         return TRANSFORMS[transform](arr, heads) if transform else arr
 
+    derived = ckpt.derived.get(source) if transform is None else None
+    if derived is not None and hasattr(derived, "pieces"):  # FP8 weights dequantized row block by row block
+        return derived
     return load
 
 
@@ -369,6 +372,8 @@ def _quant_entries(raw: list[tuple[str, str, str, tuple[int, ...], str, str | No
         ggml_type, reason = qe.dst_type, qe.reason
         if powerinfer and kind == "FFN_DOWN_T" and ggml_type != Q.Q4_0:
             ggml_type, reason = Q.F16, "PowerInfer's CPU axpy kernel reads ffn_down_t as F16 (or Q4_0)"
+        if dtype == "MXFP4":  # kept whatever the outtype, as GptOssModel.generate_extra_tensors writes it
+            ggml_type, reason = Q.MXFP4, "MXFP4 source: kept"
         entries.append(PlanEntry(gguf_name, source, shape, dtype, ggml_type, transform, reason, kind))
     return entries, int(qplan.file_type), qplan.target
 

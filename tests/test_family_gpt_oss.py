@@ -208,6 +208,25 @@ def test_an_mxfp4_checkpoint_to_bf16_keeps_its_mxfp4_experts(models: dict[str, P
                 assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
 
 
+def test_an_mxfp4_checkpoint_to_q8_0_keeps_its_mxfp4_experts(models: dict[str, Path], tmp_path: Path) -> None:
+    """A quantized outtype: the experts stay MXFP4 as llama.cpp's converter keeps them at any outtype
+    (GptOssModel.generate_extra_tensors), the rest Q8_0: every tensor of llama.cpp's q8_0 file, same type and
+    bytes, and its file type (a quantized outtype writes tensors in llama-quantize's order, as for every family).
+    ggufkit once fed the repacked MXFP4 blocks to the Q8_0 quantizer and refused the conversion."""
+    from ggufkit.converters import convert
+    from ggufkit.format import open_gguf
+
+    ours = convert(models["mxfp4"], tmp_path / "ours.gguf", outtype="q8_0").outputs[0]
+    theirs = llama_cpp_convert(models["mxfp4"], tmp_path / "theirs.gguf", "q8_0")
+    with open_gguf(theirs) as a, open_gguf(ours) as b:
+        assert sorted(t.name for t in a.tensors) == sorted(t.name for t in b.tensors)
+        assert {t.ggml_type.name for t in b.tensors if t.name.endswith("_exps.weight")} == {"MXFP4"}
+        for t in a.tensors:
+            assert (t.ggml_type, t.ne) == (b[t.name].ggml_type, b[t.name].ne), t.name
+            assert bytes(a.raw(t)) == bytes(b.raw(b[t.name])), t.name
+        assert a.get("general.file_type") == b.get("general.file_type")
+
+
 def assert_types(ours: Path, layout: str, outtype: str) -> None:
     from gguf import GGMLQuantizationType as QT
     from gguf import LlamaFileType
@@ -568,17 +587,15 @@ def test_mxfp4_on_another_class_is_refused_in_one_line(tmp_path: Path, capsys: p
     assert err.count("\n") == 1 and not (tmp_path / "x.gguf").exists()
 
 
-@pytest.mark.parametrize(("layout", "outtype", "status"), [("release", "bf16", "passed"), ("tf5", "q8_0", "skipped")])
+@pytest.mark.parametrize(("layout", "outtype", "status"), [("release", "bf16", "passed"), ("tf5", "q8_0", "passed")])
 def test_convert_check(models: dict[str, Path], tmp_path: Path, layout: str, outtype: str, status: str) -> None:
     """``convert --check`` (on by default): transformers' reference runs YaRN with ``truncate`` as llama.cpp
     computes it (the released ``truncate: false`` was 40 % of the logit range away), and a Q8_0 file whose experts
-    the hooks split and transpose is not compared against a reference that cannot round them so (skipped, saying
-    why, where it failed before)."""
+    the hooks split and transpose is compared against a reference rounded in the GGUF's rows
+    (converters/gpt_oss.py ``reference_rows``; the check skipped it before)."""
     from ggufkit.converters import convert
     from ggufkit.eval.convert_check import check_conversion
 
     report = convert(models[layout], tmp_path / "m.gguf", outtype=outtype)
     result = check_conversion(models[layout], report.outputs[0], report.plan, device="cpu")
     assert result.status == status, (result.reason, result.failures)
-    if status == "skipped":
-        assert "computed from model.layers.0.mlp.experts" in str(result.reason)
