@@ -8,9 +8,10 @@
 #   benchmarks/build_llama_cuda.sh BUILD_DIR OUT.tar.xz [all]
 #
 # A full ggml-cuda build is ~2 h on 2 cores. Without "all" the template instances a batched F16 evaluation
-# does not reach -- quantized matmul (mmq), small-batch F16 matmul (mmf) and single-token attention
-# (fattn-vec) -- are not compiled; each of their symbols becomes a stub that aborts with its name, so a run
-# that needs one fails loudly instead of taking another path.
+# does not reach -- quantized matmul (mmq) and single-token attention (fattn-vec) -- are not compiled, nor the
+# objects matching the extended regex GGUFKIT_CUDA_SKIP (e.g. 'fattn-tile-instance|fattn-mma-f16-instance' for
+# runs with -fa off); each of their symbols becomes a stub that aborts with its name, so a run that needs one
+# fails loudly instead of taking another path.
 set -euo pipefail
 B=$(realpath -m "$1"); OUT=$(realpath -m "$2"); ALL=${3:-}
 SRC=$HOME/.cache/ggufkit/llama_cpp_python-0.3.36/vendor/llama.cpp
@@ -26,7 +27,7 @@ cmake -S "$SRC" -B "$B/b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DC
 cd "$B/b"
 ninja -t commands ggml > "$B/ggml_cmds.txt"
 if [ -n "$ALL" ]; then ninja ggml; else
-  targets=$(ninja -t targets all | grep -o '^[^:]*\.cu\.o' | grep -v -E 'mmq-instance|mmf-instance|fattn-vec-instance')
+  targets=$(ninja -t targets all | grep -o '^[^:]*\.cu\.o' | grep -v -E "mmq-instance|fattn-vec-instance${GGUFKIT_CUDA_SKIP:+|$GGUFKIT_CUDA_SKIP}")
   ninja $targets ggml/src/libggml-base.so ggml/src/libggml-cpu.so 2>/dev/null || ninja $targets bin/libggml-base.so bin/libggml-cpu.so
   link=$(grep -- '-soname,libggml-cuda.so' "$B/ggml_cmds.txt" | sed 's/&& :$//')
   kept=$(for p in $link; do case $p in *.cu.o) [ -e "$p" ] && echo -n "$p ";; *) echo -n "$p ";; esac; done)
