@@ -209,6 +209,7 @@ def _blocks(name: str, parts: Iterator[np.ndarray], src_dtype: str, ggml_type: G
     part are released once its block is written (asked past), as :func:`tensor_stream` does for a tensor.
     """
     n_inf = 0
+    written: tuple[Callable[[np.ndarray], None], np.ndarray] | None = None
     while (part := next(parts, None)) is not None:
         row_len = part.shape[-1] if part.ndim else 1
         rows = part.reshape(-1, row_len)
@@ -221,10 +222,15 @@ def _blocks(name: str, parts: Iterator[np.ndarray], src_dtype: str, ggml_type: G
             release = page_releaser(block) if block.flags.c_contiguous else None
             del block
             yield out
-            if release is not None:
-                release(out)
+            # Asked for the next block, the writer has finished the one before this (a block released while
+            # it is being written would be read back in and stay resident): release that one.
+            if written is not None:
+                written[0](written[1])
+            written = (release, out) if release is not None else None
             del out
         del rows
+    if written is not None:
+        written[0](written[1])
     if n_inf > 0:
         warnings.append(_overflow(name, n_inf))
 
