@@ -27,9 +27,10 @@ Measured (stop 41, one run, AMD EPYC Zen 3, AVX2, no AVX-512, 2 cores shared wit
 - bf16: ggufkit 322.3 s, peak RSS 1035 MiB; llama.cpp's converter 872.2 s, 5799 MiB: time 0.37x, peak RSS 0.18x.
   ggufkit's peak was then the FP8 ``o_proj`` (7168 x 16384) dequantized whole to float32 (470 MB); its
   block-row pieces (``source_fp8.Dequantized.pieces``) reach the stream once plan.py hands them over.
-- q4_k_m in one pass: ggufkit 234.5 s, peak RSS 549 MiB (load 4.4-10.3). llama.cpp's side is its bf16
-  conversion above plus llama-quantize, which had not finished when the stop ended: time at most 0.27x, peak
-  RSS at most 0.09x (against the converter alone).
+- q4_k_m in one pass: ggufkit 234.5 s, peak RSS 549 MiB; llama.cpp's bf16 conversion above + llama-quantize
+  384.6 s, 4396 MiB: time 0.19x, peak RSS 0.09x (load 3.7-10.3 then). The sampled bf16 tensors were equal.
+Whole run 43.6 min including the checkpoint. Not yet measured: the o_proj row-block pieces (plan.py, commit
+50ba4f3) and the release of passthrough pages after their write (commit 985f6bf).
 """
 
 from __future__ import annotations
