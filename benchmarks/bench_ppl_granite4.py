@@ -21,6 +21,11 @@ and most of the rest in the F16 matmuls. Quiet (same machine, nothing else runni
 119.9 vs 234.1 tok/s (0.51: ggufkit's fixed start-up of ~4 s weighs on a 4 s run); 8 x 512 tokens 223.1 vs 297.9
 tok/s (0.75); 16 x 512 tokens 245.0 vs 331.9 tok/s (0.74: the gap is the steady state, not the start-up), PPL
 equal within 0.0001 % (2026-11-28, later session).
+After the scan's rewrite (eval/layers_mamba2.py: decays as running products, no copies, one matmul per chunk for
+the states; half the scan's CPU time), 16 x 512 tokens, 2 rounds, 1-min load average 4-6 falling to 2 (the
+machine nearly quiet): ggufkit 281.1 tok/s (29.1 s) vs llama-perplexity 349.5 tok/s (23.4 s), ratio 0.80; PPL
+equal within 0.0001 % (2026-11-28, session 41). In-process, one thread, CPU time per 4 x 512 batch: 12.5 s before,
+10.7 s after; the matmuls (oneDNN) are now ~80 % of it.
 
 Run: ``python -m pytest benchmarks/bench_ppl_granite4.py --benchmark-enable -s`` (not part of CI).
 """
