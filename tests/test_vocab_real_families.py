@@ -202,11 +202,10 @@ def test_ggufkit_encodes_and_decodes_as_llama_cpp_and_hf(family: dict) -> None:
     assert compared_with_hf > 40
 
 
+@pytest.mark.parametrize("family", ["gpt-oss"], indirect=True)
 def test_rebuilt_gpt_oss_tokenizer_encodes_as_tiktokens_o200k_harmony(family: dict) -> None:
     """The tokenizer.json rebuilt from o200k_base's ranks (tests/real_tokenizers.py) encodes as tiktoken does with
     them, o200k's pattern and the harmony special tokens: the HF side of the comparisons above is gpt-oss's."""
-    if family["name"] != "gpt-oss":
-        pytest.skip("gpt-oss only")
     import tiktoken
     from real_tokenizers import HARMONY_SPECIALS, O200K_BASE_SHA256, O200K_PATTERN
     from tiktoken.load import load_tiktoken_bpe
@@ -218,11 +217,10 @@ def test_rebuilt_gpt_oss_tokenizer_encodes_as_tiktokens_o200k_harmony(family: di
         assert family["hf"].encode(text, add_special_tokens=False).ids == enc.encode(text, allowed_special="all"), text
 
 
+@pytest.mark.parametrize("family", O200K, indirect=True)
 def test_o200k_splits_as_llama_cpps_approximation_where_it_departs_from_hf(family: dict) -> None:
     """A Devanagari letter and its vowel sign (a mark), a non-ASCII capital before an ASCII one: HF keeps one
     piece (one o200k token each), llama.cpp's GPT4O regex two, and ggufkit tokenizes as llama.cpp does."""
-    if family["name"] not in O200K:
-        pytest.skip("o200k's regex only")
     tok, llm, hf = family["tok"], family["llm"], family["hf"]
     for text in ("\u0928\u093f", "\u0130R"):
         ids = tok.encode(text, add_special=False)
