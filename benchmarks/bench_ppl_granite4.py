@@ -25,7 +25,9 @@ After the scan's rewrite (eval/layers_mamba2.py: decays as running products, no 
 the states; half the scan's CPU time), 16 x 512 tokens, 2 rounds, 1-min load average 4-6 falling to 2 (the
 machine nearly quiet): ggufkit 281.1 tok/s (29.1 s) vs llama-perplexity 349.5 tok/s (23.4 s), ratio 0.80; PPL
 equal within 0.0001 % (2026-11-28, session 41). In-process, one thread, CPU time per 4 x 512 batch: 12.5 s before,
-10.7 s after; the matmuls (oneDNN) are now ~80 % of it.
+10.7 s after; the matmuls (oneDNN) are now ~80 % of it. The same command on the quiet machine (nothing else
+running, 2 rounds): ggufkit 336.8 tok/s (24.3 s) vs llama-perplexity 394.9 tok/s (20.7 s), ratio 0.85; PPL
+33053.6418 vs 33053.6843.
 
 Run: ``python -m pytest benchmarks/bench_ppl_granite4.py --benchmark-enable -s`` (not part of CI).
 """
