@@ -74,13 +74,17 @@ def cpu_name() -> str:
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("bench_granite4"))
+
+
+def build(d: Path) -> Path:
+    """The F16 model in folder ``d`` (also benchmarks/gpu_hybrid_vs_llama_cpp.py's)."""
     import torch
     import transformers
     from fixtures_models import _write_tokenizer, randomize
 
     from ggufkit.converters import convert
 
-    d = tmp_path_factory.mktemp("bench_granite4")
     ckpt = d / "granite-4-bench"
     ckpt.mkdir()
     _write_tokenizer(ckpt, "real:gpt-2")

@@ -36,24 +36,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def build_granite4(d: Path) -> Path:
-    """bench_ppl_granite4.py's model: GraniteMoeHybridForCausalLM, ~175 M weights, converted to F16."""
-    import torch
-    import transformers
-    from bench_ppl_granite4 import SHAPE
-    from fixtures_models import _write_tokenizer, randomize
+    from bench_ppl_granite4 import build
 
-    from ggufkit.converters import convert
-
-    ckpt = d / "granite-4-bench"
-    ckpt.mkdir()
-    _write_tokenizer(ckpt, "real:gpt-2")
-    config = transformers.GraniteMoeHybridConfig(**SHAPE)
-    config.architectures = ["GraniteMoeHybridForCausalLM"]
-    model = transformers.GraniteMoeHybridForCausalLM(config)
-    randomize(model, 0, std=0.02)
-    model.to(torch.bfloat16).save_pretrained(ckpt)
-    del model
-    return Path(convert(ckpt, d / "granite4-f16.gguf", outtype="f16").outputs[0])
+    return build(d)
 
 
 def build_qwen35(d: Path) -> Path:
