@@ -7,22 +7,30 @@ time, as llama.cpp's converter does (conversion/base.py: ``ModelBase.dequant_mod
   (``weight_packed``), ``weight_shape`` the unpacked shape, ``weight_scale`` one scale per group, an optional
   ``weight_zero_point`` packed along the rows; ``(q - offset) * scale`` (``dequant_packed``).
 
+Both loaders also give their float32 values in row pieces (``pieces()``, as FP8's
+:class:`ggufkit.converters.source_fp8.Dequantized` does), each a group of rows whose scales and zero points are
+whole, so the conversion stream never holds one whole dequantized tensor: the same products, row for row.
+
 What llama.cpp's converter refuses (several config groups, other formats and strategies) is refused here in one
 line; NVFP4 (``nvfp4-pack-quantized``) is not among the formats this module converts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ggufkit.converters.checkpoint import Checkpoint, SourceTensor
-from ggufkit.converters.source_fp8 import install_scaled, widen
+from ggufkit.converters.source_fp8 import Dequantized, dequant_simple, install_scaled, widen
+from ggufkit.converters.stream import page_releaser
 from ggufkit.errors import CheckpointError
 
-__all__ = ["dequant_packed", "install_compressed"]
+__all__ = ["ChannelDequantized", "Unpacked", "dequant_packed", "install_compressed"]
+
+#: A weight is dequantized in row pieces of about this many weights (16 MiB as float32).
+PIECE_WEIGHTS = 1 << 22
 
 
 def _refuse(ckpt: Checkpoint, what: str) -> CheckpointError:
@@ -60,6 +68,7 @@ def install_compressed(ckpt: Checkpoint, quant: dict[str, Any]) -> set[str]:
             if name.endswith(".weight_scale"):
                 weight = name.removesuffix("_scale")
                 install_scaled(ckpt, weight, name, block)
+                ckpt.derived[weight] = ChannelDequantized(ckpt, ckpt.stored[weight], ckpt.stored[name], block)
                 done.add(weight)
         return done if is_fp8 else set()
     if fmt == "pack-quantized":
@@ -92,18 +101,63 @@ def _install_packed(ckpt: Checkpoint, base: str, num_bits: int, group_size: int)
         ckpt.tensors.pop(parts[suffix], None)
     zero = ckpt.stored.get(parts["_zero_point"])
     ckpt.tensors[base] = SourceTensor(base, shape, "F32", packed.file, packed.offset)
-    ckpt.derived[base] = _packed_loader(ckpt, parts, shape, zero is not None, num_bits, group_size)
+    ckpt.derived[base] = Unpacked(ckpt, parts, shape, zero is not None, num_bits, group_size)
 
 
-def _packed_loader(ckpt: Checkpoint, parts: dict[str, str], shape: tuple[int, ...], has_zero: bool,
-                   num_bits: int, group_size: int) -> Callable[[], np.ndarray]:
-    def load() -> np.ndarray:
-        zero = ckpt.read_stored(parts["_zero_point"]) if has_zero else None
-        scale = ckpt.read_stored(parts["_scale"])
-        return dequant_packed(ckpt.read_stored(parts["_packed"]), scale, ckpt.stored[parts["_scale"]].dtype,
-                              shape, zero, num_bits, group_size)
+class ChannelDequantized(Dequantized):
+    """A ``float-quantized`` / ``int-quantized`` weight's loader (:class:`Dequantized`) whose :meth:`pieces`
+    also splits a per-channel weight (``strategy: channel``, one scale per row) into row pieces."""
 
-    return load
+    def pieces(self) -> Iterator[np.ndarray]:
+        """The float32 values in row pieces, in order: the same products as :meth:`__call__`, row for row."""
+        weight, scale = self.ckpt.read_stored(self.w.name), self.ckpt.read_stored(self.s.name)
+        if self.block_size is not None or weight.ndim != 2 or scale.shape not in ((weight.shape[0], 1),
+                                                                                  (weight.shape[0],)):
+            yield from super().pieces()
+            return
+        step = max(1, PIECE_WEIGHTS // max(1, weight.shape[1]))
+        release = page_releaser(weight)
+        for i in range(0, weight.shape[0], step):
+            rows = weight[i:i + step]
+            yield dequant_simple(rows, self.w.dtype, scale[i:i + step], self.s.dtype, None)
+            if release is not None:
+                release(rows)
+
+
+class Unpacked:
+    """A ``pack-quantized`` weight's loader: called, its float32 values (:func:`dequant_packed`); :meth:`pieces`
+    gives them in row pieces (a multiple of the rows one int32 of the zero point packs), so a stream need not
+    hold the whole dequantized tensor."""
+
+    def __init__(self, ckpt: Checkpoint, parts: dict[str, str], shape: tuple[int, ...], has_zero: bool,
+                 num_bits: int, group_size: int) -> None:
+        self.ckpt, self.parts, self.shape, self.has_zero = ckpt, parts, shape, has_zero
+        self.num_bits, self.group_size = num_bits, group_size
+
+    def _read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        zero = self.ckpt.read_stored(self.parts["_zero_point"]) if self.has_zero else None
+        return self.ckpt.read_stored(self.parts["_packed"]), self.ckpt.read_stored(self.parts["_scale"]), zero
+
+    def __call__(self) -> np.ndarray:
+        w, scale, zero = self._read()
+        return dequant_packed(w, scale, self.ckpt.stored[self.parts["_scale"]].dtype, self.shape, zero,
+                              self.num_bits, self.group_size)
+
+    def pieces(self) -> Iterator[np.ndarray]:
+        """The float32 values in row pieces, in order: the same values as :meth:`__call__`, row for row."""
+        w, scale, zero = self._read()
+        rows, cols = self.shape
+        per = 32 // self.num_bits  # rows of zero points in one int32 (the fields dequant_packed unpacks)
+        step = per * max(1, PIECE_WEIGHTS // max(1, per * cols))
+        s_dtype = self.ckpt.stored[self.parts["_scale"]].dtype
+        release = page_releaser(w)
+        for r in range(0, rows, step):
+            n = min(step, rows - r)
+            part = w[r:r + n]
+            z = None if zero is None else zero[r // per:(r + n + per - 1) // per]
+            yield dequant_packed(part, scale[r:r + n], s_dtype, (n, cols), z, self.num_bits, self.group_size)
+            if release is not None:
+                release(part)
 
 
 def dequant_packed(w: np.ndarray, scale: np.ndarray, s_dtype: str, shape: tuple[int, ...], zero: np.ndarray | None,
