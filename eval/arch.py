@@ -19,6 +19,7 @@ from ggufkit.converters import cohere2, gemma, smollm3
 from ggufkit.errors import EvaluationError, MetadataKeyNotFoundError, MetadataValueError
 from ggufkit.eval import shapes
 from ggufkit.eval.families import FORWARDS
+from ggufkit.eval.rope import Yarn, read_yarn
 from ggufkit.format.reader import GGUFModel
 
 
@@ -67,6 +68,9 @@ class ArchTraits:
         granite: Granite's multipliers: the optional ``{arch}.attention.scale`` scales the queries, the
             optional ``{arch}.logit_scale`` divides the logits, and RoPE only when the optional
             ``{arch}.rope.scaling.finetuned`` is true (granite-hybrid.cpp load_arch_hparams and graph).
+        yarn: the evaluator's rope for this architecture takes YaRN scaling (False: its M-RoPE in
+            eval/family_qwen35.py does not carry it yet; such a file is refused in one line).
+        yarn_log_mul: the loader reads ``rope.scaling.yarn_log_multiplier`` (deepseek2.cpp load_arch_hparams).
     """
 
     norm: str = "rms"
@@ -93,6 +97,8 @@ class ArchTraits:
     softcap_keys: bool = False
     no_rope_step: int = 0
     granite: bool = False
+    yarn: bool = True
+    yarn_log_mul: bool = False
 
 
 #: src/models/gemma2.cpp / gemma3.cpp (load_arch_hparams and the graph): GELU-tanh gated FFN, sandwich norms,
@@ -103,12 +109,12 @@ _GEMMA = {"ffn": "gelu_tanh", "embd_scale": True, "softcap_keys": True}
 ARCH_TRAITS: dict[str, ArchTraits] = {
     # src/models/qwen35.cpp: gated delta-net and gated full-attention layers (eval/family_qwen35.py), RMSNorm,
     # NEOX-style (interleaved M-RoPE) rope, dense SiLU-gated FFN.
-    "qwen35": ArchTraits(),
+    "qwen35": ArchTraits(yarn=False),
     # src/models/qwen3next.cpp / qwen35moe.cpp: Qwen3.5's layers (qwen35moe) or Qwen3-Next's (grouped value heads,
     # fused beta/alpha, NEOX rope; eval/family_qwen3next.py) with a softmax MoE, renormalised top-k weights and a
     # sigmoid-gated shared expert.
-    "qwen35moe": ArchTraits(moe_norm_topk=True),
-    "qwen3next": ArchTraits(moe_norm_topk=True),
+    "qwen35moe": ArchTraits(moe_norm_topk=True, yarn=False),
+    "qwen3next": ArchTraits(moe_norm_topk=True, yarn=False),
     # src/models/llama.cpp: RMSNorm, NORM rope, SiLU-gated FFN; Mixtral's experts renormalised.
     "llama": ArchTraits(rope="norm", powerinfer_ffn="relu", moe_norm_topk=True),
     # PowerInfer's bamboo graph: relu(gate) * relu(up); no eps key in its files.
@@ -179,7 +185,7 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     # src/models/deepseek2.cpp: MLA in the absorbed form with its own NORM rope on the rope dims (eval/layers_mla.py;
     # Q/K rows as stored, no permutation), dense lead layers, softmax/sigmoid grouped router with the correction
     # bias, routed scaling and ungated shared experts (eval/family_deepseek2.py).
-    "deepseek2": ArchTraits(),
+    "deepseek2": ArchTraits(yarn_log_mul=True),
 }
 #: Architectures the evaluator runs.
 SUPPORTED_ARCHS = tuple(ARCH_TRAITS)
@@ -198,6 +204,7 @@ class HParams:
     head_dim: int
     n_rot: int
     rope_base: float
+    #: the rope factor (``rope.scaling.factor``): frequencies divided by it, linearly or through YaRN
     rope_scale: float
     rope_mode: str  # "norm" (adjacent pairs), "neox" (split halves) or "none"
     norm: str  # "rms" or "layer"
@@ -227,6 +234,8 @@ class HParams:
     #: multi-token-prediction (NextN) blocks after the trunk (``nextn_predict_layers``): loaded by llama.cpp as
     #: extra blocks, never run by the main pass (llama_hparams::n_layer() = n_layer_all - n_layer_nextn)
     n_nextn: int = 0
+    #: YaRN rope scaling (``rope.scaling.type`` yarn; :mod:`ggufkit.eval.rope`), None without it
+    yarn: Yarn | None = None
     #: A recurrent or hybrid family's own hyperparameters (its FamilyForward's ``read``; empty otherwise).
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -301,11 +310,18 @@ def read_hparams(model: GGUFModel) -> HParams:
         raise EvaluationError(f"rope dimension count {n_rot} does not fit the head size {head_dim}", path=model.path)
     scaling = model.get(f"{a}.rope.scaling.type", "none")
     rope_scale = 1.0
+    yarn = None
     if scaling == "linear":
         rope_scale = key(model, f"{a}.rope.scaling.factor", float, 1.0)
+    elif scaling == "yarn":
+        if not tr.yarn:
+            raise EvaluationError(f"rope scaling 'yarn' is not supported by the evaluator for {a} (its M-RoPE)",
+                                  path=model.path)
+        yarn = read_yarn(model, a, log_mul_key=tr.yarn_log_mul)
+        rope_scale = yarn.factor
     elif f"{a}.rope.scale_linear" in model.kv:
         rope_scale = key(model, f"{a}.rope.scale_linear", float)
-    elif scaling not in ("none", "") and not (scaling == "yarn" and a in ("gpt-oss", "deepseek2")):  # eval/family_gpt_oss.py's
+    elif scaling not in ("none", ""):
         raise EvaluationError(f"rope scaling {scaling!r} is not supported by the evaluator", path=model.path)
     if tr.norm == "layer":
         eps = key(model, f"{a}.attention.layer_norm_epsilon", float, 1e-5)
@@ -359,7 +375,7 @@ def read_hparams(model: GGUFModel) -> HParams:
                    swa_layers=swa_layers, rope_base_swa=rope_base_swa,
                    rope_scale_swa=1.0 if tr.swa_rope_unscaled else rope_scale, no_rope_step=tr.no_rope_step,
                    norm_bias=tr.norm_bias, shared_norm=tr.shared_norm, rope_swa_only=tr.rope_swa_only,
-                   logit_scale=logit_scale, n_nextn=n_nextn,
+                   logit_scale=logit_scale, n_nextn=n_nextn, yarn=yarn,
                    extra=FORWARDS[a].read(model, a, n_layer) if a in FORWARDS else {})
 
 

@@ -22,7 +22,7 @@ from ggufkit.errors import MetadataValueError
 from ggufkit.eval import shapes
 from ggufkit.eval.family_forward import FamilyForward, uint_key
 from ggufkit.eval.family_lfm2 import dense_ffn
-from ggufkit.eval.layers_mla import mla_attention, yarn_params
+from ggufkit.eval.layers_mla import mla_attention
 from ggufkit.eval.moe import routed_moe
 
 if TYPE_CHECKING:
@@ -63,17 +63,6 @@ def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
     if gating not in GATING:
         raise MetadataValueError(f"gating function {gating} (the evaluator runs softmax 1 and sigmoid 2)",
                                  key=f"{arch}.expert_gating_func", path=file.path)
-    def number(key: str, default: float | None) -> float:
-        field = file.kv.get(f"{arch}.{key}")
-        if field is None:
-            if default is None:
-                raise MetadataValueError("missing", key=f"{arch}.{key}", path=file.path)
-            return default
-        return float(field.value)
-
-    # the loader divides the converter's 0.1 out again ([TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
-    log_mul = _float_key(file, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1
-    yarn = yarn_params(number, str(file.get(f"{arch}.rope.scaling.type", "none")), log_mul)
     norm_field = file.kv.get(f"{arch}.expert_weights_norm")
     return {"n_trunk": n_trunk, "n_dense": uint_key(file, f"{arch}.leading_dense_block_count", 0),
             "kv_lora": kv_lora, "nope": k_mla - rope, "rope": rope,
@@ -81,7 +70,7 @@ def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
             "gating": GATING[gating], "n_group": uint_key(file, f"{arch}.expert_group_count", 0),
             "topk_group": uint_key(file, f"{arch}.expert_group_used_count", 0),
             "norm": bool(norm_field.value) if norm_field is not None else False,
-            "scale": _float_key(file, f"{arch}.expert_weights_scale", 0.0), "yarn": yarn}
+            "scale": _float_key(file, f"{arch}.expert_weights_scale", 0.0)}
 
 
 def expected_shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
@@ -131,7 +120,7 @@ def block(model: GGUFCausalLM, x: torch.Tensor, p: str) -> torch.Tensor:
         return x
     h = model.norm(x, model.weight(p + "attn_norm.weight"), None)
     x = x + mla_attention(model, h, p, nope=extra["nope"], rope=extra["rope"], kv_lora=extra["kv_lora"],
-                          v_dim=extra["v_dim"], yarn=extra["yarn"])
+                          v_dim=extra["v_dim"])
     h = model.norm(x, model.weight(p + "ffn_norm.weight"), None)
     return x + (dense_ffn(model, h, p) if il < extra["n_dense"] else moe(model, h, p))
 

@@ -2,9 +2,8 @@
 
 Each block: ``x += attn(rms_norm(x) * attn_norm)``, then ``x += moe(rms_norm(x) * post_attention_norm)``.
 
-* Attention: Q/K/V and output projections with biases, NEOX rope with YaRN (ggml's rope_yarn: each pair's angle
-  mixed between interpolated and extrapolated by the ramp over ggml_rope_yarn_corr_dims, cos / sin times
-  ``1 + 0.1 ln(factor)``; llama_context cancels its own attn_factor, so that is the only magnitude), scale
+* Attention: Q/K/V and output projections with biases, NEOX rope with YaRN (the shared rope of
+  :meth:`ggufkit.eval.model.GGUFCausalLM.apply_rope`, ggml's rope_yarn: :mod:`ggufkit.eval.rope`), scale
   ``1/sqrt(head_dim)``, a learned sink per head in the softmax (ggml_soft_max_ext with sinks: one more logit per
   row, no value), sliding-window attention on the even layers (the loader's fixed pattern 2,
   LLAMA_SWA_TYPE_STANDARD).
@@ -40,28 +39,14 @@ SWA_PATTERN = 2
 
 
 def read(file: GGUFModel, arch: str, n_layer: int) -> Mapping[str, Any]:
-    """The sliding window and the YaRN parameters (llama_model::load_hparams, llama_context's defaults)."""
-    def number(key: str, default: float | None) -> float:
-        field = file.kv.get(f"{arch}.{key}")
-        if field is None:
-            if default is None:
-                raise EvaluationError(f"missing key {arch}.{key}", path=file.path)
-            return default
-        return float(field.value)
-
+    """The sliding window (llama_model::load_hparams); YaRN is the shared rope's (:mod:`ggufkit.eval.rope`)."""
     scaling = str(file.get(f"{arch}.rope.scaling.type", "none"))
-    yarn = None
-    if scaling == "yarn":
-        factor = number("rope.scaling.factor", 1.0)
-        yarn = {"freq_scale": 1.0 / factor if factor else 1.0,
-                "n_ctx_orig": int(number("rope.scaling.original_context_length", number("context_length", None))),
-                "beta_fast": number("rope.scaling.yarn_beta_fast", 32.0),
-                "beta_slow": number("rope.scaling.yarn_beta_slow", 1.0),
-                "ext_factor": number("rope.scaling.yarn_ext_factor", 1.0),
-                "attn_factor": number("rope.scaling.attn_factor", 1.0)}
-    elif scaling not in ("none", ""):
+    if scaling not in ("none", "", "yarn"):
         raise EvaluationError(f"rope scaling {scaling!r} is not supported for gpt-oss", path=file.path)
-    return {"n_swa": int(number("attention.sliding_window", None)), "yarn": yarn}
+    window = file.kv.get(f"{arch}.attention.sliding_window")
+    if window is None:
+        raise EvaluationError(f"missing key {arch}.attention.sliding_window", path=file.path)
+    return {"n_swa": int(window.value)}
 
 
 def shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
@@ -79,48 +64,6 @@ def shapes(hp: HParams, names: set[str]) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _yarn_cos_sin(model: GGUFCausalLM, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin ``[t, n_rot]`` (rotate-half layout, first half of sin negated as GGUFCausalLM._rope) of
-    ggml's rope with YaRN (ggml-cpu ops.cpp rope_yarn, ggml.c ggml_rope_yarn_corr_dims), in float32."""
-    hp = model.hparams
-    y = hp.extra["yarn"]
-    n = hp.n_rot
-    theta_scale = hp.rope_base ** (-2.0 / n)
-    i = torch.arange(n // 2, dtype=torch.float64)
-    theta_extrap = torch.arange(t, dtype=torch.float32)[:, None] * (theta_scale ** i).to(torch.float32)[None, :]
-    theta_interp = y["freq_scale"] * theta_extrap
-    mscale = y["attn_factor"]
-    if y["ext_factor"] != 0.0:
-        def corr_dim(n_rot: float) -> float:
-            return n * math.log(y["n_ctx_orig"] / (n_rot * 2 * math.pi)) / (2 * math.log(hp.rope_base))
-
-        low = max(0.0, math.floor(corr_dim(y["beta_fast"])))
-        high = min(n - 1.0, math.ceil(corr_dim(y["beta_slow"])))
-        ramp = 1 - ((i - low) / max(0.001, high - low)).clamp(0, 1)
-        mix = (ramp * y["ext_factor"]).to(torch.float32)[None, :]
-        theta = theta_interp * (1 - mix) + theta_extrap * mix
-        mscale *= 1.0 + 0.1 * math.log(1.0 / y["freq_scale"])
-    else:
-        theta = theta_interp
-    emb = torch.cat([theta, theta], dim=-1)
-    cos, sin = emb.cos() * mscale, emb.sin() * mscale
-    sin[:, : n // 2].neg_()
-    return cos.to(model.device), sin.to(model.device)
-
-
-def _rope(model: GGUFCausalLM, x: torch.Tensor) -> torch.Tensor:
-    """NEOX rope of ``x`` ``[B, T, H, hd]`` (YaRN when the file has it)."""
-    hp = model.hparams
-    if hp.extra["yarn"] is None:
-        return model.apply_rope(x, hp.rope_base, 1.0)
-    n = hp.n_rot
-    cos, sin = _yarn_cos_sin(model, x.shape[1])
-    rot, rest = x[..., :n], x[..., n:]
-    half = torch.cat([rot[..., n // 2:], rot[..., : n // 2]], dim=-1)
-    rot = rot * cos[None, :, None, :] + half * sin[None, :, None, :]
-    return torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot
-
-
 def attention(model: GGUFCausalLM, h: torch.Tensor, p: str, swa: bool) -> torch.Tensor:
     """Biased projections, YaRN rope, softmax with a sink per head, the window on sliding layers."""
     hp = model.hparams
@@ -130,8 +73,9 @@ def attention(model: GGUFCausalLM, h: torch.Tensor, p: str, swa: bool) -> torch.
     q = model.linear(h, model.weight(p + "attn_q.weight"), model.weight(p + "attn_q.bias"))
     k = model.linear(h, model.weight(p + "attn_k.weight"), model.weight(p + "attn_k.bias"))
     v = model.linear(h, model.weight(p + "attn_v.weight"), model.weight(p + "attn_v.bias"))
-    q = _rope(model, q.reshape(bsz, t, hp.n_head, hd)).transpose(1, 2)
-    k = _rope(model, k.reshape(bsz, t, hp.n_head_kv, hd)).transpose(1, 2)
+    # the same frequency scale on every layer (openai-moe.cpp load_arch_hparams copies it to the window's)
+    q = model.apply_rope(q.reshape(bsz, t, hp.n_head, hd), hp.rope_base, hp.rope_scale).transpose(1, 2)
+    k = model.apply_rope(k.reshape(bsz, t, hp.n_head_kv, hd), hp.rope_base, hp.rope_scale).transpose(1, 2)
     v = v.reshape(bsz, t, hp.n_head_kv, hd).transpose(1, 2)
     rep = hp.n_head // hp.n_head_kv
     if rep > 1:

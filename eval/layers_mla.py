@@ -17,7 +17,6 @@ llama-imatrix collects ``attn_k_b`` and ``attn_v_b`` as ggml_mul_mat with a 3-D 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,71 +24,33 @@ import torch.nn.functional as F
 
 from ggufkit.eval.ggml_cpu import round_f16
 from ggufkit.eval.qtensor import QTensor
+from ggufkit.eval.rope import Yarn, rope_theta, yarn_theta
 
 if TYPE_CHECKING:
     from ggufkit.eval.model import GGUFCausalLM
 
 
-def yarn_params(number: Callable[[str, float | None], float], scaling: str, log_mul: float) -> dict[str, float] | None:
-    """The YaRN settings llama_context derives for a deepseek2 file (llama_context's constructor, llama.cpp
-    src/llama-context.cpp, [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]), or None without yarn. ``number(key, default)``
-    reads ``{arch}.<key>``; ``log_mul``: rope.scaling.yarn_log_multiplier with the converter's 0.1 divided out.
-
-    Returns ``freq_scale``, ``ext_factor``, ``attn_factor`` (what ggml_rope_ext gets), ``beta_fast``,
-    ``beta_slow``, ``n_ctx_orig`` and ``kq_mscale`` (the graph's mscale, squared into the attention scale)."""
-    if scaling != "yarn":
-        return None
-    factor = number("rope.scaling.factor", 1.0) or 1.0
-    freq_scale = 1.0 / factor
-    ext = number("rope.scaling.yarn_ext_factor", 1.0)
-
-    def get_mscale(scale: float, mscale: float) -> float:
-        return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
-
-    attn = number("rope.scaling.yarn_attn_factor", 1.0)
-    if ext != 0.0:
-        if log_mul != 0.0:
-            mscale = log_mul if log_mul != 1.0 else 1.0
-            attn = get_mscale(factor, mscale) / get_mscale(factor, log_mul)
-        else:
-            attn = get_mscale(factor, 1.0)
-        attn *= 1.0 / (1.0 + 0.1 * math.log(factor))
-    attn *= number("rope.scaling.attn_factor", 1.0)
-    org = attn * (1.0 + 0.1 * math.log(1.0 / freq_scale))
-    return {"freq_scale": freq_scale, "ext_factor": ext, "attn_factor": attn,
-            "beta_fast": number("rope.scaling.yarn_beta_fast", 32.0),
-            "beta_slow": number("rope.scaling.yarn_beta_slow", 1.0),
-            "n_ctx_orig": number("rope.scaling.original_context_length", number("context_length", None)),
-            "kq_mscale": org * (1.0 + 0.1 * log_mul * math.log(1.0 / freq_scale))}
-
-
-def rope_pairs(x: torch.Tensor, base: float, yarn: Mapping[str, float] | None = None) -> torch.Tensor:
+def rope_pairs(x: torch.Tensor, base: float, yarn: Yarn | None = None) -> torch.Tensor:
     """NORM rope (ggml_rope_ext mode 0: adjacent pairs ``(2i, 2i+1)`` rotated by ``pos * base^(-2i/n)``) of
-    ``x`` ``[B, T, H, n]`` (all its dims rotated), float32; with ``yarn`` (:func:`yarn_params`) ggml's rope_yarn:
-    each pair's angle mixed between interpolated and extrapolated by the ramp over ggml_rope_yarn_corr_dims,
-    cos and sin times the attention factor (ggml-cpu ops.cpp rope_yarn)."""
+    ``x`` ``[B, T, H, n]`` (all its dims rotated), float32; with ``yarn`` the shared YaRN angles and magnitude
+    (:func:`ggufkit.eval.rope.yarn_theta`, ggml-cpu ops.cpp rope_yarn)."""
     n, t = x.shape[-1], x.shape[1]
-    i = torch.arange(n // 2, dtype=torch.float64)
-    theta = torch.arange(t, dtype=torch.float32)[:, None] * ((base ** (-2.0 / n)) ** i).to(torch.float32)[None, :]
-    mscale = 1.0
-    if yarn is not None:
-        interp = yarn["freq_scale"] * theta
-        mscale = yarn["attn_factor"]
-        if yarn["ext_factor"] != 0.0:
-            def corr_dim(n_rot: float) -> float:
-                return n * math.log(yarn["n_ctx_orig"] / (n_rot * 2 * math.pi)) / (2 * math.log(base))
-
-            low = max(0.0, math.floor(corr_dim(yarn["beta_fast"])))
-            high = min(n - 1.0, math.ceil(corr_dim(yarn["beta_slow"])))
-            mix = ((1 - ((i - low) / max(0.001, high - low)).clamp(0, 1)) * yarn["ext_factor"]).to(torch.float32)
-            theta = interp * (1 - mix[None, :]) + theta * mix[None, :]
-            mscale *= 1.0 + 0.1 * math.log(1.0 / yarn["freq_scale"])
-        else:
-            theta = interp
+    if yarn is None:
+        theta, mscale = rope_theta(t, n, base), 1.0
+    else:
+        theta, mscale = yarn_theta(yarn, t, n, base, yarn.freq_scale)
     theta = theta.to(x.device)
     cos, sin = (theta.cos() * mscale)[None, :, None, :], (theta.sin() * mscale)[None, :, None, :]
     a, b = x[..., 0::2], x[..., 1::2]
     return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+
+
+def kq_mscale(yarn: Yarn) -> float:
+    """The graph's ``mscale``, squared into the attention scale: llama_context's attention factor with rope_yarn's
+    magnitude put back, times ``1 + 0.1 log_mul ln(1 / freq_scale)`` (llama_model_deepseek2's graph,
+    [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])."""
+    org = yarn.attn_factor * (1.0 + 0.1 * math.log(1.0 / yarn.freq_scale))
+    return org * (1.0 + 0.1 * yarn.log_mul * math.log(1.0 / yarn.freq_scale))
 
 
 def _head(model: GGUFCausalLM, t: QTensor, h: int) -> torch.Tensor:
@@ -108,10 +69,11 @@ def per_head(model: GGUFCausalLM, x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def mla_attention(model: GGUFCausalLM, h: torch.Tensor, p: str, *, nope: int, rope: int, kv_lora: int,
-                  v_dim: int, yarn: Mapping[str, float] | None = None) -> torch.Tensor:
+                  v_dim: int) -> torch.Tensor:
     """Block ``p``'s MLA on the normed stream ``h`` ``[B, T, n_embd]``, output projection included (module
-    docstring). ``yarn``: :func:`yarn_params` (None: plain rope, scale ``1/sqrt(nope + rope)``)."""
+    docstring); the file's YaRN (``hparams.yarn``) in the rope and the scale."""
     hp = model.hparams
+    yarn = hp.yarn
     bsz, t, _ = h.shape
     n_head = hp.n_head
     lite = model.optional_weight(p + "attn_q.weight") is not None
@@ -138,7 +100,7 @@ def mla_attention(model: GGUFCausalLM, h: torch.Tensor, p: str, *, nope: int, ro
         kc = round_f16(kc)
     vc = kc[..., :kv_lora]
     # kq_scale = mscale^2 / sqrt(n_embd_head_k) (llama_model_deepseek2::graph)
-    scale = (yarn["kq_mscale"] ** 2 if yarn is not None else 1.0) / math.sqrt(nope + rope)
+    scale = (kq_mscale(yarn) ** 2 if yarn is not None else 1.0) / math.sqrt(nope + rope)
     qh, kh, vh = qc.transpose(1, 2).to(model.dtype), kc.transpose(1, 2).to(model.dtype), vc.transpose(1, 2)
     kh = kh.expand(bsz, n_head, t, kv_lora + rope)
     vh = vh.to(model.dtype).expand(bsz, n_head, t, kv_lora)

@@ -42,6 +42,7 @@ from ggufkit.eval.families import FORWARDS
 from ggufkit.eval.ggml_cpu import VEC_DOT_TYPE, q8_1_sum_correction, round_activations, round_f16
 from ggufkit.eval.moe import moe_ffn
 from ggufkit.eval.qtensor import QTensor
+from ggufkit.eval.rope import yarn_theta
 from ggufkit.format.reader import GGUFModel, TensorInfo
 from ggufkit.format.shards import open_gguf
 from ggufkit.format.tensor_shape import n_elements
@@ -265,23 +266,31 @@ class GGUFCausalLM:
             self.observer.routed(name, x, ids)
 
     def _rope(self, t: int, base: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin ``[t, n_rot]`` in transformers' rotate-half layout, computed as transformers does, the
-        first half of sin negated (rotate-half's sign: ``-a * s`` and ``a * -s`` are the same float)."""
+        """cos and sin ``[t, n_rot]`` in transformers' rotate-half layout, the first half of sin negated
+        (rotate-half's sign: ``-a * s`` and ``a * -s`` are the same float): computed as transformers does, or as
+        ggml's rope_yarn when the file has YaRN scaling (:func:`ggufkit.eval.rope.yarn_theta`, frequency scale
+        ``1 / scale``)."""
         cached = self._rope_cache.get((t, base, scale))
         if cached is not None:
             return cached
         hp = self.hparams
-        inv_freq = 1.0 / (base ** (torch.arange(0, hp.n_rot, 2, dtype=torch.int64).float() / hp.n_rot))
         factors = self.tensors.get("rope_freqs.weight")
-        if factors is not None:  # llama3 long-context correction: theta_i / factor_i (llama.cpp rope_freqs)
-            inv_freq = inv_freq / factors.float().cpu()
-        if scale != 1.0:
-            inv_freq = inv_freq / scale
-        freqs = torch.outer(torch.arange(t, dtype=torch.float32), inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        sin = emb.sin()
+        if hp.yarn is not None:
+            theta, mscale = yarn_theta(hp.yarn, t, hp.n_rot, base, 1.0 / scale,
+                                       factors.float() if factors is not None else None)
+            emb = torch.cat([theta, theta], dim=-1)
+            cos, sin = emb.cos() * mscale, emb.sin() * mscale
+        else:
+            inv_freq = 1.0 / (base ** (torch.arange(0, hp.n_rot, 2, dtype=torch.int64).float() / hp.n_rot))
+            if factors is not None:  # llama3 long-context correction: theta_i / factor_i (llama.cpp rope_freqs)
+                inv_freq = inv_freq / factors.float().cpu()
+            if scale != 1.0:
+                inv_freq = inv_freq / scale
+            freqs = torch.outer(torch.arange(t, dtype=torch.float32), inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            cos, sin = emb.cos(), emb.sin()
         sin[:, : hp.n_rot // 2].neg_()
-        result = (emb.cos().to(self.device), sin.to(self.device))
+        result = (cos.to(self.device), sin.to(self.device))
         self._rope_cache[(t, base, scale)] = result
         return result
 
