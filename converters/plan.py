@@ -345,7 +345,7 @@ def _loader(ckpt: Checkpoint, source: str, transform: str | None, heads: Heads) 
         return TRANSFORMS[transform](arr, heads) if transform else arr
 
     derived = ckpt.derived.get(source) if transform is None else None
-    if derived is not None and hasattr(derived, "pieces"):  # FP8 weights dequantized row block by row block
+    if derived is not None and hasattr(derived, "pieces"):  # FP8 / compressed-tensors: dequantized in row pieces
         return derived
     return load
 

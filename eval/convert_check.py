@@ -16,7 +16,10 @@ through the conversion's dequantizing reader (converters/quantized_source.py) in
 model of the class, one tensor as transformers loads it; gpt-oss's MXFP4 experts, which the GGUF keeps bit for
 bit, are dequantized by transformers itself. Tensors a family hook computes are rounded in the GGUF's own rows
 where the family says where those rows lie in their source (``reference_rows``: gpt-oss's experts); elsewhere
-a block-quantized computed tensor skips the check, saying why.
+a block-quantized computed tensor skips the check, saying why. A stacked expert tensor (``ffn_*_exps`` of
+Mixtral, Qwen-MoE, DeepSeek, GLM, Ernie, ... built from per-expert checkpoint tensors) is rounded expert by expert
+as transformers loads each one: its rows are the experts' rows, so rounding each expert is rounding the stack,
+and transformers fuses the rounded experts however its class stores them.
 
 The check is skipped, with the reason, when it cannot run: PyTorch is not installed, transformers has no
 class for the checkpoint (it would need remote code), the evaluator does not run the architecture or one
@@ -188,13 +191,31 @@ def _stored_weights(ckpt: Any, plan: ConvertPlan, rows: Any = None) -> Iterator[
         yield source, False, w
 
 
-def _unroundable(ckpt: Any, plan: ConvertPlan, rows: Any = None) -> str | None:
+def _rounded_stacks(plan: ConvertPlan) -> tuple[set[str], dict[str, tuple[Any, str | None]]]:
+    """(GGUF names, per-expert checkpoint tensor -> (GGUF type, transform)) of the stacked expert tensors the GGUF
+    stores rounded (not F32) and no family hook rewrites (converters/rewrite.py ``StackLoader``: the stack is the
+    experts' rows one after another, so each expert is rounded on its own)."""
+    from gguf import GGMLQuantizationType as Q
+
+    from ggufkit.converters.rewrite import StackLoader
+
+    names: set[str] = set()
+    members: dict[str, tuple[Any, str | None]] = {}
+    for e in plan.entries:
+        load = plan.loaders.get(e.name)
+        if isinstance(load, StackLoader) and e.name not in plan.rewritten and e.ggml_type != Q.F32:
+            names.add(e.name)
+            members.update((source, (e.ggml_type, load.transform)) for source in load.sources)
+    return names, members
+
+
+def _unroundable(ckpt: Any, plan: ConvertPlan, rows: Any = None, stacks: Any = ()) -> str | None:
     """Why the reference cannot hold the GGUF's values (a rounded tensor built from several checkpoint
-    tensors, such as stacked experts), or None."""
+    tensors, other than the stacked experts of ``stacks``: GGUF names), or None."""
     from gguf import GGMLQuantizationType as Q
 
     for e in plan.entries:
-        if _kept(ckpt, e):
+        if _kept(ckpt, e) or e.name in stacks:
             continue
         if e.source not in ckpt.tensors and e.source != "generated" and e.kind not in ("FC1", "FC2") \
                 and e.ggml_type != Q.F32:
@@ -221,10 +242,11 @@ def _as_llama_cpp_computes(config: Any) -> Any:
 class _Deferred:
     """One checkpoint tensor as transformers' loader takes a safetensors slice (``tensor[...]`` reads it): read
     through ggufkit's reader, a quantized source's weight dequantized, only when transformers loads it, so the
-    dequantized model is never held beside transformers' copy of it."""
+    dequantized model is never held beside transformers' copy of it; ``rounding`` (GGUF type, transform): an
+    expert of a stacked tensor, rounded as the GGUF stores it (:func:`_rounded_stacks`)."""
 
-    def __init__(self, ckpt: Any, name: str) -> None:
-        self.ckpt, self.name = ckpt, name
+    def __init__(self, ckpt: Any, name: str, rounding: tuple[Any, str | None] | None = None) -> None:
+        self.ckpt, self.name, self.rounding = ckpt, name, rounding
 
     def __getitem__(self, index: Any) -> Any:
         import torch
@@ -232,6 +254,8 @@ class _Deferred:
         t = self.ckpt.tensors[self.name]
         arr = self.ckpt.read(self.name)
         arr = _widen(arr, t.dtype) if t.dtype in ("BF16", "F16", "F32", "F64") else np.asarray(arr)
+        if self.rounding is not None:
+            arr = _as_stored(np.asarray(arr, dtype=np.float32), *self.rounding)
         return torch.from_numpy(np.array(arr))[index]  # a copy: never a read-only memmap
 
 
@@ -265,7 +289,8 @@ def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
     A source released quantized: FP8 and compressed-tensors weights come from ggufkit's dequantizing reader (the
     one the conversion reads: llama.cpp's ``dequant_model``), each read when transformers loads it, into the
     unquantized model of the class; gpt-oss's MXFP4 experts are dequantized by transformers itself
-    (``Mxfp4Config(dequantize=True)``), as the GGUF keeps their codes."""
+    (``Mxfp4Config(dequantize=True)``), as the GGUF keeps their codes. The experts of a stack the GGUF rounds are
+    given to transformers rounded, read the same way, whatever the source (:func:`_rounded_stacks`)."""
     import torch
     import transformers
 
@@ -274,16 +299,18 @@ def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
     ckpt, method = _open_source(model_dir, plan)
     try:
         rows = _reference_rows(plan)
-        why = _unroundable(ckpt, plan, rows)
+        # an MXFP4 source is loaded by transformers from its files: no stack of it can be given rounded
+        stacks, members = _rounded_stacks(plan) if method != "mxfp4" else (set(), {})
+        why = _unroundable(ckpt, plan, rows, stacks)
         if why is not None:
             return why
         config = _as_llama_cpp_computes(transformers.AutoConfig.from_pretrained(model_dir))
         kwargs: dict[str, Any] = {}
-        if method in QUANT_METHODS:
+        if method in QUANT_METHODS or members:
             for c in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
                 if hasattr(c, "quantization_config"):
                     delattr(c, "quantization_config")
-            kwargs["state_dict"] = {name: _Deferred(ckpt, name) for name in ckpt.tensors}
+            kwargs["state_dict"] = {name: _Deferred(ckpt, name, members.get(name)) for name in ckpt.tensors}
         elif method == "mxfp4":
             from transformers import Mxfp4Config  # type: ignore[attr-defined]
 
