@@ -329,6 +329,7 @@ def collect_imatrix(model_path: str | os.PathLike[str], *, text: str | None = No
         # Snapshot points are batch edges too, so a snapshot holds exactly a multiple of --save-frequency.
         edges = sorted({0, n_chunk} | {k for k in range(n_chunk) if (k + from_chunk) % batch == 0
                                        or (save_frequency and (k + from_chunk) % save_frequency == 0)})
+        model.passes_left = len(edges) - 1  # the last forward pass fills no float cache
         for a, b in itertools.pairwise(edges):
             window = stream[a:b].clone()
             if add_bos and bos_id is not None:

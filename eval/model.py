@@ -5,7 +5,8 @@ Weights stay in their GGUF type on the device (raw bytes, ``uint8``) and are deq
 size plus one layer in float plus the activations. On the CPU the dequantized matrices are also kept between
 forward passes, up to :attr:`GGUFCausalLM.float_cache_bytes` (by default a quarter of the RAM available at
 load, ``GGUFKIT_EVAL_FLOAT_CACHE_MB`` to change it; 0 on a GPU): a small model is dequantized once, not once
-per batch. Hyperparameters come from the GGUF keys alone.
+per batch. A driver that knows how many passes it runs says so (:attr:`GGUFCausalLM.passes_left`), and the
+last pass keeps nothing. Hyperparameters come from the GGUF keys alone.
 
 Architectures and how they run (each matches transformers' model class and llama.cpp's graph):
 
@@ -134,8 +135,13 @@ class GGUFCausalLM:
         self.kv_f16 = False
         #: Bytes of dequantized tensors kept between forward passes (load_model sets it on the CPU).
         self.float_cache_bytes = 0
-        # name, row range, rounding -> (the QTensor it was made from, its dequantization)
-        self._float_cache: dict[tuple[str, int, int, bool], tuple[QTensor, torch.Tensor]] = {}
+        #: Forward passes (:meth:`logits` calls) still to come, this one included, when the caller knows (ppl and
+        #: imatrix do); None: unknown. The float cache keeps tensors only while another pass follows; its
+        #: accounting runs either way, so the head is split into the same chunks (the same figures).
+        self.passes_left: int | None = None
+        # name, row range, rounding -> (the QTensor it was made from, its dequantization or None when not kept
+        # because no pass follows, its size in bytes)
+        self._float_cache: dict[tuple[str, int, int, bool], tuple[QTensor, torch.Tensor | None, int]] = {}
         self._float_cached = 0
         #: Sees the input of every weight matmul (ggufkit.eval.imatrix collects importance matrices with
         #: it); None: no cost.
@@ -144,6 +150,11 @@ class GGUFCausalLM:
     @property
     def n_vocab(self) -> int:
         return self.hparams.n_vocab
+
+    @property
+    def float_cache_held(self) -> int:
+        """Bytes of dequantized tensors the float cache holds now (what :attr:`float_cache_bytes` bounds)."""
+        return sum(size for _, w, size in self._float_cache.values() if w is not None)
 
     @property
     def dtype_name(self) -> str:
@@ -190,20 +201,22 @@ class GGUFCausalLM:
         return hit[1] if hit is not None and hit[0] is t else None
 
     def _keep(self, key: tuple[str, int, int, bool], t: QTensor, w: torch.Tensor) -> None:
-        """Keep a dequantized tensor for the next forward passes while :attr:`float_cache_bytes` allows.
-        (Callers never modify what :meth:`optional_weight` returns, so a kept tensor stays the exact
-        dequantization.)"""
+        """Keep a dequantized tensor for the next forward passes while :attr:`float_cache_bytes` allows; on
+        the last pass (:attr:`passes_left`) only its bytes are counted, as if kept. (Callers never modify what
+        :meth:`optional_weight` returns, so a kept tensor stays the exact dequantization.)"""
         size = w.numel() * w.element_size()
         old = self._float_cache.pop(key, None)
         if old is not None:
-            self._float_cached -= old[1].numel() * old[1].element_size()
+            self._float_cached -= old[2]
         if self._float_cached + size <= self.float_cache_bytes:
-            self._float_cache[key] = (t, w)
+            follows = self.passes_left is None or self.passes_left > 1
+            self._float_cache[key] = (t, w if follows else None, size)
             self._float_cached += size
 
     def _fits_cache(self, t: QTensor) -> bool:
         """Whether all of ``t``, dequantized, still fits in the float cache (or is already in it)."""
-        if self._kept((t.name, 0, t.shape[0], self.ggml_rounding), t) is not None:
+        hit = self._float_cache.get((t.name, 0, t.shape[0], self.ggml_rounding))
+        if hit is not None and hit[0] is t:
             return True
         size = n_elements(t.shape) * torch.empty((), dtype=self.dtype).element_size()
         return self._float_cached + size <= self.float_cache_bytes
@@ -456,6 +469,8 @@ class GGUFCausalLM:
             parts.append(self.linear(x, w, src1=src1))
             del w
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        if self.passes_left is not None:
+            self.passes_left -= 1
         if hp.final_softcap:
             out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
         if hp.logit_scale:  # Cohere: ggml_scale(logits, f_logit_scale)

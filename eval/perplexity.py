@@ -339,6 +339,10 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
                 on_warning(w)
         n_chunk = check_chunking(len(ids), ctx, chunks)
         batch = batch or max(1, DEFAULT_BATCH_TOKENS // ctx)
+        n_pass = -(-n_chunk // batch)  # forward passes over each model: the last one fills no float cache
+        for m in (model, base):
+            if m is not None:
+                m.passes_left = n_pass
         load_seconds = time.perf_counter() - t_load
 
         first = ctx // 2
@@ -362,6 +366,7 @@ def perplexity(model_path: str | os.PathLike[str], *, text: str | None = None, t
                 torch.cuda.empty_cache()  # give the baseline's blocks back before the model loads
             t1 = time.perf_counter()
             model = load_model(model_path, device=device, dtype=dtype, **numerics)
+            model.passes_left = n_pass
             load_seconds += time.perf_counter() - t1
             store.rewind()
 
