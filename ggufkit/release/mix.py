@@ -136,7 +136,9 @@ def check_feasible(mixes: list[MixTarget], entries: list[Any], use_imatrix: bool
 
     The exact reachable range needs the master (its header) and the measurements (each tensor's convex
     hull); these bounds are certain without them: no tensor can be smaller than the cheapest candidate nor
-    larger than F16 (or its own type), and the header adds at most :data:`HEADER_SLACK`.
+    larger than F16 (or its own type), a tensor the master holds quantized (a gpt-oss master's MXFP4 experts)
+    is copied as it is (:func:`ggufkit.quant.target.search.kept_quantized`), and the header adds at most
+    :data:`HEADER_SLACK`.
 
     Args:
         mixes: the release's MIX entries.
@@ -150,24 +152,30 @@ def check_feasible(mixes: list[MixTarget], entries: list[Any], use_imatrix: bool
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     from ggufkit.quant.registry import bits_per_weight
-    from ggufkit.quant.target.search import DEFAULT_TYPES, IMATRIX_TYPES
+    from ggufkit.quant.target.search import DEFAULT_TYPES, IMATRIX_TYPES, kept_quantized
 
     cands = DEFAULT_TYPES + (IMATRIX_TYPES if use_imatrix else ())
     cheapest = min(cands, key=bits_per_weight)
+    keep = kept_quantized(entries)
     lo = hi = 0.0
-    n_params = 0
+    kept = n_params = 0
     for e in entries:
         n = int(np.prod(e.shape, dtype=np.int64))
         n_params += n
         block, size = GGML_QUANT_SIZES[e.ggml_type]
         own = n // block * size
-        if len(e.shape) < 2:
+        if e.name in keep:
+            kept += own
+        if len(e.shape) < 2 or e.name in keep:
             lo += own
             hi += own
         else:
             lo += min(own, n * bits_per_weight(cheapest) / 8)
             hi += max(own, n * 2)
-    f16 = GGMLQuantizationType.F16.name
+    kept_text = f" but the {kept} bytes of {', '.join(sorted({t.name for t in keep.values()}))} tensors kept as " \
+        "they are" if kept else ""
+    f16 = GGMLQuantizationType.F16.name + kept_text
+    cheapest_text = cheapest.name + kept_text
     for mix in mixes:
         if mix.kind == "like":
             continue
@@ -176,12 +184,12 @@ def check_feasible(mixes: list[MixTarget], entries: list[Any], use_imatrix: bool
             lo_bpw, hi_bpw = 8 * lo / n_params, 8 * hi / n_params
             if not lo_bpw <= mix.bpw <= hi_bpw:
                 raise UsageError(f"--types {mix.name}: outside what a mix of this model can reach (at least "
-                                 f"{lo_bpw:.3f} bpw: every matrix in {cheapest.name}; at most {hi_bpw:.3f}: {f16})")
+                                 f"{lo_bpw:.3f} bpw: every matrix in {cheapest_text}; at most {hi_bpw:.3f}: {f16})")
             continue
         assert mix.size is not None
         if mix.size < lo:
             raise UsageError(f"--types {mix.name}: {mix.size} bytes is below the smallest mix of this model (its "
-                             f"tensor data alone is at least {int(lo)} bytes: every matrix in {cheapest.name})")
+                             f"tensor data alone is at least {int(lo)} bytes: every matrix in {cheapest_text})")
         if mix.size > hi + HEADER_SLACK:
             raise UsageError(f"--types {mix.name}: {mix.size} bytes is above the largest mix of this model (about "
                              f"{int(hi)} bytes of tensor data: every matrix in {f16})")
@@ -215,6 +223,8 @@ def card_lines(plan: Any, rows: list[dict[str, Any]], files: dict[str, list[str]
     mixes = [r for r in rows if r.get("mix")]
     if not mixes:
         return []
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
     master = files["master"][0]
     weighted = "imatrix-weighted squared error" if plan.use_imatrix else "squared error"
     lines = ["## How the mixes were chosen", ""]
@@ -229,6 +239,11 @@ def card_lines(plan: Any, rows: list[dict[str, Any]], files: dict[str, list[str]
         types = ", ".join(f"{k} ×{n}" for k, n in sorted(m["types"].items()))
         ratio = f"{m['estimated_error'] / ref['estimated_error']:.2f}×" if ref["estimated_error"] else "–"
         imatrix = f"--imatrix {plan.imatrix_file} " if plan.use_imatrix else ""
+        # tensors the master holds quantized (gpt-oss's MXFP4 experts) are copied, never searched
+        copied = sorted(t for t in m["types"] if t not in m["candidates"] and GGML_QUANT_SIZES[
+            GGMLQuantizationType[t]][0] > 1)
+        copied_text = (f" The master's {', '.join(copied)} tensors are copied as they are (their bytes count in "
+                       "the budget; only the others are searched).") if copied else ""
         lines += [f"### {r['type']}", "",
                   f"`{files[r['type']][0]}`: best mix at {m['target']['text']}: per-tensor types chosen by measured "
                   f"error ({weighted} of ggufkit's byte-exact quantizers on up to {m['sample_rows']} sampled rows "
@@ -236,7 +251,7 @@ def card_lines(plan: Any, rows: list[dict[str, Any]], files: dict[str, list[str]
                   f"{m['budget']} bytes ({budget}), the least total error that fits; candidates "
                   f"{', '.join(m['candidates'])}. Tensor types in the file: {types}. Estimated error {m['estimated_error']:.4g}"
                   f" against {ref['preset']}'s {ref['estimated_error']:.4g} ({ratio} the preset's; the search's "
-                  "estimate, the table's KLD is measured).", "",
+                  f"estimate, the table's KLD is measured).{copied_text}", "",
                   f"Recipe: `{m['recipe']}` (a llama-quantize `--tensor-type-file`). In this repository, llama.cpp's "
                   "llama-quantize writes the same tensors byte for byte (ggufkit's file adds only its provenance keys):", "", "```sh",
                   f"llama-quantize {imatrix}--tensor-type-file {m['recipe']} {master} {files[r['type']][0]} "

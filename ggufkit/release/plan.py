@@ -345,11 +345,6 @@ def build_plan(options: ReleaseOptions, hash_cache: dict[str, Any] | None = None
 
     dry = convert(o.model, None, outtype=o.master, dry_run=True)
     assert dry.plan.output is not None
-    if mixes and master_holds_mxfp4(dry.plan):
-        raise UsageError(f"--types {mixes[0].name}: this master keeps the checkpoint's MXFP4 experts as released "
-                         "(gpt-oss), and a MIX entry's search chooses among types quantized from float weights "
-                         "only; release llama-quantize's presets instead (MXFP4_MOE keeps the experts, the "
-                         "others requantize them as llama-quantize --allow-requantize does)")
     if mixes:
         check_feasible(mixes, dry.plan.entries, use_imatrix)
     file_type = dry.plan.output.name.removesuffix(".gguf").rsplit("-", 1)[1]

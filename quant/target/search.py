@@ -19,6 +19,12 @@ instead (:class:`FinalCheck`).
 Only candidates whose block divides the tensor's rows are offered (llama-quantize would otherwise
 substitute its fallback type, which is itself a candidate), and types that need an importance matrix
 (``tensor_requires_imatrix``, src/llama-quant.cpp) only where the tensor has imatrix data.
+
+Tensors that the input already holds quantized (a gpt-oss master keeps the checkpoint's MXFP4 experts) are
+copy-only: one ``--tensor-type ^name$=TYPE`` rule of their own type each, which llama-quantize copies as they
+are (llama_model_quantize_impl: ``quantize = tensor->type != new_type``), so no requantizing is needed. Their
+bytes count in the budget as they are (the file size is predicted from the plan), and only the float tensors
+are searched. The reference presets are planned as llama-quantize ``--allow-requantize`` writes them.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.quant.imatrix.reader import Imatrix
 from ggufkit.quant.llama_quantize.plan import QuantOptions, QuantPlan, plan_quantization
 from ggufkit.quant.llama_quantize.presets import ALIASES, PRESETS, PresetChoice, get_preset, parse_type
-from ggufkit.quant.registry import REQUIRES_IMATRIX, TYPES
+from ggufkit.quant.registry import FLOAT_TYPES, REQUIRES_IMATRIX, TYPES
 from ggufkit.quant.target.measure import (
     DEFAULT_SAMPLE_ROWS,
     MeasureCache,
@@ -304,6 +310,13 @@ def allocate_best(options: Mapping[str, Sequence[tuple[int, float, GGMLQuantizat
     return best
 
 
+def kept_quantized(tensors: Sequence[Any]) -> dict[str, GGMLQuantizationType]:
+    """The tensors a search copies as they are: those the input already holds in a block-quantized type
+    (a gpt-oss master's MXFP4 experts), name -> type."""
+    return {t.name: t.ggml_type for t in tensors
+            if t.ggml_type not in FLOAT_TYPES and GGML_QUANT_SIZES[t.ggml_type][0] > 1}
+
+
 def _base_preset(types: Mapping[GGMLQuantizationType, int], has_imatrix: bool) -> str:
     """The preset whose default type holds the most weights of the mix (q8_0 when none fits)."""
     for t, _ in sorted(types.items(), key=lambda kv: -kv[1]):
@@ -332,23 +345,26 @@ def _final_check(fn: FinalCheckFn, plan: QuantPlan, rules: list[tuple[str, GGMLQ
                  ref_plans: Mapping[str, QuantPlan], ref_sizes: Mapping[str, int], points: Mapping[str, Any],
                  cands: Sequence[GGMLQuantizationType], budget: int, kind: str, n_presets: int | None,
                  make_plan: Callable[[str, Sequence[tuple[str, GGMLQuantizationType]]], QuantPlan],
-                 size_of: Callable[[QuantPlan], int]
+                 size_of: Callable[[QuantPlan], int], keep_rules: Sequence[tuple[str, GGMLQuantizationType]] = ()
                  ) -> tuple[QuantPlan, list[tuple[str, GGMLQuantizationType]], FinalCheck]:
     """Measure the mix and the largest presets that fit; return the plan of least measured KLD (a preset's
-    own plan, with no rules), the mix on a tie."""
+    own plan, with no rules but ``keep_rules``, the copy-only tensors'), the mix on a tie."""
     fitting: dict[str, tuple[QuantPlan, list[tuple[str, GGMLQuantizationType]]]] = {}
     for name in sorted(ref_plans, key=lambda n: -ref_sizes[n]):
         if n_presets is not None and len(fitting) >= n_presets:
             break
         ents = [e for e in ref_plans[name].entries if e.name in points]
-        if (kind == "file" and ref_sizes[name] > budget) or any(e.dst_type not in cands for e in ents):
+        # ref_sizes are the presets as llama-quantize --allow-requantize writes them: with copy-only tensors
+        # the preset's own size here is the one with them kept, known only from its plan below
+        if (kind == "file" and not keep_rules and ref_sizes[name] > budget) or any(
+                e.dst_type not in cands for e in ents):
             continue
         # the preset itself, no rules: one rule per tensor would add the rules to the header (and a file of
         # the preset's own size would no longer fit); --mix-out then holds no rule and llama-quantize's PRESET
-        # alone writes the same file
-        pplan = make_plan(name, [])
+        # alone writes the same file (the copy-only tensors' rules apart)
+        pplan = make_plan(name, list(keep_rules))
         if size_of(pplan) <= budget:
-            fitting[name] = (pplan, [])
+            fitting[name] = (pplan, list(keep_rules))
 
     def changed(p: QuantPlan) -> dict[str, GGMLQuantizationType]:
         return {e.name: e.dst_type for e in p.entries if e.dst_type != e.src_type}
@@ -396,7 +412,8 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
     """Quantize ``input`` to the least estimated error within a size budget.
 
     Args:
-        input: F32/F16/BF16 GGUF model.
+        input: F32/F16/BF16 GGUF model; tensors it already holds quantized (a gpt-oss master's MXFP4 experts)
+            are kept as they are, their bytes counted in the budget (module docstring).
         output: the file to write (atomically); may be None with ``dry_run``.
         target_size: bytes of the whole output file (int or ``95M``, ``90MiB``...).
         target_bpw: bits per weight over all tensors (tensor data only, as ``info`` reports it).
@@ -471,9 +488,11 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
                                  options=QuantOptions(tensor_types=tuple(rules), imatrix_sizes=sizes))
 
     with open_gguf(input) as model:
-        scan = make_plan(model, "q8_0", ())
+        keep = kept_quantized(model.tensors)
+        scan = make_plan(model, "q8_0", [(f"^{re.escape(n)}$", t) for n, t in keep.items()])
+        keep_rules = [(f"^{re.escape(e.name)}$", keep[e.name]) for e in scan.entries if e.name in keep]
         # a tensor is quantizable when q8_0 changes it (a row that is not whole 32-blocks falls back to F16)
-        quantizable = [e for e in scan.entries if e.dst_type != e.src_type or e.fallback]
+        quantizable = [e for e in scan.entries if e.name not in keep and (e.dst_type != e.src_type or e.fallback)]
         im_entry = {e.name: im is not None and has_im and im.for_tensor(e.src_name or e.name, e.shape) is not None
                     for e in quantizable}
         allowed = {e.name: _allowed(e.name, e.shape[-1], cands, im_entry[e.name]) for e in quantizable}
@@ -485,8 +504,8 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
                                                *REFERENCE_PRESETS]) if has_im or not PRESETS[n].needs_imatrix]
         phase.begin(len(ref_names), "preset", "planning presets")
         for name in ref_names:
-            ref_plans[name] = plan_quantization(model.tensors, name, arch=model.architecture or "",
-                                                metadata=model.kv, options=QuantOptions(imatrix_sizes=sizes))
+            ref_plans[name] = plan_quantization(model.tensors, name, arch=model.architecture or "", metadata=model.kv,
+                                                options=QuantOptions(imatrix_sizes=sizes, allow_requantize=bool(keep)))
             phase.advance(1)
         ref_sizes = {n: predict_file_size(model, p, im) for n, p in ref_plans.items()}
         phase.end()
@@ -543,6 +562,9 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
                     k *= d
                 weight[t] = weight.get(t, 0) + k
             rules = [(f"^{re.escape(n)}$", t) for n, t in chosen.items()]
+            if keep:  # the copy-only tensors' rules among them, in the file's order
+                rules = [(f"^{re.escape(e.name)}$", keep[e.name] if e.name in keep else chosen[e.name])
+                         for e in scan.entries if e.name in keep or e.name in chosen]
             plan = make_plan(model, _base_preset(weight, has_im), rules)
             size = predict_file_size(model, plan, im) if kind == "file" else plan.nbytes
             phase.advance(1)
@@ -554,8 +576,13 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
         what = "target size" if kind == "file" else "tensor data of the bpw target"
         if not lo <= budget <= hi:
             unit = "bytes" if kind == "file" else f"bytes ({lo * 8 / n_total:.4f}..{hi * 8 / n_total:.4f} bpw)"
+            kept = ""
+            if keep:
+                k_types = ", ".join(sorted({t.name for t in keep.values()}))
+                k_bytes = sum(e.nbytes for e in scan.entries if e.name in keep)
+                kept = f"; {len(keep)} {k_types} tensors of the input are kept as they are ({k_bytes} bytes)"
             raise UsageError(f"{what} {budget} bytes is outside the reachable range {lo}..{hi} {unit} "
-                             f"with candidates {', '.join(t.name for t in cands)}")
+                             f"with candidates {', '.join(t.name for t in cands)}{kept}")
         overhead = lo - sum(_hull(p)[0][0] for p in points.values())
         room = budget - overhead
         for _ in range(16):  # the header (the recipe's type names) changes with the mix: shrink until it fits
@@ -570,7 +597,8 @@ def quantize_to_target(input: str | Path, output: str | Path | None, *, target_s
         if final_check is not None:
             plan, rules, check = _final_check(final_check, plan, rules, ref_plans, ref_sizes, points, cands, budget,
                                               kind, check_presets, lambda b, r: make_plan(model, b, r),
-                                              lambda p: predict_file_size(model, p, im) if kind == "file" else p.nbytes)
+                                              lambda p: predict_file_size(model, p, im) if kind == "file" else p.nbytes,
+                                              keep_rules)
         by_name = {e.name: e for e in plan.entries}
         choices = tuple(Choice(n, by_name[n].dst_type, by_name[n].nbytes, err(n, meas[n][by_name[n].dst_type]),
                                kld(n, meas[n][by_name[n].dst_type]))
