@@ -119,18 +119,19 @@ def test_check_is_skipped_with_a_reason_when_transformers_has_no_class(tmp_path:
 
 
 def test_architecture_feature_the_evaluator_cannot_run_skips_the_check_with_exit_0(tmp_path: Path) -> None:
-    # llama.cpp and transformers run yarn rope scaling; ggufkit's evaluator does not
-    d = make_checkpoint(tmp_path / "yarn", "LlamaForCausalLM", rope_scaling={
-        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0})
+    # llama.cpp and transformers run Qwen3-VL's text half (interleaved M-RoPE); ggufkit's evaluator does not
+    from fixtures_mmproj import make_vlm
+
+    d = make_vlm(tmp_path / "vl", "Qwen3VLForConditionalGeneration")
     out = tmp_path / "m.gguf"
     human = CliRunner().invoke(cli, ["convert", str(d), "-o", str(out), "--outtype", "f32"])
     assert human.exit_code == 0, human.output
-    assert "check skipped: the evaluator cannot run this file: rope scaling 'yarn' is not supported" in human.stdout
+    assert "check skipped: the evaluator cannot run this file: cannot evaluate 'qwen3vl'" in human.stdout
     assert "check passed" not in human.stdout and out.is_file()
     result = CliRunner().invoke(cli, ["convert", str(d), "-o", str(out), "--outtype", "f32", "--json"])
     data = json.loads(result.stdout)
     assert result.exit_code == 0 and data["ok"] is True
-    assert data["check"] == "skipped" and "rope scaling 'yarn'" in data["check_reason"]
+    assert data["check"] == "skipped" and "cannot evaluate 'qwen3vl'" in data["check_reason"]
 
 
 def test_transformers_error_inside_the_check_is_one_line_not_a_traceback(tmp_path: Path) -> None:

@@ -378,7 +378,7 @@ def test_evaluator_logits_equal_llama_cpps(models: dict[str, Path], layout: str)
     path = converted(models, layout)
     want = llama_cpp_logits(path)
     with load_model(path, device="cpu", ggml_rounding=layout == "mxfp4") as m:
-        assert m.hparams.extra["n_swa"] == 8 and m.hparams.extra["yarn"]["freq_scale"] == 1 / 32
+        assert m.hparams.extra["n_swa"] == 8 and m.hparams.yarn.freq_scale == 1 / 32
         got = m.logits(torch.tensor([TOKENS]))[0].numpy()
     assert (got.argmax(-1) == want.argmax(-1)).all()
     assert np.abs(got - want).max() < (1e-3 if layout == "mxfp4" else 1e-5) * np.ptp(want)
