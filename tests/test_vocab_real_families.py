@@ -1,9 +1,11 @@
 """The released tokenizers of issue 32's families, through ggufkit's converter and tokenizer, against llama.cpp.
 
 Tokenizers (tests/real_tokenizers.py: which package each comes from, licence, hashes): DeepSeek V3/R1's
-``tokenizer.json`` (class ``DeepseekV3ForCausalLM``), gpt-oss's o200k_harmony (``GptOssForCausalLM``) and
-Llama 4's (``Llama4ForCausalLM``), each beside a tiny random checkpoint of its class with the release's
-vocabulary size (DeepSeek V3: 129 280, gpt-oss: 201 088, Llama 4: 202 048). GLM-4.5's is on no package. For each:
+``tokenizer.json`` (class ``DeepseekV3ForCausalLM``), gpt-oss's o200k_harmony (``GptOssForCausalLM``),
+Llama 4's (``Llama4ForCausalLM``), GLM-4.5's (``Glm4MoeForCausalLM``) and GLM-4.7-Flash's
+(``Glm4MoeLiteForCausalLM``), each beside a tiny random checkpoint of its class with the release's vocabulary
+size (DeepSeek V3: 129 280, gpt-oss: 201 088, Llama 4: 202 048, GLM-4.5: 151 552, GLM-4.7-Flash: 154 880). Kimi
+K2's ``tiktoken.model`` is on no package (tests/test_vocab_kimi.py builds a Kimi-style one). For each:
 
 - every ``tokenizer.*`` key of ggufkit's vocabulary equals llama.cpp's converter's on the same checkpoint
   (tokens, types, merges, the pre-tokenizer its check hash picks, special ids, chat template);
@@ -39,7 +41,7 @@ from ggufkit.converters import convert
 from ggufkit.converters.pretokenizer import CHKHSH_TABLE, chkhsh
 from ggufkit.format import open_gguf
 
-FAMILIES = ("deepseek-r1", "gpt-oss", "llama4")
+FAMILIES = ("deepseek-r1", "gpt-oss", "llama4", "glm-4.5", "glm-4.7-flash")
 #: families whose pre-tokenizer is llama.cpp's GPT4O approximation of o200k's regex (module docstring)
 O200K = ("gpt-oss", "llama4")
 #: the check hash of each tokenizer under the installed transformers and the name llama.cpp's table gives it.
@@ -49,13 +51,25 @@ O200K = ("gpt-oss", "llama4")
 #: (llama-vocab.cpp: LLAMA_VOCAB_PRE_TYPE_JOYAI_LLM shares DEEPSEEK3_LLM's regexes).
 CHKHSH = {"deepseek-r1": ("b4b8ca1f9769494fbd956ebc4c249de6131fb277a4a3345a7a92c7dd7a55808d", "joyai-llm"),
           "gpt-oss": ("ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e", "gpt-4o"),
-          "llama4": ("d353350c764d8c3b39c763113960e4fb4919bea5fbf208a0e3b22e8469dc7406", "llama4")}
+          "llama4": ("d353350c764d8c3b39c763113960e4fb4919bea5fbf208a0e3b22e8469dc7406", "llama4"),
+          "glm-4.5": ("a1336059768a55c99a734006ffb02203cd450fed003e9a71886c88acf24fdbc2", "glm4"),
+          "glm-4.7-flash": ("cdf5f35325780597efd76153d4d1c16778f766173908894c04afc20108536267", "glm4")}
 #: the release's vocabulary size (config.json) and its special ids
 VOCAB = {"deepseek-r1": dict(vocab_size=129280, bos_token_id=0, eos_token_id=1),
          "gpt-oss": dict(vocab_size=201088, bos_token_id=199998, eos_token_id=200002, pad_token_id=199999),
-         "llama4": dict(vocab_size=202048, bos_token_id=200000, eos_token_id=200008, pad_token_id=200018)}
+         "llama4": dict(vocab_size=202048, bos_token_id=200000, eos_token_id=200008, pad_token_id=200018),
+         "glm-4.5": dict(vocab_size=151552, eos_token_id=[151329, 151336, 151338], pad_token_id=151329),
+         "glm-4.7-flash": dict(vocab_size=154880, bos_token_id=None, eos_token_id=[154820, 154827, 154829],
+                               pad_token_id=154820)}
+#: tokenizer.ggml.bos_token_id and eos_token_id as llama.cpp's converter writes them: the config's, but GLM's
+#: BOS is ``[gMASK]`` (conversion/base.py ``_set_vocab_glm``; its configs name no BOS) and its EOS the first of
+#: the config's list
+BOS_EOS = {"deepseek-r1": (0, 1), "gpt-oss": (199998, 200002), "llama4": (200000, 200008),
+           "glm-4.5": (151331, 151329), "glm-4.7-flash": (154822, 154820)}
+#: GLM's 36 added tokens start here (``<|endoftext|>``), after the BPE tokens
+GLM_ADDED = {"glm-4.5": 151329, "glm-4.7-flash": 154820}
 #: whether llama-perplexity adds a BOS (tokenizer.ggml.add_bos_token: Llama 4's post-processor adds one)
-ADD_BOS = {"deepseek-r1": False, "gpt-oss": False, "llama4": True}
+ADD_BOS = {"deepseek-r1": False, "gpt-oss": False, "llama4": True, "glm-4.5": False, "glm-4.7-flash": False}
 TEXTS = [VARIED_TEXT, "Hello world's THE'LL 12345 6789\n\n\t  x  !!?\r\n", "我想在apple工作1314151天～ カタカナ ひらがな",
          "path/to/file.py\n// comment /* x */\nfor (int i = 0; i < n; ++i) {\n\tx[i] += 1;\n}\n",
          "I've been 'told he's there, 'RE you sure? We'Ve a'lL", " \n \n\n leading", "", "3.14159 1,000,000 007"]
@@ -76,6 +90,21 @@ def _write_checkpoint(name: str, d: Path) -> None:
             q_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4, max_position_embeddings=256,
             tie_word_embeddings=False, **VOCAB[name])
         transformers.DeepseekV3ForCausalLM(config).save_pretrained(d)
+    elif name == "glm-4.5":
+        config = transformers.Glm4MoeConfig(
+            hidden_size=16, intermediate_size=24, moe_intermediate_size=8, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+            first_k_dense_replace=1, n_group=1, topk_group=1, max_position_embeddings=256, tie_word_embeddings=False,
+            **VOCAB[name])
+        transformers.Glm4MoeForCausalLM(config).save_pretrained(d)
+    elif name == "glm-4.7-flash":
+        config = transformers.Glm4MoeLiteConfig(
+            hidden_size=16, intermediate_size=24, moe_intermediate_size=8, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=2, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1,
+            topk_group=1, kv_lora_rank=8, q_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4,
+            mlp_layer_types=["dense", "sparse"], max_position_embeddings=256, tie_word_embeddings=False,
+            **VOCAB[name])
+        transformers.Glm4MoeLiteForCausalLM(config).save_pretrained(d)
     elif name == "llama4":
         config = transformers.Llama4TextConfig(
             hidden_size=16, intermediate_size=16, intermediate_size_mlp=32, num_hidden_layers=2, num_attention_heads=2,
@@ -102,6 +131,26 @@ def _start_llama_cpp_vocab(d: Path, out: Path) -> subprocess.Popen:
                             text=True, env=env)
 
 
+#: family -> (checkpoint folder, ggufkit's file, llama.cpp's file), built once per process. pytest sets the
+#: module-scoped fixture up again when tests parametrized over a subset of FAMILIES (indirect) interleave with the
+#: others (it groups them by parameter index, and index 0 of ("gpt-oss",) is not FAMILIES' index 0); the
+#: conversions are then not redone, only the tokenizers reloaded.
+_CONVERTED: dict[str, tuple[Path, Path, Path]] = {}
+
+
+def _converted(name: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    if name not in _CONVERTED:
+        d = tmp_path_factory.mktemp(name) / name
+        _write_checkpoint(name, d)
+        theirs = d.parent / "theirs.gguf"
+        llama_cpp_run = _start_llama_cpp_vocab(d, theirs)
+        ours = convert(d, d.parent / "ours.gguf", outtype="f32", vocab_only=True).outputs[0]
+        _, stderr = llama_cpp_run.communicate()
+        assert llama_cpp_run.returncode == 0, stderr[-3000:]
+        _CONVERTED[name] = (d, ours, theirs)
+    return _CONVERTED[name]
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import llama_cpp
@@ -110,13 +159,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     from ggufkit.tokenizer.gguf_tokenizer import load_tokenizer
 
     name = request.param
-    d = tmp_path_factory.mktemp(name) / name
-    _write_checkpoint(name, d)
-    theirs = d.parent / "theirs.gguf"
-    llama_cpp_run = _start_llama_cpp_vocab(d, theirs)
-    ours = convert(d, d.parent / "ours.gguf", outtype="f32", vocab_only=True).outputs[0]
-    _, stderr = llama_cpp_run.communicate()
-    assert llama_cpp_run.returncode == 0, stderr[-3000:]
+    d, ours, theirs = _converted(name, tmp_path_factory)
     with open_gguf(ours) as f:
         tok = load_tokenizer(f)
     llm = llama_cpp.Llama(model_path=str(ours), vocab_only=True, verbose=False)
@@ -142,13 +185,20 @@ def test_vocabulary_keys_equal_llama_cpps_converter(family: dict) -> None:
     assert ours["tokenizer.ggml.pre"][1] == pre and ours["tokenizer.ggml.model"][1] == "gpt2"
     tokens, types = ours["tokenizer.ggml.tokens"][1], ours["tokenizer.ggml.token_type"][1]
     assert len(tokens) == VOCAB[family["name"]]["vocab_size"]
-    assert ours["tokenizer.ggml.bos_token_id"][1] == VOCAB[family["name"]]["bos_token_id"]
-    assert ours["tokenizer.ggml.eos_token_id"][1] == VOCAB[family["name"]]["eos_token_id"]
+    assert (ours["tokenizer.ggml.bos_token_id"][1], ours["tokenizer.ggml.eos_token_id"][1]) == BOS_EOS[family["name"]]
     assert ("tokenizer.chat_template" in ours) == (family["name"] != "llama4")  # no Llama 4 template: none written
     if family["name"] == "deepseek-r1":
         assert (tokens[0], types[0]) == ("<｜begin▁of▁sentence｜>", 3)
         assert (tokens[128798], types[128798]) == ("<think>", 4)  # an added, not special, token: USER_DEFINED
         assert len(ours["tokenizer.ggml.merges"][1]) == 127741
+    elif family["name"] in GLM_ADDED:
+        base = GLM_ADDED[family["name"]]
+        assert tokens[base:base + 5] == ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>"]
+        assert set(types[base:base + 21]) == {3} and set(types[base + 21:base + 31]) == {4}  # <think>..</arg_value>
+        assert (tokens[base + 21], tokens[base + 35]) == ("<think>", "<|video|>")
+        assert (ours["tokenizer.ggml.eot_token_id"][1], ours["tokenizer.ggml.eom_token_id"][1]) == (base + 7, base + 9)
+        assert tokens[base + 36:] == [f"[PAD{i}]" for i in range(base + 36, len(tokens))] and types[-1] == 5
+        assert len(ours["tokenizer.ggml.merges"][1]) == {"glm-4.5": 318088, "glm-4.7-flash": 321649}[family["name"]]
     elif family["name"] == "llama4":
         assert tokens[200005:200009] == ["<|header_start|>", "<|header_end|>", "<|eom|>", "<|eot|>"]
         assert set(types[200000:]) == {3} and tokens[201143] == "<|reasoning_thinking_end|>"
@@ -240,5 +290,5 @@ def test_ppl_tokenizes_as_llama_perplexity(family: dict) -> None:
         ids, add_bos, bos_id = tokenize_text(f, text)
     llm = family["llm"]
     assert ids == llm.tokenize(text.encode(), add_bos=True, special=False)
-    assert (add_bos, bos_id) == (ADD_BOS[family["name"]], VOCAB[family["name"]]["bos_token_id"])
+    assert (add_bos, bos_id) == (ADD_BOS[family["name"]], BOS_EOS[family["name"]][0])
     assert ids[0] == bos_id if add_bos else ids[0] != bos_id
