@@ -3,7 +3,7 @@
 The size-budget search copies the tensors the master already holds quantized (the MXFP4 experts, one
 ``^name$=mxfp4`` rule each, which llama-quantize copies as they are), counts their real bytes in the budget and
 searches only the float tensors. Checked on the tiny gpt-oss of test_family_gpt_oss.py released as MXFP4: the
-release's mix is within its budget (the Q4_K_M file beside it), its experts are the master's bytes, the card's
+release's mix (with its importance matrix) is within its budget (the Q4_K_M file beside it), its experts are the master's bytes, the card's
 llama-quantize command writes the same file and llama.cpp runs it; the budget is exact (the least reachable
 size fits to the byte, one byte less is refused naming the MXFP4 bytes); a budget below the copied bytes is one
 line, exit 2, nothing written; a final check that prefers a preset keeps the experts too.
@@ -31,7 +31,8 @@ from ggufkit.format import open_gguf
 from ggufkit.quant.target.search import quantize_to_target
 
 MXFP4 = GGMLQuantizationType.MXFP4
-ARGS = ["--no-imatrix", "--ctx", "32", "--chunks", "1", "--device", "cpu", "--quiet"]
+RUN = ["--ctx", "32", "--chunks", "1", "--device", "cpu", "--quiet"]
+ARGS = ["--no-imatrix", *RUN]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,9 @@ def _mxfp4_tensors(path: Path) -> dict[str, bytes]:
 
 def test_a_release_mix_keeps_the_mxfp4_experts_within_its_budget(checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    r = invoke("release", str(checkpoint), "-o", str(out), "--types", "q4_k_m,MIX@Q4_K_M", *ARGS)
+    # with the release's importance matrix (the IQ2/IQ3 candidates count; the experts have no use for it)
+    r = invoke("release", str(checkpoint), "-o", str(out), "--types", "q4_k_m,MIX@Q4_K_M", "--imatrix-chunks", "2",
+               *RUN)
     assert r.exit_code == 0, r.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     mix = manifest["mixes"]["MIX@Q4_K_M"]
