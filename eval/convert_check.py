@@ -158,12 +158,14 @@ def _kept(ckpt: Any, e: Any) -> bool:
     return e.ggml_type.name == "MXFP4" and e.source + "_blocks" in ckpt.tensors
 
 
-def _stored_weights(ckpt: Any, plan: ConvertPlan, rows: Any = None) -> Iterator[tuple[str, bool, np.ndarray]]:
+def _stored_weights(ckpt: Any, plan: ConvertPlan, rows: Any = None,
+                    given: Any = ()) -> Iterator[tuple[str, bool, np.ndarray]]:
     """(HF name, whether it is the output projection, values as stored) for each checkpoint tensor the
     GGUF rounds. F32 tensors hold the checkpoint's values exactly, as transformers' float32 model does
     (however transformers renames them on load); generated and predictor tensors have no transformers
     counterpart. ``rows`` (a family's ``reference_rows``) places the rows of the tensors its hooks compute
-    in their source, where those are rounded (each such source yielded once, every entry of it rounded)."""
+    in their source, where those are rounded (each such source yielded once, every entry of it rounded).
+    Checkpoint tensors in ``given`` were given to transformers rounded (:func:`_rounded_singles`): skipped."""
     from gguf import GGMLQuantizationType as Q
 
     by_source: dict[str, list[Any]] = {}
@@ -173,7 +175,7 @@ def _stored_weights(ckpt: Any, plan: ConvertPlan, rows: Any = None) -> Iterator[
         if e.name in plan.rewritten and rows is not None and rows(e.name, e.source) is not None:
             by_source.setdefault(e.source, []).append(e)
         # the output projection always: a tied head must be untied when the embedding is rounded
-        elif e.ggml_type != Q.F32 or e.kind == "OUTPUT":
+        elif e.kind == "OUTPUT" or (e.ggml_type != Q.F32 and e.source not in given):
             w = _widen(ckpt.read(e.source), ckpt.tensors[e.source].dtype)
             yield e.source, e.kind == "OUTPUT", _as_stored(w, e.ggml_type, e.transform)
     for source, entries in by_source.items():
@@ -209,6 +211,23 @@ def _rounded_stacks(plan: ConvertPlan) -> tuple[set[str], dict[str, tuple[Any, s
     return names, members
 
 
+def _rounded_singles(ckpt: Any, plan: ConvertPlan, rows: Any = None) -> dict[str, tuple[Any, str | None]]:
+    """Checkpoint tensor -> (GGUF type, transform) for each tensor the GGUF stores rounded from that one checkpoint
+    tensor, the output projection and the tensors ``rows`` places aside (those :func:`_stored_weights` always
+    sets after loading): what a reference loaded from the checkpoint's tensors is given rounded, so that
+    transformers renames them, or drops those its class has no parameter for (NextN layers), as it loads them."""
+    from gguf import GGMLQuantizationType as Q
+
+    singles: dict[str, tuple[Any, str | None]] = {}
+    for e in plan.entries:
+        if _kept(ckpt, e) or e.source not in ckpt.tensors or e.kind == "OUTPUT" or e.ggml_type == Q.F32:
+            continue
+        if e.name in plan.rewritten and rows is not None and rows(e.name, e.source) is not None:
+            continue
+        singles[e.source] = (e.ggml_type, e.transform)
+    return singles
+
+
 def _unroundable(ckpt: Any, plan: ConvertPlan, rows: Any = None, stacks: Any = ()) -> str | None:
     """Why the reference cannot hold the GGUF's values (a rounded tensor built from several checkpoint
     tensors, other than the stacked experts of ``stacks``: GGUF names), or None."""
@@ -242,8 +261,8 @@ def _as_llama_cpp_computes(config: Any) -> Any:
 class _Deferred:
     """One checkpoint tensor as transformers' loader takes a safetensors slice (``tensor[...]`` reads it): read
     through ggufkit's reader, a quantized source's weight dequantized, only when transformers loads it, so the
-    dequantized model is never held beside transformers' copy of it; ``rounding`` (GGUF type, transform): an
-    expert of a stacked tensor, rounded as the GGUF stores it (:func:`_rounded_stacks`)."""
+    dequantized model is never held beside transformers' copy of it; ``rounding`` (GGUF type, transform): the
+    tensor rounded as the GGUF stores it (:func:`_rounded_stacks`, :func:`_rounded_singles`)."""
 
     def __init__(self, ckpt: Any, name: str, rounding: tuple[Any, str | None] | None = None) -> None:
         self.ckpt, self.name, self.rounding = ckpt, name, rounding
@@ -290,7 +309,8 @@ def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
     one the conversion reads: llama.cpp's ``dequant_model``), each read when transformers loads it, into the
     unquantized model of the class; gpt-oss's MXFP4 experts are dequantized by transformers itself
     (``Mxfp4Config(dequantize=True)``), as the GGUF keeps their codes. The experts of a stack the GGUF rounds are
-    given to transformers rounded, read the same way, whatever the source (:func:`_rounded_stacks`)."""
+    given to transformers rounded, read the same way, whatever the source (:func:`_rounded_stacks`); so is every
+    tensor a reference read that way holds rounded (:func:`_rounded_singles`)."""
     import torch
     import transformers
 
@@ -306,11 +326,13 @@ def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
             return why
         config = _as_llama_cpp_computes(transformers.AutoConfig.from_pretrained(model_dir))
         kwargs: dict[str, Any] = {}
+        given: dict[str, tuple[Any, str | None]] = {}
         if method in QUANT_METHODS or members:
             for c in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
                 if hasattr(c, "quantization_config"):
                     delattr(c, "quantization_config")
-            kwargs["state_dict"] = {name: _Deferred(ckpt, name, members.get(name)) for name in ckpt.tensors}
+            given = {**_rounded_singles(ckpt, plan, rows), **members}
+            kwargs["state_dict"] = {name: _Deferred(ckpt, name, given.get(name)) for name in ckpt.tensors}
         elif method == "mxfp4":
             from transformers import Mxfp4Config  # type: ignore[attr-defined]
 
@@ -321,7 +343,7 @@ def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
         params = dict(reference.named_parameters(remove_duplicate=False))
         outputs: list[np.ndarray] = []
         with torch.no_grad():
-            for name, is_output, values in _stored_weights(ckpt, plan, rows):
+            for name, is_output, values in _stored_weights(ckpt, plan, rows, given):
                 if is_output:
                     outputs.append(values)  # after the others: a tied head must not overwrite the embedding
                     continue

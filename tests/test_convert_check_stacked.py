@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from fixtures_models import make_checkpoint
 from test_convert_check_sources import assert_exact
 from test_convert_fp8 import store_fp8
 from test_family_deepseek2 import make_deepseek
+from test_family_glm4moe import N_LAYER, make_glm
 
 from ggufkit.cli import cli
 from ggufkit.converters import convert
@@ -37,14 +37,15 @@ def test_check_of_an_fp8_deepseek_v3_at_bf16(tmp_path: Path) -> None:
     assert_exact(check_conversion(d, report.outputs[0], report.plan))
 
 
-def test_convert_check_of_a_bf16_moe_at_q8_0(tmp_path: Path) -> None:
-    """``ggufkit convert --check`` of a bf16 Qwen3-MoE (4 experts, as transformers 5 saves it: one tensor per
-    expert) to Q8_0: the block-quantized stacks are rounded expert by expert in the reference, which transformers
-    loads from the checkpoint's tensors."""
-    d = make_checkpoint(tmp_path / "m", "Qwen3MoeForCausalLM", dtype="bfloat16", vocab="real:gpt-2", num_experts=4,
-                        num_experts_per_tok=2)
+def test_convert_check_of_a_glm45_release_at_q8_0(tmp_path: Path) -> None:
+    """``ggufkit convert --check`` of a GLM-4.5 in the released layout (one tensor per expert, and a NextN layer
+    that llama.cpp's converter keeps and transformers' class drops on load) to Q8_0: the block-quantized stacks are
+    rounded expert by expert in the reference, which transformers loads from the checkpoint's tensors, so the
+    NextN layer's rounded tensors are dropped with the rest of it instead of skipping the check."""
+    d = make_glm(tmp_path / "m", "release")
     result = CliRunner().invoke(cli, ["convert", str(d), "-o", str(tmp_path / "m.gguf"), "--outtype", "q8_0",
                                       "--check", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
+    assert any(t["name"].startswith(f"blk.{N_LAYER}.nextn.") for t in data["tensors"]), data["tensors"][-3:]
     assert data["check"] == "passed", data.get("check_reason")
