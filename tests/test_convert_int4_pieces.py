@@ -48,8 +48,7 @@ def _convert_traced(d: Path, out: Path, outtype: str) -> int:
 def test_int4_weights_are_written_in_row_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Kimi K2's INT4 layout (symmetric, groups of 32, bf16 scales) -> BF16 in pieces of 64 K weights: the numpy
     memory of the write stays below one whole float32 MLP weight of 16.8 MB (the old loader held it and its bf16
-    copy: 42.0 MB traced, against 8.5 MB now, half of it the source hashing's 4 MiB reads), and the file is
-    llama.cpp's converter's."""
+    copy: 42.0 MB traced, against 8.5 MB now), and the file is llama.cpp's converter's."""
     d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM", dtype="bfloat16", hidden_size=HIDDEN,
                         intermediate_size=FF, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
     store_compressed(d, "pack-quantized")
