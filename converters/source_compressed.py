@@ -22,15 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from ggufkit.converters import source_fp8
 from ggufkit.converters.checkpoint import Checkpoint, SourceTensor
-from ggufkit.converters.source_fp8 import Dequantized, dequant_simple, install_scaled, widen
+from ggufkit.converters.source_fp8 import install_scaled, widen
 from ggufkit.converters.stream import page_releaser
 from ggufkit.errors import CheckpointError
 
-__all__ = ["ChannelDequantized", "Unpacked", "dequant_packed", "install_compressed"]
-
-#: A weight is dequantized in row pieces of about this many weights (16 MiB as float32).
-PIECE_WEIGHTS = 1 << 22
+__all__ = ["Unpacked", "dequant_packed", "install_compressed"]
 
 
 def _refuse(ckpt: Checkpoint, what: str) -> CheckpointError:
@@ -68,7 +66,6 @@ def install_compressed(ckpt: Checkpoint, quant: dict[str, Any]) -> set[str]:
             if name.endswith(".weight_scale"):
                 weight = name.removesuffix("_scale")
                 install_scaled(ckpt, weight, name, block)
-                ckpt.derived[weight] = ChannelDequantized(ckpt, ckpt.stored[weight], ckpt.stored[name], block)
                 done.add(weight)
         return done if is_fp8 else set()
     if fmt == "pack-quantized":
@@ -104,26 +101,6 @@ def _install_packed(ckpt: Checkpoint, base: str, num_bits: int, group_size: int)
     ckpt.derived[base] = Unpacked(ckpt, parts, shape, zero is not None, num_bits, group_size)
 
 
-class ChannelDequantized(Dequantized):
-    """A ``float-quantized`` / ``int-quantized`` weight's loader (:class:`Dequantized`) whose :meth:`pieces`
-    also splits a per-channel weight (``strategy: channel``, one scale per row) into row pieces."""
-
-    def pieces(self) -> Iterator[np.ndarray]:
-        """The float32 values in row pieces, in order: the same products as :meth:`__call__`, row for row."""
-        weight, scale = self.ckpt.read_stored(self.w.name), self.ckpt.read_stored(self.s.name)
-        if self.block_size is not None or weight.ndim != 2 or scale.shape not in ((weight.shape[0], 1),
-                                                                                  (weight.shape[0],)):
-            yield from super().pieces()
-            return
-        step = max(1, PIECE_WEIGHTS // max(1, weight.shape[1]))
-        release = page_releaser(weight)
-        for i in range(0, weight.shape[0], step):
-            rows = weight[i:i + step]
-            yield dequant_simple(rows, self.w.dtype, scale[i:i + step], self.s.dtype, None)
-            if release is not None:
-                release(rows)
-
-
 class Unpacked:
     """A ``pack-quantized`` weight's loader: called, its float32 values (:func:`dequant_packed`); :meth:`pieces`
     gives them in row pieces (a multiple of the rows one int32 of the zero point packs), so a stream need not
@@ -148,7 +125,7 @@ class Unpacked:
         w, scale, zero = self._read()
         rows, cols = self.shape
         per = 32 // self.num_bits  # rows of zero points in one int32 (the fields dequant_packed unpacks)
-        step = per * max(1, PIECE_WEIGHTS // max(1, per * cols))
+        step = per * max(1, source_fp8.PIECE_WEIGHTS // max(1, per * cols))
         s_dtype = self.ckpt.stored[self.parts["_scale"]].dtype
         release = page_releaser(w)
         for r in range(0, rows, step):

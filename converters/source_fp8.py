@@ -110,7 +110,7 @@ def _loader(ckpt: Checkpoint, w: SourceTensor, s: SourceTensor,
     return Dequantized(ckpt, w, s, block_size)
 
 
-#: Rows of a block-scaled weight are dequantized in pieces of about this many weights (16 MiB as float32).
+#: Rows of a scaled weight are dequantized in pieces of about this many weights (16 MiB as float32).
 PIECE_WEIGHTS = 1 << 22
 
 
@@ -128,20 +128,32 @@ class Dequantized:
                               self.s.dtype, self.block_size)
 
     def pieces(self) -> Iterator[np.ndarray]:
-        """The float32 values in row blocks, in order: the same products as :meth:`__call__`, row for row."""
+        """The float32 values in row pieces, in order: the same products as :meth:`__call__`, row for row.
+
+        A 2-D block scale gives pieces of whole block rows; a per-channel scale (one per row) or a per-tensor
+        one, pieces of any rows; any other layout, the whole tensor."""
         weight, scale = self.ckpt.read_stored(self.w.name), self.ckpt.read_stored(self.s.name)
-        block = self.block_size
-        if block is None or weight.ndim != 2 or scale.ndim != 2 or len(block) != 2:
+        block, rows = self.block_size, weight.shape[0] if weight.ndim == 2 else 0
+        if block is not None and weight.ndim == 2 and scale.ndim == 2 and len(block) == 2:
+            b0 = int(block[0])
+            step = b0 * max(1, PIECE_WEIGHTS // max(1, b0 * weight.shape[1]))
+
+            def scale_of(i: int) -> np.ndarray:
+                return scale[i // b0:(i + step) // b0]
+        elif block is None and weight.ndim == 2 and (scale.size == 1 or scale.shape in ((rows, 1), (rows,))):
+            step = max(1, PIECE_WEIGHTS // max(1, weight.shape[1]))
+
+            def scale_of(i: int) -> np.ndarray:
+                return scale if scale.size == 1 else scale[i:i + step]
+        else:
             yield self()
             return
-        b0 = int(block[0])
-        step = b0 * max(1, PIECE_WEIGHTS // max(1, b0 * weight.shape[1]))
         release = page_releaser(weight)  # the FP8 pages of a piece leave this process once it is dequantized
-        for i in range(0, weight.shape[0], step):
-            rows = weight[i:i + step]
-            yield dequant_simple(rows, self.w.dtype, scale[i // b0:(i + step) // b0], self.s.dtype, block)
+        for i in range(0, rows, step):
+            part = weight[i:i + step]
+            yield dequant_simple(part, self.w.dtype, scale_of(i), self.s.dtype, block)
             if release is not None:
-                release(rows)
+                release(part)
 
 
 def install_fp8(ckpt: Checkpoint, quant: dict[str, Any]) -> set[str]:

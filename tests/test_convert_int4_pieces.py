@@ -19,7 +19,7 @@ from test_convert_archs import llama_cpp_convert
 from test_convert_compressed_tensors import store_compressed
 from test_convert_fp8 import assert_same_file
 
-from ggufkit.converters import source_compressed
+from ggufkit.converters import source_fp8
 from ggufkit.converters.plan import build_plan, open_source
 from ggufkit.converters.write import write_plan
 
@@ -53,7 +53,7 @@ def test_int4_weights_are_written_in_row_pieces(tmp_path: Path, monkeypatch: pyt
                         intermediate_size=FF, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
     store_compressed(d, "pack-quantized")
     theirs = llama_cpp_convert(d, tmp_path / "theirs.gguf", "bf16")
-    monkeypatch.setattr(source_compressed, "PIECE_WEIGHTS", 1 << 16, raising=False)  # the old module had none
+    monkeypatch.setattr(source_fp8, "PIECE_WEIGHTS", 1 << 16)
     ours = tmp_path / "ours.gguf"
     peak = _convert_traced(d, ours, "bf16")
     assert peak < WHOLE_F32, (peak, WHOLE_F32)
@@ -67,7 +67,7 @@ def test_pieces_are_the_whole_tensors_rows(tmp_path: Path, monkeypatch: pytest.M
     """Each dequantizing loader's pieces, concatenated, are the bits of the whole tensor. With pieces of one
     weight: an INT4 piece is the 8 rows one int32 of the zero point packs (a k_proj of 12 rows: 8 then 4, the
     padding fields trimmed), a per-channel piece one row."""
-    monkeypatch.setattr(source_compressed, "PIECE_WEIGHTS", 1)
+    monkeypatch.setattr(source_fp8, "PIECE_WEIGHTS", 1)
     d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM", num_hidden_layers=1, num_key_value_heads=1, head_dim=12)
     store_compressed(d, fmt, group=16, zero_point=zero_point)
     src = open_source(d, False)
@@ -85,5 +85,30 @@ def test_pieces_are_the_whole_tensors_rows(tmp_path: Path, monkeypatch: pytest.M
                 assert sizes == [1] * whole.shape[0], name
             assert np.concatenate(parts).tobytes() == whole.tobytes(), name
         assert derived["model.layers.0.self_attn.k_proj.weight"]().shape == (12, 64)
+    finally:
+        src.checkpoint.close()
+
+
+@pytest.mark.parametrize("scheme", ["channel", "tensor"])
+def test_fp8_channel_and_tensor_scales_give_row_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        scheme: str) -> None:
+    """An FP8 release with one scale per row or one per tensor (no ``weight_block_size``) also dequantizes row by
+    row (it used to load each weight whole): with pieces of one weight, one row a piece, the same bits as the
+    whole tensor."""
+    from test_convert_fp8 import store_fp8
+
+    monkeypatch.setattr(source_fp8, "PIECE_WEIGHTS", 1)
+    d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM", num_hidden_layers=1)
+    store_fp8(d, scheme=scheme)
+    src = open_source(d, False)
+    assert src.checkpoint is not None
+    try:
+        derived = {n: load for n, load in src.checkpoint.derived.items() if n.endswith("proj.weight")}
+        assert len(derived) == 7
+        for name, load in derived.items():
+            whole = load()
+            parts = list(load.pieces())  # type: ignore[attr-defined]
+            assert [p.shape[0] for p in parts] == [1] * whole.shape[0], name
+            assert np.concatenate(parts).tobytes() == whole.tobytes(), name
     finally:
         src.checkpoint.close()
