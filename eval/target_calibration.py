@@ -11,6 +11,7 @@ llama-perplexity's scored positions; :class:`KLDCache` keeps the measured values
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from gguf import GGMLQuantizationType
 #: Bump when the measurement changes meaning: old cache files (the sensitivity's and the final
 #: check's) are then ignored.
 SENSITIVITY_VERSION = 2  # 2: second probes of on-grid groups
+_BLK = re.compile(r"blk\.\d+\.")
 
 
 class KLDCache:
@@ -42,8 +44,16 @@ class KLDCache:
         save_json_cache(self.path, {"version": SENSITIVITY_VERSION, "kld": self.data})
 
 
+def _family(model: Any) -> Any:
+    """The model's :class:`ggufkit.eval.family_forward.FamilyForward`, None for the transformer block."""
+    from ggufkit.eval.families import FORWARDS
+
+    return FORWARDS.get(model.hparams.arch)
+
+
 def _embed(model: Any, tokens: Any) -> Any:
-    """The residual stream entering block 0 (as :meth:`GGUFCausalLM.logits` builds it)."""
+    """The stream state entering block 0 (as :meth:`GGUFCausalLM.logits` builds it): the embeddings, turned
+    into the family's own state by its ``embed`` hook where it has one."""
     import math
 
     import torch
@@ -55,27 +65,53 @@ def _embed(model: Any, tokens: Any) -> Any:
     pos = model.tensors.get("position_embd.weight")
     if pos is not None:
         x = x + pos.rows(torch.arange(tokens.shape[1], device=model.device) + 2)[None]
-    return x
+    family = _family(model)
+    return family.embed(model, tokens, x) if family is not None and family.embed else x
 
 
-def _head(model: Any, x: Any, start: int) -> Any:
-    """Logits of positions ``start..`` from the last block's output (:meth:`GGUFCausalLM.logits`'s tail)."""
+def _block(model: Any, state: Any, i: int) -> Any:
+    """Block ``i`` on the stream state: the family's block, or the transformer's."""
+    family = _family(model)
+    return model.block(state, f"blk.{i}.") if family is None else family.block(model, state, f"blk.{i}.")
+
+
+def _head(model: Any, state: Any, start: int) -> Any:
+    """Logits of positions ``start..`` from the state after the last block (:meth:`GGUFCausalLM.logits`'s
+    tail: the family's ``finish``, the output norm, the LM head, the final soft-cap and logit scale)."""
     import torch
 
     hp = model.hparams
+    family = _family(model)
+    x = family.finish(model, state) if family is not None and family.finish else state
     x = model.norm(x[:, start:], model.weight("output_norm.weight"), model.optional_weight("output_norm.bias"))
     head = model.tensors.get("output.weight") if not hp.learned_positions else None
     if head is None:
         head = model.tensors["token_embd.weight"]
     parts = []
-    step = 32768
+    src1 = None
+    step = hp.n_vocab if model._fits_cache(head) else 32768
     for a in range(0, hp.n_vocab, step):
         stop = min(a + step, hp.n_vocab)
-        parts.append(model.linear(x, model.tag_src1(head.row_range(a, stop, model.dtype), head, a, stop)))
+        w = model._row_range(head, a, stop)
+        if src1 is None and getattr(w, "ggml_src1", None) is not None:
+            src1 = model._src1(x, w)
+        parts.append(model.linear(x, w, src1=src1))
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     if hp.final_softcap:
         out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
+    if hp.logit_scale:
+        out = out * hp.logit_scale
     return out
+
+
+def _fresh(state: Any) -> Any:
+    """A stored state to restart from: its dicts and lists copied (a family's block may fill them, e.g. Gemma
+    3n's shared K/V by layer), its tensors shared (blocks never write into their input)."""
+    if isinstance(state, dict):
+        return {k: _fresh(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_fresh(v) for v in state]
+    return state
 
 
 def _probe_tensor(qt: Any, t: GGMLQuantizationType, weights: np.ndarray | None, threads: int | None) -> Any:
@@ -120,9 +156,9 @@ class Calibration:
         self.window, self.targets = window.to(model.device), targets.to(model.device)
         with torch.inference_mode():
             self.xs = [_embed(model, self.window)]
-            for i in range(model.hparams.n_layer):
-                self.xs.append(model.block(self.xs[-1], f"blk.{i}."))
-            self.base = _head(model, self.xs[-1], self.start)[:, :-1]
+            for i in range(model.hparams.n_trunk):
+                self.xs.append(_block(model, _fresh(self.xs[-1]), i))
+            self.base = _head(model, _fresh(self.xs[-1]), self.start)[:, :-1]
 
     def kld(self, replace: Mapping[str, tuple[GGMLQuantizationType, np.ndarray | None]], first: int,
             threads: int | None = None, quantized: dict[tuple[str, GGMLQuantizationType], Any] | None = None
@@ -144,10 +180,15 @@ class Calibration:
                     if quantized is not None:
                         quantized[(n, t)] = q
                 model.tensors[n] = q
+            n_trunk = model.hparams.n_trunk
+            first = min(first, n_trunk)
+            if _family(model) is not None and any(_BLK.match(n) is None and not n.startswith("output")
+                                                  for n in replace):
+                first = -1  # a family's embed hook may read any tensor outside the blocks and the head
             with torch.inference_mode():
-                x = _embed(model, self.window) if first < 0 else self.xs[first]
-                for i in range(max(first, 0), model.hparams.n_layer):
-                    x = model.block(x, f"blk.{i}.")
+                x = _embed(model, self.window) if first < 0 else _fresh(self.xs[first])
+                for i in range(max(first, 0), n_trunk):
+                    x = _block(model, x, i)
                 logits = _head(model, x, self.start)[:, :-1]
                 acc = KLDAccumulator()
                 for c in range(self.chunks):
