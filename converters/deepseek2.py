@@ -5,6 +5,8 @@
   ``attn_k_b`` (the nope rows, transposed: ``[n_head, kv_lora_rank, qk_nope]``) and ``attn_v_b`` (``[n_head, v,
   kv_lora_rank]``), as DeepseekV2Model.modify_tensors splits it for the absorbed graph; the keys of the MQA view
   (key_length kv_lora_rank + qk_rope, value_length kv_lora_rank) and of the MLA heads.
+- ``reference_view``: attn_k_b's and attn_v_b's rows where they lie in ``kv_b_proj``, for ``convert --check`` to
+  round them in the GGUF's own rows (eval/convert_check.py).
 - The router's ``e_score_correction_bias`` (no ``.weight``/``.bias`` suffix) as ``exp_probs_b.bias``.
 - Keys llama.cpp's converter writes only when the config spells them, where the class's default differs from
   what llama.cpp's loader assumes without them: the gating function (``scoring_func``; the loader assumes
@@ -204,3 +206,18 @@ def rewrite_tensors(raw: list[Raw], loaders: dict[str, Loader], config: Mapping[
             name += ".bias"
         out.append((name, source, kind, shape, dtype, transform))
     return out
+
+
+def reference_view(gguf: str, source: str, w: np.ndarray, config: Mapping[str, Any]) -> np.ndarray | None:
+    """The rows of ``attn_k_b`` / ``attn_v_b`` where they lie in ``w``, their ``kv_b_proj``, for ``convert --check``'s
+    reference (eval/convert_check.py) to round them in the GGUF's own rows: a view of ``w`` (writing it writes
+    ``w``) shaped as :func:`rewrite_tensors` computes the tensor, ``[n_head, qk_nope + v, kv_lora_rank]`` cut
+    per head: attn_v_b's rows are kv_b_proj's rows after each head's nope ones, attn_k_b's are the nope rows'
+    columns (the last two axes swapped); None for every other tensor."""
+    kind = gguf.split(".")[-2]
+    if kind not in ("attn_k_b", "attn_v_b") or not gguf.endswith(".weight") or not source.endswith("kv_b_proj.weight"):
+        return None
+    n_head = _int(config, "num_attention_heads")
+    nope, v = _int(config, "qk_nope_head_dim"), _int(config, "v_head_dim")
+    heads = w.reshape(n_head, nope + v, -1)  # a view of a contiguous w
+    return heads[:, :nope].swapaxes(-1, -2) if kind == "attn_k_b" else heads[:, nope:]

@@ -7,8 +7,8 @@
 - A checkpoint as released (``quant_method`` ``mxfp4``): ``*_blocks`` / ``*_scales`` repacked into GGUF MXFP4
   bytes (:func:`ggufkit.converters.mxfp4_source.repack_mxfp4`), gate and up from the even and odd rows, and, as
   llama.cpp's ``generate_extra_tensors`` writes them straight away, placed before every other tensor.
-- ``reference_rows``: where the rows of those expert tensors lie in their checkpoint source, for ``convert --check``
-  to round a quantized one in the GGUF's own rows (eval/convert_check.py).
+- ``reference_view``: the rows of those expert tensors where they lie in their checkpoint source, for
+  ``convert --check`` to round a quantized one in the GGUF's own rows (eval/convert_check.py).
 - Keys llama.cpp's converter reads through AutoConfig, which fills GptOssConfig's defaults where a config leaves
   a field out: the YaRN rope scaling (factor 32 over 4096 positions).
 - Refused: what the openai-moe graph cannot compute (a layer schedule other than sliding/full alternating from a
@@ -152,15 +152,16 @@ def rewrite_tensors(raw: list[Raw], loaders: dict[str, Loader], config: Mapping[
     return first + out
 
 
-def reference_rows(gguf: str, source: str) -> tuple[bool, slice | None] | None:
-    """Where the rows of GGUF tensor ``gguf`` lie in its checkpoint tensor ``source``, for ``convert --check``'s
-    reference (eval/convert_check.py) to round a quantized expert tensor in the GGUF's own rows: (the source's
-    last two axes swapped, the rows taken from it: even for gate, odd for up, all for down), as
-    :func:`rewrite_tensors` computes them; None for every other tensor (biases are never block-quantized)."""
+def reference_view(gguf: str, source: str, w: np.ndarray, config: Mapping[str, Any]) -> np.ndarray | None:
+    """The rows of GGUF tensor ``gguf`` where they lie in ``w``, its checkpoint tensor ``source``, for
+    ``convert --check``'s reference (eval/convert_check.py) to round a quantized expert tensor in the GGUF's own
+    rows: a view of ``w`` (writing it writes ``w``) with the source's last two axes swapped, the gate's rows the
+    even ones, the up's the odd ones, the down's all of them, as :func:`rewrite_tensors` computes them; None for
+    every other tensor (biases are never block-quantized)."""
     if not gguf.endswith(".weight") or not source.endswith(("experts.gate_up_proj", "experts.down_proj")):
         return None
-    kind = gguf.split(".")[-2]
-    return {"ffn_gate_exps": (True, _EVEN), "ffn_up_exps": (True, _ODD), "ffn_down_exps": (True, None)}.get(kind)
+    rows = {"ffn_gate_exps": _EVEN, "ffn_up_exps": _ODD, "ffn_down_exps": slice(None)}.get(gguf.split(".")[-2])
+    return None if rows is None else np.swapaxes(w, -1, -2)[..., rows, :]
 
 
-__all__ = ["check_config", "hparams", "layer_types", "reference_rows", "rewrite_tensors"]
+__all__ = ["check_config", "hparams", "layer_types", "reference_view", "rewrite_tensors"]

@@ -15,8 +15,9 @@ A checkpoint released quantized is compared as it was converted: FP8 and compres
 through the conversion's dequantizing reader (converters/quantized_source.py) into transformers' unquantized
 model of the class, one tensor as transformers loads it; gpt-oss's MXFP4 experts, which the GGUF keeps bit for
 bit, are dequantized by transformers itself. Tensors a family hook computes are rounded in the GGUF's own rows
-where the family says where those rows lie in their source (``reference_rows``: gpt-oss's experts); elsewhere
-a block-quantized computed tensor skips the check, saying why. A stacked expert tensor (``ffn_*_exps`` of
+where the family says where those rows lie in their source (``reference_view``: gpt-oss's experts, DeepSeek's
+and GLM-4.7-Flash's ``attn_k_b`` / ``attn_v_b`` in ``kv_b_proj``); elsewhere a block-quantized computed tensor
+skips the check, saying why. A stacked expert tensor (``ffn_*_exps`` of
 Mixtral, Qwen-MoE, DeepSeek, GLM, Ernie, ... built from per-expert checkpoint tensors) is rounded expert by expert
 as transformers loads each one: its rows are the experts' rows, so rounding each expert is rounding the stack,
 and transformers fuses the rounded experts however its class stores them.
@@ -29,8 +30,9 @@ checkpoint. A skip is never a pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -158,43 +160,81 @@ def _kept(ckpt: Any, e: Any) -> bool:
     return e.ggml_type.name == "MXFP4" and e.source + "_blocks" in ckpt.tensors
 
 
-def _stored_weights(ckpt: Any, plan: ConvertPlan, rows: Any = None,
+#: A family's ``reference_view(gguf, source, w, config)`` (converters/gpt_oss.py, converters/deepseek2.py): the
+#: rows of GGUF tensor ``gguf``, which its hooks compute, as a writable view of ``w``, its checkpoint tensor
+#: ``source`` (float32), or None where the family does not place that tensor.
+ReferenceView = Callable[[str, str, np.ndarray, Mapping[str, Any]], "np.ndarray | None"]
+#: A checkpoint tensor (float32) -> its values as the GGUF stores them.
+Rounding = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class _Views:
+    """The rounded tensors a family hook computes whose rows its ``reference_view`` places in their checkpoint
+    source (``by_source``: checkpoint tensor -> those plan entries)."""
+
+    view: ReferenceView | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    by_source: dict[str, list[Any]] = field(default_factory=dict)
+
+    def placed(self, e: Any) -> bool:
+        return e.name in {p.name for p in self.by_source.get(e.source, ())}
+
+    def rounded(self, source: str, w: np.ndarray) -> np.ndarray:
+        """``w`` (float32, read from ``source``) with the GGUF's rows rounded where they lie in it: each placed
+        tensor's view quantized as its own rows, as the GGUF stores it, and written back through the view."""
+        assert self.view is not None
+        w = np.array(w, dtype=np.float32)  # a contiguous copy: every view of it writes it
+        for e in self.by_source[source]:
+            part = self.view(e.name, source, w, self.config)
+            if part is None or not np.may_share_memory(part, w):
+                raise ValueError(f"the reference_view of {e.name} is not a view of {source}")
+            part[...] = _as_stored(np.ascontiguousarray(part), e.ggml_type, None)
+        return w
+
+
+def _views(ckpt: Any, plan: ConvertPlan, view: ReferenceView | None, config: Mapping[str, Any]) -> _Views:
+    """Which tensors ``view`` (the family's ``reference_view``) places: those stored rounded (not F32) whose view of
+    their source, probed on an array of the source's shape that holds no data, has the GGUF tensor's shape."""
+    from gguf import GGMLQuantizationType as Q
+
+    by_source: dict[str, list[Any]] = {}
+    if view is not None:
+        for e in plan.entries:
+            if e.name not in plan.rewritten or e.ggml_type == Q.F32 or _kept(ckpt, e) or e.source not in ckpt.tensors:
+                continue
+            shape = tuple(ckpt.tensors[e.source].shape)
+            probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape, (0,) * len(shape))
+            part = view(e.name, e.source, probe, config)
+            if part is not None and tuple(part.shape) == tuple(e.shape):
+                by_source.setdefault(e.source, []).append(e)
+    return _Views(view, config, by_source)
+
+
+def _stored_weights(ckpt: Any, plan: ConvertPlan, views: _Views = _Views(),
                     given: Any = ()) -> Iterator[tuple[str, bool, np.ndarray]]:
     """(HF name, whether it is the output projection, values as stored) for each checkpoint tensor the
     GGUF rounds. F32 tensors hold the checkpoint's values exactly, as transformers' float32 model does
     (however transformers renames them on load); generated and predictor tensors have no transformers
-    counterpart. ``rows`` (a family's ``reference_rows``) places the rows of the tensors its hooks compute
-    in their source, where those are rounded (each such source yielded once, every entry of it rounded).
-    Checkpoint tensors in ``given`` were given to transformers rounded (:func:`_rounded_singles`): skipped."""
+    counterpart. ``views`` places the rows of the tensors a family's hooks compute in their source, where those
+    are rounded (each such source yielded once, every entry of it rounded). Checkpoint tensors in ``given`` were
+    given to transformers rounded (:func:`_rounded_singles`): skipped."""
     from gguf import GGMLQuantizationType as Q
 
-    by_source: dict[str, list[Any]] = {}
     for e in plan.entries:
-        if _kept(ckpt, e) or e.source not in ckpt.tensors:
+        if _kept(ckpt, e) or e.source not in ckpt.tensors or views.placed(e):
             continue
-        if e.name in plan.rewritten and rows is not None and rows(e.name, e.source) is not None:
-            by_source.setdefault(e.source, []).append(e)
         # the output projection always: a tied head must be untied when the embedding is rounded
-        elif e.kind == "OUTPUT" or (e.ggml_type != Q.F32 and e.source not in given):
+        if e.kind == "OUTPUT" or (e.ggml_type != Q.F32 and e.source not in given):
             w = _widen(ckpt.read(e.source), ckpt.tensors[e.source].dtype)
             yield e.source, e.kind == "OUTPUT", _as_stored(w, e.ggml_type, e.transform)
-    for source, entries in by_source.items():
-        w = _widen(ckpt.read(source), ckpt.tensors[source].dtype).copy()
-        for e in entries:
-            transpose, sel = rows(e.name, source)
-            view = np.swapaxes(w, -1, -2) if transpose else w
-            part = view[..., sel, :] if sel is not None else view
-            part = np.ascontiguousarray(part)
-            values = _as_stored(part, e.ggml_type, None) if e.ggml_type != Q.F32 else part
-            if sel is not None:
-                view[..., sel, :] = values
-            else:
-                view[...] = values
-        yield source, False, w
+    for source in views.by_source:
+        if source not in given:
+            yield source, False, views.rounded(source, _widen(ckpt.read(source), ckpt.tensors[source].dtype))
 
 
-def _rounded_stacks(plan: ConvertPlan) -> tuple[set[str], dict[str, tuple[Any, str | None]]]:
-    """(GGUF names, per-expert checkpoint tensor -> (GGUF type, transform)) of the stacked expert tensors the GGUF
+def _rounded_stacks(plan: ConvertPlan) -> tuple[set[str], dict[str, Rounding]]:
+    """(GGUF names, per-expert checkpoint tensor -> how it is rounded) of the stacked expert tensors the GGUF
     stores rounded (not F32) and no family hook rewrites (converters/rewrite.py ``StackLoader``: the stack is the
     experts' rows one after another, so each expert is rounded on its own)."""
     from gguf import GGMLQuantizationType as Q
@@ -202,33 +242,34 @@ def _rounded_stacks(plan: ConvertPlan) -> tuple[set[str], dict[str, tuple[Any, s
     from ggufkit.converters.rewrite import StackLoader
 
     names: set[str] = set()
-    members: dict[str, tuple[Any, str | None]] = {}
+    members: dict[str, Rounding] = {}
     for e in plan.entries:
         load = plan.loaders.get(e.name)
         if isinstance(load, StackLoader) and e.name not in plan.rewritten and e.ggml_type != Q.F32:
             names.add(e.name)
-            members.update((source, (e.ggml_type, load.transform)) for source in load.sources)
+            members.update((source, partial(_as_stored, ggml_type=e.ggml_type, transform=load.transform))
+                           for source in load.sources)
     return names, members
 
 
-def _rounded_singles(ckpt: Any, plan: ConvertPlan, rows: Any = None) -> dict[str, tuple[Any, str | None]]:
-    """Checkpoint tensor -> (GGUF type, transform) for each tensor the GGUF stores rounded from that one checkpoint
-    tensor, the output projection and the tensors ``rows`` places aside (those :func:`_stored_weights` always
-    sets after loading): what a reference loaded from the checkpoint's tensors is given rounded, so that
-    transformers renames them, or drops those its class has no parameter for (NextN layers), as it loads them."""
+def _rounded_singles(ckpt: Any, plan: ConvertPlan, views: _Views = _Views()) -> dict[str, Rounding]:
+    """Checkpoint tensor -> how it is rounded, for each tensor the GGUF stores rounded from that one checkpoint
+    tensor but the output projection (which :func:`_stored_weights` always sets after loading): as the GGUF stores
+    it, or, a source whose rows ``views`` places, in each placed tensor's rows. What a reference loaded from the
+    checkpoint's tensors is given rounded, so that transformers renames them, or drops those its class has no
+    parameter for (NextN layers: GLM-4.7-Flash's attn_k_b / attn_v_b too), as it loads them."""
     from gguf import GGMLQuantizationType as Q
 
-    singles: dict[str, tuple[Any, str | None]] = {}
+    singles: dict[str, Rounding] = {}
     for e in plan.entries:
         if _kept(ckpt, e) or e.source not in ckpt.tensors or e.kind == "OUTPUT" or e.ggml_type == Q.F32:
             continue
-        if e.name in plan.rewritten and rows is not None and rows(e.name, e.source) is not None:
-            continue
-        singles[e.source] = (e.ggml_type, e.transform)
+        singles[e.source] = partial(views.rounded, e.source) if views.placed(e) else \
+            partial(_as_stored, ggml_type=e.ggml_type, transform=e.transform)
     return singles
 
 
-def _unroundable(ckpt: Any, plan: ConvertPlan, rows: Any = None, stacks: Any = ()) -> str | None:
+def _unroundable(ckpt: Any, plan: ConvertPlan, views: _Views = _Views(), stacks: Any = ()) -> str | None:
     """Why the reference cannot hold the GGUF's values (a rounded tensor built from several checkpoint
     tensors, other than the stacked experts of ``stacks``: GGUF names), or None."""
     from gguf import GGMLQuantizationType as Q
@@ -241,7 +282,7 @@ def _unroundable(ckpt: Any, plan: ConvertPlan, rows: Any = None, stacks: Any = (
             return (f"{e.name} is built from several checkpoint tensors ({e.source}) and stored as "
                     f"{e.ggml_type.name}; the reference cannot round it (check an f32 conversion instead)")
         if e.name in plan.rewritten and e.ggml_type not in (Q.F32, Q.F16, Q.BF16) \
-                and (rows is None or rows(e.name, e.source) is None):  # blocks span a row
+                and not views.placed(e):  # blocks span a row
             return (f"{e.name} is computed from {e.source} by the {plan.arch} converter's hooks and stored as "
                     f"{e.ggml_type.name}; the reference cannot round it (check an f32 conversion instead)")
     return None
@@ -261,10 +302,10 @@ def _as_llama_cpp_computes(config: Any) -> Any:
 class _Deferred:
     """One checkpoint tensor as transformers' loader takes a safetensors slice (``tensor[...]`` reads it): read
     through ggufkit's reader, a quantized source's weight dequantized, only when transformers loads it, so the
-    dequantized model is never held beside transformers' copy of it; ``rounding`` (GGUF type, transform): the
-    tensor rounded as the GGUF stores it (:func:`_rounded_stacks`, :func:`_rounded_singles`)."""
+    dequantized model is never held beside transformers' copy of it; ``rounding``: the tensor (float32) rounded as
+    the GGUF stores it (:func:`_rounded_stacks`, :func:`_rounded_singles`)."""
 
-    def __init__(self, ckpt: Any, name: str, rounding: tuple[Any, str | None] | None = None) -> None:
+    def __init__(self, ckpt: Any, name: str, rounding: Rounding | None = None) -> None:
         self.ckpt, self.name, self.rounding = ckpt, name, rounding
 
     def __getitem__(self, index: Any) -> Any:
@@ -274,7 +315,7 @@ class _Deferred:
         arr = self.ckpt.read(self.name)
         arr = _widen(arr, t.dtype) if t.dtype in ("BF16", "F16", "F32", "F64") else np.asarray(arr)
         if self.rounding is not None:
-            arr = _as_stored(np.asarray(arr, dtype=np.float32), *self.rounding)
+            arr = self.rounding(np.asarray(arr, dtype=np.float32))
         return torch.from_numpy(np.array(arr))[index]  # a copy: never a read-only memmap
 
 
@@ -292,14 +333,15 @@ def _open_source(model_dir: Path, plan: ConvertPlan) -> tuple[Any, str | None]:
     return open_checkpoint(model_dir, config, load_registry().get(plan.hf_class)), method
 
 
-def _reference_rows(plan: ConvertPlan) -> Any:
-    """The family's ``reference_rows`` (converters/gpt_oss.py): where the rows of the tensors its hooks compute
-    lie in their checkpoint source, so the reference rounds them in the GGUF's own rows; None when it has none."""
+def _reference_view(plan: ConvertPlan) -> ReferenceView | None:
+    """The family's ``reference_view`` (converters/gpt_oss.py, converters/deepseek2.py): the rows of the tensors its
+    hooks compute where they lie in their checkpoint source, so the reference rounds them in the GGUF's own rows;
+    None when it has none."""
     from ggufkit.converters.hooks import hooks_module
     from ggufkit.converters.registry import load_registry
 
     family = load_registry().get(plan.hf_class).hooks
-    return getattr(hooks_module(family), "reference_rows", None) if family else None
+    return getattr(hooks_module(family), "reference_view", None) if family else None
 
 
 def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
@@ -310,28 +352,30 @@ def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
     unquantized model of the class; gpt-oss's MXFP4 experts are dequantized by transformers itself
     (``Mxfp4Config(dequantize=True)``), as the GGUF keeps their codes. The experts of a stack the GGUF rounds are
     given to transformers rounded, read the same way, whatever the source (:func:`_rounded_stacks`); so is every
-    tensor a reference read that way holds rounded (:func:`_rounded_singles`)."""
+    tensor a reference read that way holds rounded (:func:`_rounded_singles`), the rows a family's
+    ``reference_view`` places rounded in its source (:class:`_Views`)."""
     import torch
     import transformers
 
+    from ggufkit.converters.checkpoint import read_config
     from ggufkit.converters.quantized_source import QUANT_METHODS
 
     ckpt, method = _open_source(model_dir, plan)
     try:
-        rows = _reference_rows(plan)
+        views = _views(ckpt, plan, _reference_view(plan), read_config(model_dir))
         # an MXFP4 source is loaded by transformers from its files: no stack of it can be given rounded
         stacks, members = _rounded_stacks(plan) if method != "mxfp4" else (set(), {})
-        why = _unroundable(ckpt, plan, rows, stacks)
+        why = _unroundable(ckpt, plan, views, stacks)
         if why is not None:
             return why
         config = _as_llama_cpp_computes(transformers.AutoConfig.from_pretrained(model_dir))
         kwargs: dict[str, Any] = {}
-        given: dict[str, tuple[Any, str | None]] = {}
+        given: dict[str, Rounding] = {}
         if method in QUANT_METHODS or members:
             for c in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
                 if hasattr(c, "quantization_config"):
                     delattr(c, "quantization_config")
-            given = {**_rounded_singles(ckpt, plan, rows), **members}
+            given = {**_rounded_singles(ckpt, plan, views), **members}
             kwargs["state_dict"] = {name: _Deferred(ckpt, name, given.get(name)) for name in ckpt.tensors}
         elif method == "mxfp4":
             from transformers import Mxfp4Config  # type: ignore[attr-defined]
@@ -343,7 +387,7 @@ def _load_reference(model_dir: Path, arch: str, plan: ConvertPlan) -> Any:
         params = dict(reference.named_parameters(remove_duplicate=False))
         outputs: list[np.ndarray] = []
         with torch.no_grad():
-            for name, is_output, values in _stored_weights(ckpt, plan, rows, given):
+            for name, is_output, values in _stored_weights(ckpt, plan, views, given):
                 if is_output:
                     outputs.append(values)  # after the others: a tied head must not overwrite the embedding
                     continue
