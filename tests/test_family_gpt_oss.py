@@ -592,7 +592,7 @@ def test_convert_check(models: dict[str, Path], tmp_path: Path, layout: str, out
     """``convert --check`` (on by default): transformers' reference runs YaRN with ``truncate`` as llama.cpp
     computes it (the released ``truncate: false`` was 40 % of the logit range away), and a Q8_0 file whose experts
     the hooks split and transpose is compared against a reference rounded in the GGUF's rows
-    (converters/gpt_oss.py ``reference_rows``; the check skipped it before)."""
+    (converters/gpt_oss.py ``reference_view``; the check skipped it before)."""
     from ggufkit.converters import convert
     from ggufkit.eval.convert_check import check_conversion
 
