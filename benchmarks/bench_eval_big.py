@@ -42,6 +42,28 @@ Before eval/dequant.py's in-place Q4_K/Q6_K kernels the same runs peaked at 4.68
 and 9.35 GiB RSS (default). The run on the shared 2-core machine (AMD EPYC Zen 3, AVX2, no AVX-512) is the
 command below; its Q4_K_M conversion took 17:21 min wall at load 14-15, peak RSS 2.55 GiB.
 
+Measured again 2026-11-29 on the shared machine, AMD EPYC Zen 3 (AVX2, no AVX-512), 2 cores, 2 threads, load
+average 3.4-5.2 (other sessions' jobs), after the float cache stopped filling on a run's last forward pass (two
+chunks in one batch: one pass, so it now keeps nothing); Q4_K_M built here (checkpoint 5 min, conversion 3 min):
+
+===============================  ======  =======  ============
+run                              wall s  CPU s    peak RSS GiB
+===============================  ======  =======  ============
+llama-perplexity                   56.7     58.1          4.04
+ggufkit ppl                       167.0    132.8         11.63
+llama-imatrix                      93.2     75.0          4.14
+ggufkit imatrix                   138.7    120.7          8.80
+ggufkit ppl, float cache 0        147.2    102.1          6.96
+===============================  ======  =======  ============
+
+ppl / llama-perplexity: wall 2.95x, CPU 2.29x, RSS 2.88x; imatrix: wall 1.49x, CPU 1.61x, RSS 2.13x. PPL 142377.9079
+vs 142927.0305 (-0.384 %), the same with the cache off; imatrix same entries, in_sum2 rel L2 8.52e-3. These
+whole-process peaks are the CLI's: ggufkit/cli/_malloc.py keep_freed_memory keeps freed blocks in glibc's heap,
+and the heap then grows with fragmentation run to run (in one process, the same random 2 x 512 tokens and the
+default float cache: 5.55 GiB without that tuning, 9.46 GiB with it). In one process without it: before the
+change 7.13 GiB (2.94 GiB of floats held after the pass), now 5.55 GiB (none held), float cache 0 4.86 GiB (the
+rest: with a cache budget the head is still dequantized whole, as before, so its logits are the same floats).
+
 Run: ``python benchmarks/bench_eval_big.py /tmp/scaleeval`` (keeps the checkpoint and GGUF files there between
 runs; delete it afterwards: ~4 GB checkpoint, 2.3 GB Q4_K_M, 8 GB BF16) or ``python -m pytest
 benchmarks/bench_eval_big.py --benchmark-enable -s`` (a temporary folder). ``GGUFKIT_BENCH_OUTTYPES`` picks the
