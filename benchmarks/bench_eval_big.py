@@ -59,7 +59,7 @@ ggufkit ppl, float cache 0        147.2    102.1          6.96
 ppl / llama-perplexity: wall 2.95x, CPU 2.29x, RSS 2.88x; imatrix: wall 1.49x, CPU 1.61x, RSS 2.13x. PPL 142377.9079
 vs 142927.0305 (-0.384 %), the same with the cache off; imatrix same entries, in_sum2 rel L2 8.52e-3. These
 whole-process peaks are the CLI's: ggufkit/cli/_malloc.py keep_freed_memory keeps freed blocks in glibc's heap,
-and the heap then grows with fragmentation run to run (in one process, the same random 2 x 512 tokens and the
+and the heap then grows with fragmentation run to run (in one process, random 2 x 512 tokens and the
 default float cache: 5.55 GiB without that tuning, 9.46 GiB with it). In one process without it: before the
 change 7.13 GiB (2.94 GiB of floats held after the pass), now 5.55 GiB (none held), float cache 0 4.86 GiB (the
 rest: with a cache budget the head is still dequantized whole, as before, so its logits are the same floats).
