@@ -63,3 +63,32 @@ def test_dense_with_yarn_ppl_equals_llama_perplexity(hf_class: str, arch: str, s
                                                      tmp_path: Path) -> None:
     d = make_checkpoint(tmp_path / "m", hf_class, rope_scaling={**YARN, "rope_theta": 10000.0})
     _assert_ppl_equals_llama_perplexity(d, arch, sample, tmp_path)
+
+
+def test_yarn_on_an_m_rope_family_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Qwen3.5's M-RoPE (eval/family_qwen35.py) does not carry YaRN: ``ggufkit ppl`` exits 2 with one line."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFValueType as VT
+
+    from ggufkit.format import Metadata, TensorSpec, write_gguf
+
+    meta = Metadata()
+    meta.set("general.architecture", VT.STRING, "qwen35")
+    for name, value in (("block_count", 1), ("embedding_length", 64), ("attention.head_count", 4),
+                        ("rope.scaling.original_context_length", N_CTX_ORIG)):
+        meta.set(f"qwen35.{name}", VT.UINT32, value)
+    meta.set("qwen35.rope.scaling.type", VT.STRING, "yarn")
+    meta.set("qwen35.rope.scaling.factor", VT.FLOAT32, 4.0)
+    path = tmp_path / "m.gguf"
+    write_gguf(path, meta, [TensorSpec("token_embd.weight", Q.F32, (32, 64))], [np.zeros((32, 64), np.float32)])
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(" ".join(["1"] * 2 * CTX))
+    run = subprocess.run([sys.executable, "-m", "ggufkit", "ppl", str(path), "--tokens", str(tokens), "-c", str(CTX),
+                          "--device", "cpu"], capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr
+    assert "rope scaling 'yarn' is not supported by the evaluator for qwen35 (its M-RoPE)" in run.stderr
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
