@@ -111,7 +111,10 @@ class GGUFCausalLM:
     * :meth:`observe` / :meth:`observe_routed`: report a matmul's input to :attr:`observer`, if any;
     * :meth:`attention` / :meth:`feed_forward`: a block's self-attention and its dense or MoE FFN;
       :meth:`apply_rope`: the file's RoPE on ``[B, T, H, head_dim]``;
-    * :meth:`block`: one transformer block on the residual stream ``[B, T, n_embd]``.
+    * :meth:`block`: one transformer block on the residual stream ``[B, T, n_embd]``;
+    * :meth:`embed` / :meth:`trunk_block` / :meth:`head`: :meth:`logits` in three steps (the state entering
+      block 0, block ``i`` on the family's state, the logits from the last state), for a measurement that
+      restarts from a stored state.
 
     An architecture whose blocks are not this transformer's (recurrent and hybrid families) has a
     :class:`ggufkit.eval.family_forward.FamilyForward` in :data:`ggufkit.eval.families.FORWARDS`: its ``block``
@@ -427,6 +430,22 @@ class GGUFCausalLM:
         Raises:
             EvaluationError: a token id is outside the vocabulary.
         """
+        state = self.embed(tokens)
+        for i in range(self.hparams.n_trunk):
+            state = self.trunk_block(state, i)
+        out = self.head(state, start)
+        if self.passes_left is not None:
+            self.passes_left -= 1
+        return out
+
+    def embed(self, tokens: torch.Tensor) -> Any:
+        """The stream state entering block 0 (:meth:`logits`' first step): the token embeddings (Gemma's
+        ``sqrt(n_embd)`` scale, OPT's learned positions), turned into the family's state by its ``embed`` hook.
+
+        Raises:
+            EvaluationError: ``tokens`` is not ``[B, T]``, a token id is outside the vocabulary, or the
+                context is longer than the learned positions.
+        """
         hp = self.hparams
         if tokens.dim() != 2:
             raise EvaluationError(f"tokens must be [batch, length], got shape {tuple(tokens.shape)}")
@@ -443,14 +462,20 @@ class GGUFCausalLM:
                 raise EvaluationError(f"context {t} is longer than the model's {pos.shape[0] - 2} positions")
             x = x + pos.rows(torch.arange(t, device=self.device) + _EMB_OPT_POS_OFFSET)[None]
         family = FORWARDS.get(hp.arch)
-        if family is None:
-            for i in range(hp.n_trunk):
-                x = self.block(x, f"blk.{i}.")
-        else:
-            state = family.embed(self, tokens, x) if family.embed else x
-            for i in range(hp.n_trunk):
-                state = family.block(self, state, f"blk.{i}.")
-            x = family.finish(self, state) if family.finish else state
+        return family.embed(self, tokens, x) if family is not None and family.embed else x
+
+    def trunk_block(self, state: Any, i: int) -> Any:
+        """Block ``i`` (below :attr:`HParams.n_trunk`) on the stream state: the family's block
+        (:data:`ggufkit.eval.families.FORWARDS`), else :meth:`block`."""
+        family = FORWARDS.get(self.hparams.arch)
+        return self.block(state, f"blk.{i}.") if family is None else family.block(self, state, f"blk.{i}.")
+
+    def head(self, state: Any, start: int = 0) -> torch.Tensor:
+        """Logits ``float32[B, T - start, n_vocab]`` from the state after the last block (:meth:`logits`'
+        last step): the family's ``finish``, the output norm, the LM head, the final soft-cap and logit scale."""
+        hp = self.hparams
+        family = FORWARDS.get(hp.arch)
+        x = family.finish(self, state) if family is not None and family.finish else state
         x = x[:, start:]
         x = self.norm(x, self.weight("output_norm.weight"), self.optional_weight("output_norm.bias"))
         head = self.tensors.get("output.weight") if not hp.learned_positions else None
@@ -469,8 +494,6 @@ class GGUFCausalLM:
             parts.append(self.linear(x, w, src1=src1))
             del w
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-        if self.passes_left is not None:
-            self.passes_left -= 1
         if hp.final_softcap:
             out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
         if hp.logit_scale:  # Cohere: ggml_scale(logits, f_logit_scale)

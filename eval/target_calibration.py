@@ -2,8 +2,10 @@
 sensitivity (:mod:`ggufkit.eval.target_sensitivity`) and the final check (:mod:`ggufkit.eval.target_check`)
 both measure with.
 
-:class:`Calibration` runs the unmodified model once on the calibration tokens, keeps its logits and the
-residual stream entering every layer, and measures the mean KL divergence of replacing some tensors by their
+:class:`Calibration` runs the unmodified model once on the calibration tokens, as
+:meth:`GGUFCausalLM.logits` runs it (:meth:`~GGUFCausalLM.embed`, :meth:`~GGUFCausalLM.trunk_block` over the
+trunk, :meth:`~GGUFCausalLM.head`: a family's own state and blocks included), keeps its logits and the state
+entering every block, and measures the mean KL divergence of replacing some tensors by their
 quantization (ggufkit's byte-exact kernels, the imatrix applied as llama-quantize applies it) over
 llama-perplexity's scored positions; :class:`KLDCache` keeps the measured values between runs.
 """
@@ -44,64 +46,11 @@ class KLDCache:
         save_json_cache(self.path, {"version": SENSITIVITY_VERSION, "kld": self.data})
 
 
-def _family(model: Any) -> Any:
-    """The model's :class:`ggufkit.eval.family_forward.FamilyForward`, None for the transformer block."""
+def _has_family(model: Any) -> bool:
+    """Whether the model's blocks are a family's own (:data:`ggufkit.eval.families.FORWARDS`)."""
     from ggufkit.eval.families import FORWARDS
 
-    return FORWARDS.get(model.hparams.arch)
-
-
-def _embed(model: Any, tokens: Any) -> Any:
-    """The stream state entering block 0 (as :meth:`GGUFCausalLM.logits` builds it): the embeddings, turned
-    into the family's own state by its ``embed`` hook where it has one."""
-    import math
-
-    import torch
-
-    hp = model.hparams
-    x = model.tensors["token_embd.weight"].rows(tokens)
-    if hp.embd_scale:
-        x = x * torch.tensor(math.sqrt(hp.n_embd), dtype=torch.float32)
-    pos = model.tensors.get("position_embd.weight")
-    if pos is not None:
-        x = x + pos.rows(torch.arange(tokens.shape[1], device=model.device) + 2)[None]
-    family = _family(model)
-    return family.embed(model, tokens, x) if family is not None and family.embed else x
-
-
-def _block(model: Any, state: Any, i: int) -> Any:
-    """Block ``i`` on the stream state: the family's block, or the transformer's."""
-    family = _family(model)
-    return model.block(state, f"blk.{i}.") if family is None else family.block(model, state, f"blk.{i}.")
-
-
-def _head(model: Any, state: Any, start: int) -> Any:
-    """Logits of positions ``start..`` from the state after the last block (:meth:`GGUFCausalLM.logits`'s
-    tail: the family's ``finish``, the output norm, the LM head, the final soft-cap and logit scale)."""
-    import torch
-
-    hp = model.hparams
-    family = _family(model)
-    x = family.finish(model, state) if family is not None and family.finish else state
-    x = model.norm(x[:, start:], model.weight("output_norm.weight"), model.optional_weight("output_norm.bias"))
-    head = model.tensors.get("output.weight") if not hp.learned_positions else None
-    if head is None:
-        head = model.tensors["token_embd.weight"]
-    parts = []
-    src1 = None
-    step = hp.n_vocab if model._fits_cache(head) else 32768
-    for a in range(0, hp.n_vocab, step):
-        stop = min(a + step, hp.n_vocab)
-        w = model._row_range(head, a, stop)
-        if src1 is None and getattr(w, "ggml_src1", None) is not None:
-            src1 = model._src1(x, w)
-        parts.append(model.linear(x, w, src1=src1))
-    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-    if hp.final_softcap:
-        out = torch.tanh(out / hp.final_softcap) * hp.final_softcap
-    if hp.logit_scale:
-        out = out * hp.logit_scale
-    return out
+    return model.hparams.arch in FORWARDS
 
 
 def _fresh(state: Any) -> Any:
@@ -134,7 +83,7 @@ def _probe_tensor(qt: Any, t: GGMLQuantizationType, weights: np.ndarray | None, 
 
 
 class Calibration:
-    """The model on the calibration window: its base logits and the residual stream entering every layer,
+    """The model on the calibration window: its base logits and the stream state entering every block,
     to measure the mean KLD of replacing some tensors by their quantization (llama-perplexity's scored
     positions: the second half of each chunk, :class:`ggufkit.eval.kld.KLDAccumulator`).
 
@@ -155,17 +104,18 @@ class Calibration:
         _, window, targets = next(chunk_windows(stream, chunks, add_bos, bos_id))
         self.window, self.targets = window.to(model.device), targets.to(model.device)
         with torch.inference_mode():
-            self.xs = [_embed(model, self.window)]
+            self.xs = [model.embed(self.window)]
             for i in range(model.hparams.n_trunk):
-                self.xs.append(_block(model, _fresh(self.xs[-1]), i))
-            self.base = _head(model, _fresh(self.xs[-1]), self.start)[:, :-1]
+                self.xs.append(model.trunk_block(_fresh(self.xs[-1]), i))
+            self.base = model.head(_fresh(self.xs[-1]), self.start)[:, :-1]
 
     def kld(self, replace: Mapping[str, tuple[GGMLQuantizationType, np.ndarray | None]], first: int,
             threads: int | None = None, quantized: dict[tuple[str, GGMLQuantizationType], Any] | None = None
             ) -> float:
         """Mean KLD with each tensor of ``replace`` quantized to its type (with its imatrix weights), run from
-        layer ``first`` (-1: the embedding) on the stored residual stream; ``quantized``: a memo of quantized
-        tensors shared between calls."""
+        block ``first`` (-1: the embedding; at most ``n_trunk``: the head) on the stored state; a family's
+        tensor outside the blocks and the head runs from the embedding (its ``embed`` hook may read it).
+        ``quantized``: a memo of quantized tensors shared between calls."""
         import torch
 
         from ggufkit.eval.kld import KLDAccumulator
@@ -182,14 +132,13 @@ class Calibration:
                 model.tensors[n] = q
             n_trunk = model.hparams.n_trunk
             first = min(first, n_trunk)
-            if _family(model) is not None and any(_BLK.match(n) is None and not n.startswith("output")
-                                                  for n in replace):
+            if _has_family(model) and any(_BLK.match(n) is None and not n.startswith("output") for n in replace):
                 first = -1  # a family's embed hook may read any tensor outside the blocks and the head
             with torch.inference_mode():
-                x = _embed(model, self.window) if first < 0 else _fresh(self.xs[first])
+                x = model.embed(self.window) if first < 0 else _fresh(self.xs[first])
                 for i in range(max(first, 0), n_trunk):
-                    x = _block(model, x, i)
-                logits = _head(model, x, self.start)[:, :-1]
+                    x = model.trunk_block(x, i)
+                logits = model.head(x, self.start)[:, :-1]
                 acc = KLDAccumulator()
                 for c in range(self.chunks):
                     acc.add(logits[c], self.base[c], self.targets[c])
