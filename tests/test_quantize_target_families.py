@@ -25,8 +25,8 @@ CTX = 64  # one chunk of 64 tokens (the sensitivity's default is 256: the CLI te
 
 
 def _build(family: str, d: Path) -> Path:
-    """The family's tiny model (tests/test_family_*.py builders, two to five layers), with its tokenizer, saved
-    by transformers 5 and converted to F32 by ggufkit."""
+    """The family's tiny model (tests/test_family_*.py builders; gpt-oss and Granite 4 in two layers, Gemma 3n in
+    the 22 its K/V sharing needs), with its tokenizer, saved by transformers 5 and converted to F32 by ggufkit."""
     from ggufkit.converters import convert
 
     if family == "gpt-oss":
@@ -41,7 +41,7 @@ def _build(family: str, d: Path) -> Path:
     else:
         from test_family_gemma3n import make_gemma3n
 
-        ckpt = make_gemma3n(d / "ckpt", n_layer=5, shared=0)
+        ckpt = make_gemma3n(d / "ckpt", n_layer=22, shared=2)  # layers 20 and 21 reuse layer 18's K/V
     return Path(convert(ckpt, d / "f32.gguf", outtype="f32").outputs[0])
 
 
@@ -72,12 +72,13 @@ def test_calibration_runs_the_familys_forward(files: dict[str, Path], family: st
         want = model.logits(cal.window, start=CTX // 2)[:, :-1]
         assert torch.equal(cal.base, want)
         assert cal.kld({}, -1) == 0
-        # a tensor of block 1 quantized: restarted from the state entering block 1 = the whole forward pass
-        name = "blk.1.ffn_down_exps.weight" if family != "gemma3n" else "blk.1.attn_k.weight"
-        one = {name: (Q.Q4_0, None)}
-        restarted = cal.kld(one, 1)
+        # a tensor of block il quantized: restarted from the state entering block il = the whole forward pass
+        # (Gemma 3n: layer 18's K/V, which the sliding-window layers 20 and 21 reuse)
+        il, name = (18, "attn_k") if family == "gemma3n" else (1, "ffn_down_exps")
+        one = {f"blk.{il}.{name}.weight": (Q.Q4_0, None)}
+        restarted = cal.kld(one, il)
         assert restarted > 0 and restarted == cal.kld(one, -1)
-        assert cal.kld({}, 1) == 0  # the stored states are untouched
+        assert cal.kld({}, il + 1) == 0 and cal.kld({}, il) == 0  # the stored states are untouched
 
 
 def test_gemma3n_tensors_its_embedding_reads_restart_from_the_embedding(files: dict[str, Path]) -> None:
