@@ -23,8 +23,19 @@ from gguf import GGMLQuantizationType
 
 #: Bump when the measurement changes meaning: old cache files (the sensitivity's and the final
 #: check's) are then ignored.
-SENSITIVITY_VERSION = 2  # 2: second probes of on-grid groups
-_BLK = re.compile(r"blk\.\d+\.")
+SENSITIVITY_VERSION = 3  # 2: second probes of on-grid groups; 3: every family's own forward pass and head,
+#                           position embeddings measured from the embedding
+_BLK = re.compile(r"blk\.(\d+)\.")
+
+
+def first_layer(name: str, n_layer: int) -> int:
+    """The first layer whose input a tensor changes: its block, ``n_layer`` for the output head and its norm, -1
+    (the embedding: a whole forward pass) for anything else (the token and position embeddings, Gemma 3n's
+    per-layer and AltUp projections)."""
+    m = _BLK.match(name)
+    if m is not None:
+        return int(m.group(1))
+    return n_layer if name.startswith("output") else -1
 
 
 class KLDCache:

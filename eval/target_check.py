@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from gguf import GGMLQuantizationType
 
-from ggufkit.eval.target_calibration import Calibration, KLDCache
+from ggufkit.eval.target_calibration import Calibration, KLDCache, first_layer
 from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.quant.imatrix.reader import Imatrix
 from ggufkit.quant.registry import FLOAT_TYPES
@@ -32,16 +31,6 @@ from ggufkit.quant.target.search import FinalCheckFn
 
 #: Bump when the measurement changes meaning: old cache files are then ignored.
 CHECK_VERSION = 1
-_BLK = re.compile(r"blk\.(\d+)\.")
-
-
-def _first_layer(name: str, n_layer: int) -> int:
-    """The first layer whose input a tensor changes: its block, ``n_layer`` for the output head and its
-    norm, -1 (the embedding: a whole forward pass) for anything else."""
-    m = _BLK.match(name)
-    if m is not None:
-        return int(m.group(1))
-    return n_layer if name.startswith("output") else -1
 
 
 def plan_key(types: Mapping[str, GGMLQuantizationType]) -> str:
@@ -93,7 +82,7 @@ def measured_check(input: str | os.PathLike[str], *, imatrix: Imatrix | None, te
                     types = {n: t for n, t in cands[label].items() if n in model.tensors}
                     replace = {n: (t, None if t in FLOAT_TYPES or not has_im or imatrix is None
                                    else imatrix.for_tensor(n, shapes[n])) for n, t in types.items()}
-                    first = min((_first_layer(n, model.hparams.n_layer) for n in types),
+                    first = min((first_layer(n, model.hparams.n_layer) for n in types),
                                 default=model.hparams.n_layer)
                     cache.data[k] = cal.kld(replace, first, threads, memo)
                     cache.save()

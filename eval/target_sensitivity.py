@@ -51,7 +51,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggufkit.errors import UsageError
-from ggufkit.eval.target_calibration import SENSITIVITY_VERSION, Calibration, KLDCache
+from ggufkit.eval.target_calibration import SENSITIVITY_VERSION, Calibration, KLDCache, first_layer
 from ggufkit.format.writer import NullProgress, Progress
 from ggufkit.quant.imatrix.reader import Imatrix
 from ggufkit.quant.registry import REQUIRES_IMATRIX
@@ -177,7 +177,7 @@ def tensor_groups(names: Sequence[str], n_layer: int, bands: int) -> dict[str, t
     for name in names:
         m = _BLK.fullmatch(name)
         if m is None:
-            first = -1 if name in ("token_embd.weight", "per_layer_token_embd.weight") else n_layer
+            first = first_layer(name, n_layer)
             out.setdefault(name.removesuffix(".weight"), ([], first))[0].append(name)
             continue
         layer, kind = int(m.group(1)), m.group(2)

@@ -51,6 +51,14 @@ def test_groups_by_kind_and_band():
     assert g["ffn_down@2-3"][1] == 2 and len(g) == 2 + 3 * 2
 
 
+def test_a_tensor_read_before_the_first_block_is_measured_from_the_embedding():
+    """OPT's learned positions are added before block 0: measured from the end of the trunk, their group's KLD was
+    about 0; only the output head and its norm come after the last block."""
+    g = tensor_groups(["position_embd.weight", "altup_proj.weight", "output.weight", "output_norm.weight"], 4, 2)
+    assert g["position_embd"][1] == -1 and g["altup_proj"][1] == -1
+    assert g["output"][1] == 4 and g["output_norm"][1] == 4
+
+
 def test_group_kld_equals_the_evaluator_on_a_quantized_file(model, tmp_path):
     res = _measure(model, tmp_path / "cache")
     assert res.tokens == CTX * CHUNKS and res.scored == CHUNKS * (CTX - 1 - CTX // 2)
