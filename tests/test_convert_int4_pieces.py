@@ -9,7 +9,7 @@ file is still llama.cpp's converter's.
 
 from __future__ import annotations
 
-import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,31 +18,14 @@ from fixtures_models import make_checkpoint
 from test_convert_archs import llama_cpp_convert
 from test_convert_compressed_tensors import store_compressed
 from test_convert_fp8 import assert_same_file
+from test_convert_stream_experts import convert_traced
 
 from ggufkit.converters import source_fp8
-from ggufkit.converters.plan import build_plan, open_source
-from ggufkit.converters.write import write_plan
+from ggufkit.converters.plan import open_source
 
 HIDDEN, FF = 512, 8192
 #: one MLP weight (8192 x 512) as float32: what the old loader held while the stream wrote it
 WHOLE_F32 = HIDDEN * FF * 4
-
-
-def _convert_traced(d: Path, out: Path, outtype: str) -> int:
-    """Convert ``d`` as ``ggufkit convert`` does; the peak of the memory traced while the tensors are written."""
-    src = open_source(d, False)
-    try:
-        plan = build_plan(src, outtype=outtype, predictor=None, vocab_only=False, output=out, metadata_file=None,
-                          pre_tokenizer=None, mtp=None)
-        tracemalloc.start()
-        try:
-            write_plan(plan, src.model_dir, 0.0)
-            return tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-    finally:
-        assert src.checkpoint is not None
-        src.checkpoint.close()
 
 
 def test_int4_weights_are_written_in_row_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,9 +38,22 @@ def test_int4_weights_are_written_in_row_pieces(tmp_path: Path, monkeypatch: pyt
     theirs = llama_cpp_convert(d, tmp_path / "theirs.gguf", "bf16")
     monkeypatch.setattr(source_fp8, "PIECE_WEIGHTS", 1 << 16)
     ours = tmp_path / "ours.gguf"
-    peak = _convert_traced(d, ours, "bf16")
+    peak = convert_traced(d, ours, "bf16")
     assert peak < WHOLE_F32, (peak, WHOLE_F32)
     assert_same_file(theirs, ours)
+
+
+def _wholes_and_pieces(d: Path) -> Iterator[tuple[str, np.ndarray, list[np.ndarray]]]:
+    """(name, whole tensor, its pieces) of each dequantized projection weight of checkpoint ``d`` (7 of them)."""
+    src = open_source(d, False)
+    assert src.checkpoint is not None
+    try:
+        derived = {n: load for n, load in src.checkpoint.derived.items() if n.endswith("proj.weight")}
+        assert len(derived) == 7
+        for name, load in derived.items():
+            yield name, load(), list(load.pieces())  # type: ignore[attr-defined]
+    finally:
+        src.checkpoint.close()
 
 
 @pytest.mark.parametrize("fmt,zero_point", [("pack-quantized", True), ("pack-quantized", False),
@@ -70,23 +66,15 @@ def test_pieces_are_the_whole_tensors_rows(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(source_fp8, "PIECE_WEIGHTS", 1)
     d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM", num_hidden_layers=1, num_key_value_heads=1, head_dim=12)
     store_compressed(d, fmt, group=16, zero_point=zero_point)
-    src = open_source(d, False)
-    assert src.checkpoint is not None
-    try:
-        derived = {n: load for n, load in src.checkpoint.derived.items() if n.endswith("proj.weight")}
-        assert len(derived) == 7
-        for name, load in derived.items():
-            whole = load()
-            parts = list(load.pieces())  # type: ignore[attr-defined]
-            sizes = [p.shape[0] for p in parts]
-            if fmt == "pack-quantized":
-                assert sizes == [8] * (whole.shape[0] // 8) + ([whole.shape[0] % 8] if whole.shape[0] % 8 else [])
-            else:
-                assert sizes == [1] * whole.shape[0], name
-            assert np.concatenate(parts).tobytes() == whole.tobytes(), name
-        assert derived["model.layers.0.self_attn.k_proj.weight"]().shape == (12, 64)
-    finally:
-        src.checkpoint.close()
+    for name, whole, parts in _wholes_and_pieces(d):
+        sizes = [p.shape[0] for p in parts]
+        if fmt == "pack-quantized":
+            assert sizes == [8] * (whole.shape[0] // 8) + ([whole.shape[0] % 8] if whole.shape[0] % 8 else [])
+        else:
+            assert sizes == [1] * whole.shape[0], name
+        assert np.concatenate(parts).tobytes() == whole.tobytes(), name
+        if name == "model.layers.0.self_attn.k_proj.weight":
+            assert whole.shape == (12, 64)
 
 
 @pytest.mark.parametrize("scheme", ["channel", "tensor"])
@@ -100,15 +88,6 @@ def test_fp8_channel_and_tensor_scales_give_row_pieces(tmp_path: Path, monkeypat
     monkeypatch.setattr(source_fp8, "PIECE_WEIGHTS", 1)
     d = make_checkpoint(tmp_path / "m", "LlamaForCausalLM", num_hidden_layers=1)
     store_fp8(d, scheme=scheme)
-    src = open_source(d, False)
-    assert src.checkpoint is not None
-    try:
-        derived = {n: load for n, load in src.checkpoint.derived.items() if n.endswith("proj.weight")}
-        assert len(derived) == 7
-        for name, load in derived.items():
-            whole = load()
-            parts = list(load.pieces())  # type: ignore[attr-defined]
-            assert [p.shape[0] for p in parts] == [1] * whole.shape[0], name
-            assert np.concatenate(parts).tobytes() == whole.tobytes(), name
-    finally:
-        src.checkpoint.close()
+    for name, whole, parts in _wholes_and_pieces(d):
+        assert [p.shape[0] for p in parts] == [1] * whole.shape[0], name
+        assert np.concatenate(parts).tobytes() == whole.tobytes(), name

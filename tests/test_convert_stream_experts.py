@@ -41,7 +41,7 @@ def fp8_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return store_fp8(d)
 
 
-def _convert_traced(d: Path, out: Path, outtype: str) -> int:
+def convert_traced(d: Path, out: Path, outtype: str) -> int:
     """Convert ``d`` as ``ggufkit convert`` does; the peak of the memory traced while the tensors are written."""
     src = open_source(d, False)
     try:
@@ -67,7 +67,7 @@ def test_fp8_experts_stream_one_at_a_time(fp8_moe: Path, theirs_bf16: Path, tmp_
     """FP8 -> BF16: the numpy memory of the write stays below one stacked float32 tensor (the old stream held
     that and its bf16 copy: 43.8 MB traced against 10.9 MB now), and the file is llama.cpp's converter's."""
     ours = tmp_path / "ours-bf16.gguf"
-    peak = _convert_traced(fp8_moe, ours, "bf16")
+    peak = convert_traced(fp8_moe, ours, "bf16")
     with open_gguf(ours) as f:
         assert f["blk.0.ffn_gate_exps.weight"].shape == (N_EXPERT, EXPERT_FF, HIDDEN)
     assert peak < STACK_F32, (peak, STACK_F32)
@@ -80,11 +80,11 @@ def test_blocks_of_every_tensor_give_the_same_bytes(fp8_moe: Path, theirs_bf16: 
     each expert) reaches the writer in several pieces. BF16 is llama.cpp's converter's file; Q8_0 is the file
     of whole tensors (the experts' one at a time)."""
     whole = tmp_path / "whole-q8_0.gguf"  # every tensor of this model is below PIECE_ELEMENTS: one buffer each
-    _convert_traced(fp8_moe, whole, "q8_0")
+    convert_traced(fp8_moe, whole, "q8_0")
     monkeypatch.setattr(stream, "PIECE_ELEMENTS", 4096)
-    _convert_traced(fp8_moe, tmp_path / "ours-bf16.gguf", "bf16")
+    convert_traced(fp8_moe, tmp_path / "ours-bf16.gguf", "bf16")
     assert_same_file(theirs_bf16, tmp_path / "ours-bf16.gguf")
-    _convert_traced(fp8_moe, tmp_path / "ours-q8_0.gguf", "q8_0")
+    convert_traced(fp8_moe, tmp_path / "ours-q8_0.gguf", "q8_0")
     assert (tmp_path / "ours-q8_0.gguf").read_bytes() == whole.read_bytes()
 
 
